@@ -1,0 +1,247 @@
+// Package conf parses and validates what a NetworkAttachmentDefinition hands
+// harvester-ipam: the network config with its whereabouts-style ipam object,
+// the options of our own under one key, and the pod identity in CNI_ARGS.
+//
+// The whereabouts fields are read by whereabouts' own loader, so that ranges,
+// excludes, the flat file and its defaults mean exactly what they mean to the
+// delegate that allocates.
+package conf
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	wbconfig "github.com/k8snetworkplumbingwg/whereabouts/pkg/config"
+	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
+	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
+)
+
+const (
+	// PluginType is the ipam.type a NAD names to use harvester-ipam.
+	PluginType = "harvester-ipam"
+	// OptionsKey is the ipam key that holds harvester-ipam's own options.
+	OptionsKey = "harvester_ipam"
+	// DefaultDelegate is the IPAM plugin that really allocates.
+	DefaultDelegate = "whereabouts"
+	// DefaultCheckpointDir holds the node-local record of each attachment.
+	DefaultCheckpointDir = "/var/lib/cni/harvester-ipam"
+	// FlatFile is where whereabouts' installer writes the node's defaults.
+	FlatFile = "/etc/cni/net.d/whereabouts.d/whereabouts.conf"
+)
+
+// Options are harvester-ipam's own settings, under ipam.harvester_ipam.
+type Options struct {
+	// Delegate is the binary on CNI_PATH that ADD, DEL and STATUS are handed to.
+	Delegate string `json:"delegate,omitempty"`
+	// CheckpointDir is where each attachment's pools are recorded on this node.
+	CheckpointDir string `json:"checkpoint_dir,omitempty"`
+}
+
+// Pool is one IPPool this config allocates from: one per range.
+type Pool struct {
+	Name  string `json:"name"`
+	Range string `json:"range"`
+}
+
+// Config is a parsed network config as harvester-ipam sees it.
+type Config struct {
+	CNIVersion string
+	// Network is the CNI network's name (the NAD's config "name").
+	Network string
+	Options Options
+	// IPAM is whereabouts' reading of the ipam object, nil when it is unusable.
+	IPAM *wbtypes.IPAMConfig
+	// Pools are the IPPools of every range, named as whereabouts names them.
+	Pools []Pool
+	// Delegated is the network config to hand the delegate: ipam.type rewritten.
+	Delegated []byte
+	// PrevResult is the raw prevResult, when the runtime sent one.
+	PrevResult json.RawMessage
+	// ValidAttachments is GC's cni.dev/valid-attachments: what must be kept.
+	ValidAttachments []cnitypes.GCAttachment
+}
+
+// Kubeconfig is the path of the kubeconfig whereabouts uses, "" when unknown.
+func (c *Config) Kubeconfig() string {
+	if c.IPAM == nil {
+		return ""
+	}
+	return c.IPAM.Kubernetes.KubeConfigPath
+}
+
+// LogFile and LogLevel are whereabouts' log settings, which we share.
+func (c *Config) LogFile() string {
+	if c.IPAM == nil {
+		return ""
+	}
+	return c.IPAM.LogFile
+}
+
+func (c *Config) LogLevel() string {
+	if c.IPAM == nil {
+		return ""
+	}
+	return c.IPAM.LogLevel
+}
+
+// Load parses a network config. It returns a Config whenever the JSON itself
+// parses, so that DEL can go on from the checkpoint when the whereabouts part
+// is unusable (the NAD is gone); the error then says why, as a CNI error.
+func Load(stdin []byte) (*Config, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &top); err != nil {
+		return nil, cnitypes.NewError(cnitypes.ErrDecodingFailure, "network config is not valid JSON", err.Error())
+	}
+	cfg := &Config{Options: Options{Delegate: DefaultDelegate, CheckpointDir: DefaultCheckpointDir}}
+	if err := unmarshalField(top, "cniVersion", &cfg.CNIVersion); err != nil {
+		return nil, err
+	}
+	if err := unmarshalField(top, "name", &cfg.Network); err != nil {
+		return nil, err
+	}
+	cfg.PrevResult = top["prevResult"]
+	if err := unmarshalField(top, "cni.dev/valid-attachments", &cfg.ValidAttachments); err != nil {
+		return nil, err
+	}
+
+	var ipam map[string]json.RawMessage
+	if raw, ok := top["ipam"]; !ok || isNull(raw) {
+		return cfg, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "network config has no ipam object", `add "ipam": {"type": "harvester-ipam", "range": ...}`)
+	} else if err := json.Unmarshal(raw, &ipam); err != nil {
+		return nil, cnitypes.NewError(cnitypes.ErrDecodingFailure, "ipam must be a JSON object", err.Error())
+	}
+
+	if raw, ok := ipam[OptionsKey]; ok && !isNull(raw) {
+		if err := decodeOptions(raw, &cfg.Options); err != nil {
+			return nil, err
+		}
+	}
+
+	// The delegate reads the same config with its own type; everything else passes through.
+	delegated, err := withIPAMType(top, ipam, cfg.Options.Delegate)
+	if err != nil {
+		return nil, cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for the delegate", err.Error())
+	}
+	cfg.Delegated = delegated
+
+	// whereabouts' loader insists on its own type name; it reads the fields, not the binary.
+	forLoader, err := withIPAMType(top, ipam, DefaultDelegate)
+	if err != nil {
+		return nil, cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for whereabouts' loader", err.Error())
+	}
+	// whereabouts' loader logs at debug level to stderr by default; our own
+	// logger says what matters, and the delegate logs for itself.
+	wblogging.SetLogStderr(false)
+	// CNI_ARGS is parsed by ParseArgs; static IPs from it are the delegate's business.
+	wb, _, err := wbconfig.LoadIPAMConfig(forLoader, "")
+	if err != nil {
+		return cfg, whereaboutsError(err)
+	}
+	cfg.IPAM = wb
+	for _, r := range wb.IPRanges {
+		cfg.Pools = append(cfg.Pools, Pool{Name: PoolName(r.Range, wb.NetworkName), Range: r.Range})
+	}
+	return cfg, nil
+}
+
+// RequirePools is the check of ADD and CHECK: a config that names no range is useless to them.
+func (c *Config) RequirePools() error {
+	if len(c.Pools) == 0 {
+		return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "ipam config has no range",
+			`set ipam.range (for example "192.168.50.0/24") or ipam.ipRanges`)
+	}
+	return nil
+}
+
+func decodeOptions(raw json.RawMessage, o *Options) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(o); err != nil {
+		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return cnitypes.NewError(cnitypes.ErrUnsupportedField,
+				fmt.Sprintf("ipam.%s: unknown field %s", OptionsKey, field),
+				"known fields: delegate, checkpoint_dir")
+		}
+		return cnitypes.NewError(cnitypes.ErrDecodingFailure, fmt.Sprintf("ipam.%s is not valid", OptionsKey), err.Error())
+	}
+	if o.Delegate == "" {
+		o.Delegate = DefaultDelegate
+	}
+	if strings.ContainsAny(o.Delegate, "/\x00") || o.Delegate == "." || o.Delegate == ".." {
+		return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig,
+			fmt.Sprintf("ipam.%s.delegate %q is not a plugin name", OptionsKey, o.Delegate),
+			"name a binary on CNI_PATH, such as whereabouts")
+	}
+	if o.Delegate == PluginType {
+		return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig,
+			fmt.Sprintf("ipam.%s.delegate must not be %s itself", OptionsKey, PluginType),
+			"name the IPAM plugin that allocates, such as whereabouts")
+	}
+	if o.CheckpointDir == "" {
+		o.CheckpointDir = DefaultCheckpointDir
+	}
+	if !filepath.IsAbs(o.CheckpointDir) || strings.ContainsRune(o.CheckpointDir, 0) {
+		return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig,
+			fmt.Sprintf("ipam.%s.checkpoint_dir %q is not an absolute path", OptionsKey, o.CheckpointDir),
+			"use an absolute directory such as "+DefaultCheckpointDir)
+	}
+	o.CheckpointDir = filepath.Clean(o.CheckpointDir)
+	return nil
+}
+
+// withIPAMType re-encodes the config with ipam.type set to typ.
+func withIPAMType(top, ipam map[string]json.RawMessage, typ string) ([]byte, error) {
+	t, _ := json.Marshal(typ)
+	in := make(map[string]json.RawMessage, len(ipam))
+	for k, v := range ipam {
+		in[k] = v
+	}
+	in["type"] = t
+	rawIPAM, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]json.RawMessage, len(top))
+	for k, v := range top {
+		out[k] = v
+	}
+	out["ipam"] = rawIPAM
+	return json.Marshal(out)
+}
+
+// whereaboutsError turns a whereabouts loader error into a CNI error that says what to fix.
+func whereaboutsError(err error) error {
+	var notFound *wbconfig.ConfigFileNotFoundError
+	// whereabouts appends the whole input to parse errors; keep the reason only.
+	msg, _, _ := strings.Cut(err.Error(), " / bytes:")
+	switch {
+	case errors.As(err, &notFound):
+		return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "whereabouts flat file not found",
+			fmt.Sprintf("install whereabouts (it writes %s) or set ipam.configuration_path to the file", FlatFile))
+	case strings.Contains(msg, "storage engine"):
+		return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "no kubeconfig for the IPPool store",
+			"set ipam.kubernetes.kubeconfig, or kubernetes.kubeconfig in the whereabouts flat file")
+	case strings.Contains(msg, "JSON Parsing Error"):
+		return cnitypes.NewError(cnitypes.ErrDecodingFailure, "ipam config does not parse as whereabouts config", msg)
+	default:
+		return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "invalid ipam config", msg)
+	}
+}
+
+func unmarshalField(top map[string]json.RawMessage, key string, v any) error {
+	raw, ok := top[key]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return cnitypes.NewError(cnitypes.ErrDecodingFailure, fmt.Sprintf("network config field %q has the wrong type", key), err.Error())
+	}
+	return nil
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }

@@ -1,0 +1,84 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// Add releases the allocations that earlier sandboxes of this pod hold in the
+// config's pools, then delegates ADD and returns the delegate's result.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	cfg, err := conf.Load(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := cfg.RequirePools(); err != nil {
+		return err
+	}
+	if err := validateAttachment(args); err != nil {
+		return err
+	}
+	pod, err := conf.ParseArgs(args.Args)
+	if err != nil {
+		return err
+	}
+	log := p.logger(cfg, "ADD", args.ContainerID)
+	defer log.close()
+
+	store, err := p.store(cfg.Kubeconfig())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	defer cancel()
+
+	// Record the attachment before anything is allocated, so that a DEL after a
+	// crash anywhere below still knows its pools, even once the NAD is gone.
+	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
+	rec := checkpoint.Record{
+		ContainerID: args.ContainerID, IfName: args.IfName, PodRef: pod.Ref(),
+		Network: cfg.Network, NetworkName: cfg.IPAM.NetworkName,
+		Kubeconfig: cfg.Kubeconfig(), Namespace: store.Namespace(), Pools: cfg.Pools,
+	}
+	if err := cp.Write(rec); err != nil {
+		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), "the checkpoint directory must be writable by root ("+conf.OptionsKey+".checkpoint_dir)")
+	}
+	p.at("add-after-checkpoint")
+
+	for _, pool := range cfg.Pools {
+		rs, err := store.Release(ctx, pool.Name, cfg.IPAM.NetworkName, shim.EarlierSandboxes(pod.Ref(), args.ContainerID))
+		log.released("earlier sandbox of "+pod.Ref(), rs)
+		if err != nil {
+			return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", pod.Ref(), pool.Name), err)
+		}
+	}
+	p.at("add-after-reclaim")
+
+	res, err := invoke.DelegateAdd(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec)
+	if err != nil {
+		return delegateError(cfg.Options.Delegate, "ADD", err)
+	}
+	p.at("add-after-delegate")
+
+	// The addresses are for people and GC's log; DEL finds the allocation by
+	// (container, ifname) in the pools already recorded, so a failure here
+	// must not undo an allocation that succeeded.
+	if cur, err := current.NewResultFromResult(res); err == nil {
+		for _, ip := range cur.IPs {
+			rec.IPs = append(rec.IPs, ip.Address.String())
+		}
+		if err := cp.Write(rec); err != nil {
+			log.Errorf("record addresses %v: %v", rec.IPs, err)
+		}
+	}
+	return cnitypes.PrintResult(res, cfg.CNIVersion)
+}

@@ -1,0 +1,237 @@
+// Package checkpoint keeps a node-local record of each attachment harvester-ipam
+// served: which pools, in which store, under which container and interface.
+// DEL reads it when the network config no longer names a range (the NAD was
+// deleted), and GC reads all of them to find what the runtime no longer knows.
+//
+// One small file per (container ID, ifname), written atomically (temp file,
+// fsync, rename, fsync of the directory), readable by root only.
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"unicode"
+
+	"github.com/harvester/harvester-ipam/conf"
+)
+
+// Version is the format of the files this package writes.
+const Version = 1
+
+// Record is what one attachment holds.
+type Record struct {
+	Version     int    `json:"version"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	PodRef      string `json:"podRef,omitempty"`
+	// Network is the CNI network's name; NetworkName is whereabouts' network_name.
+	Network     string      `json:"network"`
+	NetworkName string      `json:"networkName,omitempty"`
+	Kubeconfig  string      `json:"kubeconfig"`
+	Namespace   string      `json:"namespace"`
+	Pools       []conf.Pool `json:"pools"`
+	// IPs are the addresses the delegate returned, empty until ADD completed.
+	IPs []string `json:"ips,omitempty"`
+}
+
+// maxContainerID bounds a container ID (runtimes use 64 hex digits).
+const maxContainerID = 200
+
+var containerIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-]*$`)
+
+// ValidateContainerID refuses a container ID that is not what the CNI spec
+// allows (alphanumerics, '_', '.', '-', starting alphanumeric): such an ID
+// could name a path outside the checkpoint directory.
+func ValidateContainerID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("CNI_CONTAINERID is empty")
+	case len(id) > maxContainerID:
+		return fmt.Errorf("CNI_CONTAINERID is %d bytes long; at most %d are allowed", len(id), maxContainerID)
+	case !containerIDRE.MatchString(id):
+		return fmt.Errorf("CNI_CONTAINERID %q may contain only letters, digits, '_', '.' and '-', and must start with a letter or digit", id)
+	}
+	return nil
+}
+
+// ValidateIfName refuses an interface name Linux would refuse: empty, longer
+// than 15 bytes, "." or "..", or containing '/', ':', whitespace or NUL.
+func ValidateIfName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("CNI_IFNAME is empty")
+	case len(name) > 15:
+		return fmt.Errorf("CNI_IFNAME %q is longer than 15 bytes", name)
+	case name == "." || name == "..":
+		return fmt.Errorf("CNI_IFNAME %q is not an interface name", name)
+	}
+	for _, r := range name {
+		if r == '/' || r == ':' || r == 0 || unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return fmt.Errorf("CNI_IFNAME %q contains %q; interface names may not contain '/', ':', whitespace or control characters", name, r)
+		}
+	}
+	return nil
+}
+
+// Dir is a checkpoint directory.
+type Dir string
+
+// path is the file of one attachment. ':' can appear in neither part, so the
+// name is unique, and the validated parts cannot leave the directory.
+func (d Dir) path(containerID, ifName string) (string, error) {
+	if err := ValidateContainerID(containerID); err != nil {
+		return "", err
+	}
+	if err := ValidateIfName(ifName); err != nil {
+		return "", err
+	}
+	p := filepath.Join(string(d), containerID+":"+ifName+".json")
+	if filepath.Dir(p) != filepath.Clean(string(d)) {
+		return "", fmt.Errorf("checkpoint of %s/%s would leave %s", containerID, ifName, d)
+	}
+	return p, nil
+}
+
+// Write stores r atomically, replacing any earlier record of the attachment.
+func (d Dir) Write(r Record) error {
+	p, err := d.path(r.ContainerID, r.IfName)
+	if err != nil {
+		return err
+	}
+	r.Version = Version
+	data, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode checkpoint %s: %w", p, err)
+	}
+	if err := os.MkdirAll(string(d), 0o700); err != nil {
+		return fmt.Errorf("create checkpoint dir %s: %w", d, err)
+	}
+	tmp, err := os.CreateTemp(string(d), ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write checkpoint %s: %w", p, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op once renamed
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write checkpoint %s: %w", p, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync checkpoint %s: %w", p, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write checkpoint %s: %w", p, err)
+	}
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		return fmt.Errorf("commit checkpoint %s: %w", p, err)
+	}
+	return syncDir(string(d))
+}
+
+// Read returns the record of an attachment; ok is false when there is none.
+func (d Dir) Read(containerID, ifName string) (Record, bool, error) {
+	p, err := d.path(containerID, ifName)
+	if err != nil {
+		return Record{}, false, err
+	}
+	data, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("read checkpoint %s: %w", p, err)
+	}
+	r, err := Decode(data)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("checkpoint %s: %w", p, err)
+	}
+	if r.ContainerID != containerID || r.IfName != ifName {
+		return Record{}, false, fmt.Errorf("checkpoint %s records %s/%s, not %s/%s", p, r.ContainerID, r.IfName, containerID, ifName)
+	}
+	return r, true, nil
+}
+
+// Decode parses and validates a checkpoint file's contents.
+func Decode(data []byte) (Record, error) {
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Record{}, fmt.Errorf("not a checkpoint: %w", err)
+	}
+	if r.Version != Version {
+		return Record{}, fmt.Errorf("checkpoint version %d, this harvester-ipam reads %d", r.Version, Version)
+	}
+	if err := ValidateContainerID(r.ContainerID); err != nil {
+		return Record{}, err
+	}
+	if err := ValidateIfName(r.IfName); err != nil {
+		return Record{}, err
+	}
+	for _, p := range r.Pools {
+		if p.Name == "" || strings.ContainsAny(p.Name, "/\x00") {
+			return Record{}, fmt.Errorf("checkpoint names pool %q", p.Name)
+		}
+	}
+	return r, nil
+}
+
+// Remove deletes the record of an attachment; a missing one is no error.
+func (d Dir) Remove(containerID, ifName string) error {
+	p, err := d.path(containerID, ifName)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove checkpoint %s: %w", p, err)
+	}
+	return nil
+}
+
+// List returns every record in the directory. Files that do not parse are
+// returned as errors beside the records, so that one bad file hides nothing.
+func (d Dir) List() ([]Record, []error) {
+	entries, err := os.ReadDir(string(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, []error{fmt.Errorf("list checkpoints in %s: %w", d, err)}
+	}
+	var recs []Record
+	var errs []error
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		p := filepath.Join(string(d), e.Name())
+		data, err := os.ReadFile(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read checkpoint %s: %w", p, err))
+			continue
+		}
+		r, err := Decode(data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("checkpoint %s: %w", p, err))
+			continue
+		}
+		recs = append(recs, r)
+	}
+	return recs, errs
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync checkpoint dir %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync checkpoint dir %s: %w", dir, err)
+	}
+	return nil
+}

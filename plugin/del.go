@@ -1,0 +1,112 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// poolRef is a pool in a namespace, under whereabouts' network_name.
+type poolRef struct {
+	namespace, name, networkName string
+}
+
+// Del is idempotent: it delegates DEL when the config still names ranges, then
+// releases whatever of (CNI_CONTAINERID, CNI_IFNAME) is still in any pool the
+// config or the checkpoint names. Nothing left is success; a store that
+// cannot be read or written is an error, so the runtime retries.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	if err := validateAttachment(args); err != nil {
+		return err
+	}
+	cfg, cfgErr := conf.Load(args.StdinData)
+	if cfg == nil {
+		return cfgErr // not JSON: nothing tells us where to look
+	}
+	log := p.logger(cfg, "DEL", args.ContainerID)
+	defer log.close()
+	if cfgErr != nil {
+		log.Debugf("config has no usable whereabouts part (%v); going by the checkpoint", cfgErr)
+	}
+
+	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
+	rec, haveRec, err := cp.Read(args.ContainerID, args.IfName)
+	if err != nil {
+		// A damaged record must not block DEL forever; the config may suffice.
+		log.Errorf("ignoring unreadable checkpoint: %v", err)
+	}
+
+	kubeconfig := cfg.Kubeconfig()
+	if kubeconfig == "" && haveRec {
+		kubeconfig = rec.Kubeconfig
+	}
+	usable := cfgErr == nil && len(cfg.Pools) > 0
+	if !usable && !haveRec {
+		log.Debugf("no pools in the config and no checkpoint: nothing to release")
+		return nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	defer cancel()
+
+	if usable {
+		// whereabouts swallows its own storage errors on DEL, so whatever it
+		// says, the pools are checked below.
+		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
+			log.Errorf("%v; releasing directly", delegateError(cfg.Options.Delegate, "DEL", err))
+		}
+		p.at("del-after-delegate")
+	}
+
+	store, err := p.store(kubeconfig)
+	if err != nil {
+		return err
+	}
+	var pools []poolRef
+	seen := map[poolRef]bool{}
+	add := func(r poolRef) {
+		if !seen[r] {
+			seen[r] = true
+			pools = append(pools, r)
+		}
+	}
+	if usable {
+		for _, pl := range cfg.Pools {
+			add(poolRef{store.Namespace(), pl.Name, cfg.IPAM.NetworkName})
+		}
+	}
+	if haveRec {
+		ns := rec.Namespace
+		if ns == "" {
+			ns = store.Namespace()
+		}
+		for _, pl := range rec.Pools {
+			add(poolRef{ns, pl.Name, rec.NetworkName})
+		}
+	}
+
+	for _, pr := range pools {
+		s := store
+		if pr.namespace != store.Namespace() {
+			s = shim.New(store.Client(), pr.namespace)
+		}
+		rs, err := s.Release(ctx, pr.name, pr.networkName, shim.Attachment(args.ContainerID, args.IfName))
+		log.released(fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), rs)
+		if err != nil {
+			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, pr.namespace, pr.name), err)
+		}
+	}
+	p.at("del-after-release")
+
+	if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
+		// Left behind, the record only makes a later DEL or GC look again.
+		log.Errorf("%v", err)
+	}
+	return nil
+}

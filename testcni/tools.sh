@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# tools.sh builds the third-party binaries the rig runs, pinned by version, from
+# the Go module proxy, into a cache outside the work tree. A binary already in
+# the cache is reused, so only the first run on a machine pays for the builds.
+#
+#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus]
+#   testcni/tools.sh dir      # prints the cache's bin dir
+set -euo pipefail
+
+ETCD_VERSION=v3.6.16
+KUBE_VERSION=v1.37.0
+CNI_VERSION=v1.3.1
+PLUGINS_VERSION=v1.9.1
+MULTUS_VERSION=v4.3.0
+
+CACHE="${HARVESTER_IPAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harvester-ipam}"
+BIN="$CACHE/bin"
+SRC="$CACHE/src"
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+mkdir -p "$BIN" "$SRC"
+
+log() { echo "tools: $*" >&2; }
+
+# newmod NAME: a fresh scratch module dir to build one tool from.
+newmod() {
+  local d="$SRC/$1"
+  rm -rf "$d" && mkdir -p "$d"
+  printf 'module build/%s\n\ngo 1.26\n' "$1" >"$d/go.mod"
+  echo "$d"
+}
+
+# install OUT DIR PKG [LDFLAGS]: build PKG inside module DIR into $BIN/OUT atomically.
+install_bin() {
+  local out="$1" dir="$2" pkg="$3" ldflags="${4:-}"
+  (cd "$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$BIN/.$out.tmp" "$pkg")
+  mv -f "$BIN/.$out.tmp" "$BIN/$out"
+  log "built $BIN/$out"
+}
+
+have() { [[ -x "$BIN/$1" ]]; }
+
+build_etcd() {
+  local out="etcd-$ETCD_VERSION"; have "$out" && return 0
+  log "building etcd $ETCD_VERSION (about 80 s cold)"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
+  install_bin "$out" "$d" go.etcd.io/etcd/server/v3
+}
+
+build_kube_apiserver() {
+  local out="kube-apiserver-$KUBE_VERSION"; have "$out" && return 0
+  log "building kube-apiserver $KUBE_VERSION (about 7 minutes cold on 2 cores)"
+  local d; d=$(newmod "$out")
+  local minor="v0.${KUBE_VERSION#v1.}"
+  (cd "$d" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null)
+  local kdir; kdir=$(cd "$d" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  {
+    printf 'require k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
+    # Every staging module kubernetes replaces locally comes from the proxy at the matching v0.x.
+    sed -n 's#^\s*\(k8s.io/[^ ]*\) => \./staging/.*#\t\1 => \1 '"$minor"'#p' "$kdir/go.mod"
+    printf ')\n'
+  } >>"$d/go.mod"
+  (cd "$d" && go mod tidy -e >/dev/null 2>&1 || true; go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION")
+  install_bin "$out" "$d" k8s.io/kubernetes/cmd/kube-apiserver \
+    "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${KUBE_VERSION#v1.}"
+}
+
+build_cnitool() {
+  local out="cnitool-$CNI_VERSION"; have "$out" && return 0
+  log "building cnitool $CNI_VERSION"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "github.com/containernetworking/cni@$CNI_VERSION")
+  install_bin "$out" "$d" github.com/containernetworking/cni/cnitool
+}
+
+build_plugins() {
+  local p
+  for p in bridge host-local; do
+    local out="$p-$PLUGINS_VERSION"; have "$out" && continue
+    log "building $p $PLUGINS_VERSION"
+    local d; d=$(newmod "$out")
+    local path="github.com/containernetworking/plugins/plugins/main/$p"
+    [[ $p == host-local ]] && path="github.com/containernetworking/plugins/plugins/ipam/host-local"
+    (cd "$d" && go get "github.com/containernetworking/plugins@$PLUGINS_VERSION")
+    install_bin "$out" "$d" "$path"
+  done
+}
+
+build_whereabouts() {
+  local v="$1" out="whereabouts-$1"; have "$out" && return 0
+  log "building whereabouts $v"
+  local d; d=$(newmod "$out")
+  printf '\nreplace github.com/gogo/protobuf => github.com/gogo/protobuf v1.3.2\n' >>"$d/go.mod"
+  (cd "$d" && go get "github.com/k8snetworkplumbingwg/whereabouts@$v")
+  install_bin "$out" "$d" github.com/k8snetworkplumbingwg/whereabouts/cmd
+}
+
+build_multus() {
+  local out="multus-$MULTUS_VERSION"; have "$out" && return 0
+  log "building multus $MULTUS_VERSION"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@$MULTUS_VERSION")
+  install_bin "$out" "$d" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
+}
+
+case "${1:-all}" in
+  dir) echo "$BIN" ;;
+  etcd) build_etcd ;;
+  kube-apiserver) build_kube_apiserver ;;
+  cnitool) build_cnitool ;;
+  cni-plugins) build_plugins ;;
+  whereabouts-v0.8.0) build_whereabouts v0.8.0 ;;
+  whereabouts-v0.7.0) build_whereabouts v0.7.0 ;;
+  multus) build_multus ;;
+  all)
+    build_cnitool; build_plugins
+    build_whereabouts v0.8.0; build_whereabouts v0.7.0
+    build_etcd; build_kube_apiserver; build_multus
+    ;;
+  *) echo "usage: $0 [all|dir|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus]" >&2; exit 2 ;;
+esac
