@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 
@@ -142,6 +143,16 @@ func Load(stdin []byte) (*Config, error) {
 	if err != nil {
 		return cfg, whereaboutsError(err)
 	}
+	// whereabouts parses excludes only when it allocates; refuse a bad one now.
+	for _, r := range wb.IPRanges {
+		for _, ex := range r.OmitRanges {
+			if !validExclude(ex) {
+				return cfg, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig,
+					fmt.Sprintf("exclude %q of range %s is neither a CIDR nor an IP", ex, r.Range),
+					`write excludes as CIDRs, for example "192.168.50.1/32"`)
+			}
+		}
+	}
 	cfg.IPAM = wb
 	for _, r := range wb.IPRanges {
 		cfg.Pools = append(cfg.Pools, Pool{Name: PoolName(r.Range, wb.NetworkName), Range: r.Range})
@@ -242,6 +253,14 @@ func unmarshalField(top map[string]json.RawMessage, key string, v any) error {
 		return cnitypes.NewError(cnitypes.ErrDecodingFailure, fmt.Sprintf("network config field %q has the wrong type", key), err.Error())
 	}
 	return nil
+}
+
+// validExclude accepts what whereabouts' allocator accepts: a CIDR or an IP.
+func validExclude(s string) bool {
+	if _, _, err := net.ParseCIDR(s); err == nil {
+		return true
+	}
+	return net.ParseIP(s) != nil
 }
 
 func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }

@@ -1,0 +1,126 @@
+package checkpoint
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/harvester/harvester-ipam/conf"
+)
+
+func record(id, ifname string) Record {
+	return Record{
+		ContainerID: id, IfName: ifname, PodRef: "longhorn-system/instance-manager-a",
+		Network: "storagenetwork-sg8d8", Kubeconfig: "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig",
+		Namespace: "kube-system", Pools: []conf.Pool{{Name: "192.168.50.0-24", Range: "192.168.50.0/24"}},
+		IPs: []string{"192.168.50.3/24"},
+	}
+}
+
+func TestWriteReadRemove(t *testing.T) {
+	d := Dir(filepath.Join(t.TempDir(), "cp"))
+	r := record("517151fa292bdcf9522e24fb05f1a99bb96db0a37fb647edb5a146c72b1a5017", "lhnet1")
+	require.NoError(t, d.Write(r))
+
+	got, ok, err := d.Read(r.ContainerID, r.IfName)
+	require.NoError(t, err)
+	require.True(t, ok)
+	r.Version = Version
+	assert.Equal(t, r, got)
+
+	st, err := os.Stat(string(d))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), st.Mode().Perm(), "the directory is root's only")
+	fst, err := os.Stat(filepath.Join(string(d), r.ContainerID+":lhnet1.json"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fst.Mode().Perm(), "the file is root's only")
+
+	// A rewrite replaces, leaving no temp file behind.
+	r.IPs = nil
+	require.NoError(t, d.Write(r))
+	entries, _ := os.ReadDir(string(d))
+	assert.Len(t, entries, 1)
+
+	require.NoError(t, d.Remove(r.ContainerID, r.IfName))
+	_, ok, err = d.Read(r.ContainerID, r.IfName)
+	require.NoError(t, err)
+	assert.False(t, ok)
+	require.NoError(t, d.Remove(r.ContainerID, r.IfName), "removing twice is no error")
+}
+
+func TestHostileNamesAreRefused(t *testing.T) {
+	d := Dir(t.TempDir())
+	tests := []struct{ id, ifname, want string }{
+		{"../../etc/passwd", "eth0", "may contain only letters"},
+		{"/abs", "eth0", "may contain only letters"},
+		{"a/b", "eth0", "may contain only letters"},
+		{"a\x00b", "eth0", "may contain only letters"},
+		{".hidden", "eth0", "must start with a letter or digit"},
+		{strings.Repeat("a", 201), "eth0", "at most 200"},
+		{"", "eth0", "CNI_CONTAINERID is empty"},
+		{"abc", "..", "is not an interface name"},
+		{"abc", "a/b", "may not contain '/'"},
+		{"abc", "a:b", "may not contain '/', ':'"},
+		{"abc", "a b", "whitespace"},
+		{"abc", "a\x00", "control characters"},
+		{"abc", "sixteen-chars-xx", "longer than 15 bytes"},
+		{"abc", "", "CNI_IFNAME is empty"},
+	}
+	for _, tt := range tests {
+		err := d.Write(record(tt.id, tt.ifname))
+		require.Error(t, err, "%q %q", tt.id, tt.ifname)
+		assert.Contains(t, err.Error(), tt.want)
+		_, _, err = d.Read(tt.id, tt.ifname)
+		assert.Error(t, err)
+		assert.Error(t, d.Remove(tt.id, tt.ifname))
+	}
+	entries, _ := os.ReadDir(string(d))
+	assert.Empty(t, entries, "nothing was written anywhere")
+}
+
+func TestDecodeRefusesBadFiles(t *testing.T) {
+	tests := []struct{ name, data, want string }{
+		{"not JSON", "{", "not a checkpoint"},
+		{"another version", `{"version":2,"containerID":"a","ifName":"eth0"}`, "checkpoint version 2"},
+		{"a hostile container ID", `{"version":1,"containerID":"../x","ifName":"eth0"}`, "may contain only letters"},
+		{"a hostile pool", `{"version":1,"containerID":"a","ifName":"eth0","pools":[{"name":"../x"}]}`, `names pool "../x"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode([]byte(tt.data))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestListSkipsBadFilesButReportsThem(t *testing.T) {
+	d := Dir(t.TempDir())
+	require.NoError(t, d.Write(record("a", "lhnet1")))
+	require.NoError(t, d.Write(record("b", "lhnet1")))
+	require.NoError(t, os.WriteFile(filepath.Join(string(d), "junk.json"), []byte("{"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(string(d), ".tmp-123"), []byte("{"), 0o600))
+
+	recs, errs := d.List()
+	require.Len(t, recs, 2)
+	assert.ElementsMatch(t, []string{"a", "b"}, []string{recs[0].ContainerID, recs[1].ContainerID})
+	require.Len(t, errs, 1)
+	assert.Contains(t, errs[0].Error(), "junk.json")
+
+	recs, errs = Dir(filepath.Join(string(d), "missing")).List()
+	assert.Empty(t, recs)
+	assert.Empty(t, errs)
+}
+
+func TestReadRefusesARecordOfAnotherAttachment(t *testing.T) {
+	d := Dir(t.TempDir())
+	require.NoError(t, d.Write(record("a", "lhnet1")))
+	require.NoError(t, os.Rename(filepath.Join(string(d), "a:lhnet1.json"), filepath.Join(string(d), "b:lhnet1.json")))
+	_, _, err := d.Read("b", "lhnet1")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "records a/lhnet1, not b/lhnet1")
+}
