@@ -80,5 +80,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 			log.Errorf("record addresses %v: %v", rec.IPs, err)
 		}
 	}
-	return cnitypes.PrintResult(res, cfg.CNIVersion)
+	out, err := res.GetAsVersion(cfg.CNIVersion)
+	if err != nil {
+		return cnitypes.NewError(cnitypes.ErrIncompatibleCNIVersion, fmt.Sprintf("%s returned a result that cannot be given as version %s", cfg.Options.Delegate, cfg.CNIVersion), err.Error())
+	}
+	return out.PrintTo(p.stdout())
 }

@@ -27,6 +27,8 @@ type Plugin struct {
 	Exec invoke.Exec
 	// NewStore reaches the IPPool store; nil builds a client from the kubeconfig.
 	NewStore func(*conf.Kube) (*shim.Store, error)
+	// Stdout receives the CNI result; nil is os.Stdout.
+	Stdout io.Writer
 	// Stderr receives the log when whereabouts' log_file is unset; nil is os.Stderr.
 	Stderr io.Writer
 	// Timeout bounds one verb; zero is DefaultTimeout.
@@ -49,6 +51,13 @@ func (p *Plugin) timeout() time.Duration {
 		return p.Timeout
 	}
 	return DefaultTimeout
+}
+
+func (p *Plugin) stdout() io.Writer {
+	if p.Stdout != nil {
+		return p.Stdout
+	}
+	return os.Stdout
 }
 
 func (p *Plugin) stderr() io.Writer {
