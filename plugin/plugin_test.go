@@ -99,8 +99,12 @@ func args(t *testing.T, id, ifname, cniArgs string, stdin []byte) *skel.CmdArgs 
 }
 
 // The delegate: invoke.Exec.
-func (r *rig) FindInPath(plugin string, _ []string) (string, error) { return "/opt/cni/bin/" + plugin, nil }
-func (r *rig) Decode(b []byte) (version.PluginInfo, error)           { return version.PluginSupports("0.3.1", "1.1.0"), nil }
+func (r *rig) FindInPath(plugin string, _ []string) (string, error) {
+	return "/opt/cni/bin/" + plugin, nil
+}
+func (r *rig) Decode(b []byte) (version.PluginInfo, error) {
+	return version.PluginSupports("0.3.1", "1.1.0"), nil
+}
 func (r *rig) ExecPlugin(ctx context.Context, path string, stdin []byte, environ []string) ([]byte, error) {
 	env := map[string]string{}
 	for _, kv := range environ {

@@ -5,6 +5,7 @@
 #
 #   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus]
 #   testcni/tools.sh dir      # prints the cache's bin dir
+#   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
 
 ETCD_VERSION=v3.6.16
@@ -103,8 +104,20 @@ build_multus() {
   install_bin "$out" "$d" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
 }
 
+paths() {
+  echo "etcd=$BIN/etcd-$ETCD_VERSION"
+  echo "kube-apiserver=$BIN/kube-apiserver-$KUBE_VERSION"
+  echo "cnitool=$BIN/cnitool-$CNI_VERSION"
+  echo "bridge=$BIN/bridge-$PLUGINS_VERSION"
+  echo "host-local=$BIN/host-local-$PLUGINS_VERSION"
+  echo "whereabouts-v0.8.0=$BIN/whereabouts-v0.8.0"
+  echo "whereabouts-v0.7.0=$BIN/whereabouts-v0.7.0"
+  echo "multus=$BIN/multus-$MULTUS_VERSION"
+}
+
 case "${1:-all}" in
   dir) echo "$BIN" ;;
+  paths) paths ;;
   etcd) build_etcd ;;
   kube-apiserver) build_kube_apiserver ;;
   cnitool) build_cnitool ;;

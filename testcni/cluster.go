@@ -1,0 +1,275 @@
+package testcni
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// proc is a server the rig runs, with its log in the rig's directory.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan error
+	log  string
+}
+
+func startProc(dir, name, bin string, args ...string) (*proc, error) {
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	// Die with the rig, however it ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan error, 1), log: logPath}
+	go func() { p.done <- cmd.Wait(); f.Close() }()
+	return p, nil
+}
+
+// stop sends SIGTERM, then SIGKILL after grace.
+func (p *proc) stop(grace time.Duration) {
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return true
+	default:
+		return false
+	}
+}
+
+// tail is the end of a server's log, for error messages.
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// cluster is etcd and kube-apiserver on loopback with throwaway credentials.
+type cluster struct {
+	dir       string
+	tools     Tools
+	etcd, api *proc
+	etcdURL   string
+	apiPort   int
+	token     string
+	caFile    string
+	apiArgs   []string
+}
+
+func startCluster(ctx context.Context, dir string, tools Tools) (*cluster, error) {
+	c := &cluster{dir: dir, tools: tools}
+	if err := c.startEtcd(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.prepareAPIServer(); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if err := c.StartAPIServer(ctx); err != nil {
+		c.stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *cluster) startEtcd(ctx context.Context) error {
+	cp, err := freePort()
+	if err != nil {
+		return err
+	}
+	pp, err := freePort()
+	if err != nil {
+		return err
+	}
+	c.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", cp)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", pp)
+	c.etcd, err = startProc(c.dir, "etcd", c.tools["etcd"],
+		"--name=rig", "--data-dir="+filepath.Join(c.dir, "etcd"),
+		"--listen-client-urls="+c.etcdURL, "--advertise-client-urls="+c.etcdURL,
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
+		"--initial-cluster=rig="+peer, "--unsafe-no-fsync", "--log-level=warn")
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, c.etcd, func() error {
+		resp, err := http.Get(c.etcdURL + "/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("etcd /health: %s", resp.Status)
+		}
+		return nil
+	})
+}
+
+func (c *cluster) prepareAPIServer() error {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	saKey := filepath.Join(c.dir, "sa.key")
+	if err := os.WriteFile(saKey, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
+		return err
+	}
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		return err
+	}
+	c.token = hex.EncodeToString(tok)
+	tokens := filepath.Join(c.dir, "tokens.csv")
+	if err := os.WriteFile(tokens, []byte(c.token+",admin,admin,system:masters\n"), 0o600); err != nil {
+		return err
+	}
+	if c.apiPort, err = freePort(); err != nil {
+		return err
+	}
+	certDir := filepath.Join(c.dir, "apiserver-certs")
+	c.caFile = filepath.Join(certDir, "apiserver.crt")
+	c.apiArgs = []string{
+		"--etcd-servers=" + c.etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+		"--secure-port=" + strconv.Itoa(c.apiPort), "--cert-dir=" + certDir,
+		"--token-auth-file=" + tokens, "--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + saKey,
+		"--service-account-signing-key-file=" + saKey, "--service-cluster-ip-range=10.96.0.0/16",
+		// No controller-manager makes default ServiceAccounts; pods are objects here, not workloads.
+		"--disable-admission-plugins=ServiceAccount",
+	}
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver (again, after StopAPIServer) on its port.
+func (c *cluster) StartAPIServer(ctx context.Context) error {
+	var err error
+	if c.api, err = startProc(c.dir, "kube-apiserver", c.tools["kube-apiserver"], c.apiArgs...); err != nil {
+		return err
+	}
+	return waitFor(ctx, 90*time.Second, c.api, func() error {
+		pool := x509.NewCertPool()
+		ca, err := os.ReadFile(c.caFile)
+		if err != nil {
+			return err
+		}
+		pool.AppendCertsFromPEM(ca)
+		hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		req, _ := http.NewRequest("GET", c.URL()+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("kube-apiserver /readyz: %s", resp.Status)
+		}
+		return nil
+	})
+}
+
+// StopAPIServer stops kube-apiserver, leaving etcd and its data.
+func (c *cluster) StopAPIServer() {
+	c.api.stop(20 * time.Second)
+	c.api = nil
+}
+
+func (c *cluster) URL() string { return fmt.Sprintf("https://127.0.0.1:%d", c.apiPort) }
+
+// stop ends kube-apiserver before etcd: the other way round it hangs on SIGTERM.
+func (c *cluster) stop() {
+	if c.api != nil {
+		c.api.stop(20 * time.Second)
+	}
+	if c.etcd != nil {
+		c.etcd.stop(10 * time.Second)
+	}
+}
+
+// kubeconfig is a kubeconfig for the admin token, whose context's namespace
+// is where whereabouts keeps its pools.
+func (c *cluster) kubeconfig(namespace string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: rig
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: admin
+  user:
+    token: %s
+contexts:
+- name: rig
+  context:
+    cluster: rig
+    user: admin
+    namespace: %s
+current-context: rig
+`, c.URL(), c.caFile, c.token, namespace)
+}
+
+func waitFor(ctx context.Context, limit time.Duration, p *proc, ready func() error) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return fmt.Errorf("%s exited while starting; its log ends:\n%s", p.name, p.tail())
+		}
+		if last = ready(); last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return errors.Join(fmt.Errorf("%s not ready after %s; its log ends:\n%s", p.name, limit, p.tail()), last)
+}

@@ -1,0 +1,75 @@
+// Package testcni is the test rig: a real etcd and kube-apiserver on
+// loopback, the real whereabouts and bridge plugins, cnitool, and network
+// namespaces as sandboxes, all inside a network and mount namespace of the
+// rig's own, so that the host's network and CNI state are untouched.
+package testcni
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// isolatedEnv marks a process that already runs in the rig's namespaces.
+const isolatedEnv = "HARVESTER_IPAM_RIG_ISOLATED"
+
+// Isolate re-executes the current program in a new network and mount
+// namespace and exits with its status; in that child it returns nil after
+// making the namespaces usable (loopback up, private /run/netns and
+// /var/lib/cni). Call it first thing in TestMain or main. Everything the rig
+// starts lives and dies with that child: the kernel frees the bridge, the
+// veths and the sandboxes' namespaces when it exits, even after a crash.
+func Isolate() error {
+	if os.Getenv(isolatedEnv) == "1" {
+		return setupIsolated()
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the rig needs root: it creates network namespaces, bridges and veths (run as root, as CI does)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return errors.New("the rig needs the ip command (Debian package iproute2)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	cmd := exec.Command(self, os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
+	err = cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		if st, ok := exit.Sys().(syscall.WaitStatus); ok && st.Signaled() {
+			fmt.Fprintf(os.Stderr, "rig: isolated child killed by %v\n", st.Signal())
+			os.Exit(128 + int(st.Signal()))
+		}
+		os.Exit(exit.ExitCode())
+	case err != nil:
+		return fmt.Errorf("start in a network namespace of its own: %w", err)
+	}
+	os.Exit(0)
+	return nil
+}
+
+func setupIsolated() error {
+	// Mounts made here must not leak to the host's mount namespace.
+	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	for _, dir := range []string{"/run/netns", "/var/lib/cni"} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+		if err := syscall.Mount("rig", dir, "tmpfs", 0, "mode=0755"); err != nil {
+			return fmt.Errorf("mount a private %s: %w", dir, err)
+		}
+	}
+	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		return fmt.Errorf("bring loopback up: %v: %s", err, out)
+	}
+	return nil
+}

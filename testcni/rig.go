@@ -1,0 +1,256 @@
+package testcni
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	wbclient "github.com/k8snetworkplumbingwg/whereabouts/pkg/client/clientset/versioned"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/harvester/harvester-ipam/conf"
+)
+
+// PoolNamespace is where the rig's whereabouts keeps its pools.
+const PoolNamespace = "kube-system"
+
+// Whereabouts versions the rig can delegate to.
+const (
+	V080 = "v0.8.0"
+	V070 = "v0.7.0"
+)
+
+// Options tune a rig.
+type Options struct {
+	// Progress receives what the rig is doing while it starts; nil is stderr.
+	Progress io.Writer
+	// Crashpoints also builds harvester-ipam with the crashpoints tag.
+	Crashpoints bool
+}
+
+// Rig is a running rig. Start one with Start; Close it when done.
+type Rig struct {
+	Root       string // the repository
+	Dir        string // everything the rig writes
+	Tools      Tools
+	Kubeconfig string // admin kubeconfig; its context's namespace is PoolNamespace
+	FlatFile   string // the whereabouts flat file the networks name
+	NetConfDir string // cnitool's NETCONFPATH
+	Kube       kubernetes.Interface
+	WB         wbclient.Interface
+	Dynamic    dynamic.Interface
+
+	cluster  *cluster
+	cniPaths map[string]string // whereabouts version -> CNI_PATH
+	crashBin string            // dir with the crashpoints build of harvester-ipam
+
+	mu      sync.Mutex
+	netns   map[string]bool // sandboxes' namespaces still to delete
+	counter int
+}
+
+// Start builds what is missing and starts a rig.
+func Start(ctx context.Context, opt Options) (r *Rig, err error) {
+	progress := opt.Progress
+	if progress == nil {
+		progress = os.Stderr
+	}
+	// client-go's discovery cache complains, to stderr, about the CRDs it is
+	// asked to map before they serve; the rig waits for them itself.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	if os.Getenv(isolatedEnv) != "1" {
+		return nil, fmt.Errorf("call testcni.Isolate() first: the rig runs only in a network namespace of its own")
+	}
+	wd, _ := os.Getwd()
+	root, err := ModuleRoot(wd)
+	if err != nil {
+		return nil, err
+	}
+	tools, err := EnsureTools(root, progress)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "harvester-ipam-rig-")
+	if err != nil {
+		return nil, err
+	}
+	r = &Rig{Root: root, Dir: dir, Tools: tools, netns: map[string]bool{}, cniPaths: map[string]string{}}
+	defer func() {
+		if err != nil {
+			r.Close()
+			r = nil
+		}
+	}()
+
+	bin := filepath.Join(dir, "build")
+	if err := r.build(ctx, filepath.Join(bin, "harvester-ipam")); err != nil {
+		return nil, err
+	}
+	if opt.Crashpoints {
+		r.crashBin = filepath.Join(dir, "build-crashpoints")
+		if err := r.build(ctx, filepath.Join(r.crashBin, "harvester-ipam"), "-tags=crashpoints"); err != nil {
+			return nil, err
+		}
+	}
+	for _, v := range []string{V080, V070} {
+		d := filepath.Join(dir, "cni", v)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+		links := map[string]string{
+			"bridge": tools["bridge"], "host-local": tools["host-local"],
+			"whereabouts": tools["whereabouts-"+v], "harvester-ipam": filepath.Join(bin, "harvester-ipam"),
+			"multus": tools["multus"],
+		}
+		for name, target := range links {
+			if err := os.Symlink(target, filepath.Join(d, name)); err != nil {
+				return nil, err
+			}
+		}
+		r.cniPaths[v] = d
+	}
+
+	fmt.Fprintf(progress, "rig: starting etcd and kube-apiserver in %s\n", dir)
+	if r.cluster, err = startCluster(ctx, dir, tools); err != nil {
+		return nil, err
+	}
+	r.Kubeconfig = filepath.Join(dir, "whereabouts.kubeconfig")
+	if err := os.WriteFile(r.Kubeconfig, []byte(r.cluster.kubeconfig(PoolNamespace)), 0o600); err != nil {
+		return nil, err
+	}
+	if err := r.connect(); err != nil {
+		return nil, err
+	}
+	if err := r.installCRDs(ctx); err != nil {
+		return nil, err
+	}
+	r.FlatFile = filepath.Join(dir, "whereabouts.d", "whereabouts.conf")
+	flat, _ := json.Marshal(map[string]any{"datastore": "kubernetes", "kubernetes": map[string]string{"kubeconfig": r.Kubeconfig}})
+	if err := writeFile(r.FlatFile, flat); err != nil {
+		return nil, err
+	}
+	r.NetConfDir = filepath.Join(dir, "net.d")
+	if err := os.MkdirAll(r.NetConfDir, 0o755); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Rig) build(ctx context.Context, out string, flags ...string) error {
+	args := append([]string{"build", "-trimpath", "-o", out}, flags...)
+	args = append(args, "./cmd/harvester-ipam")
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = r.Root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build harvester-ipam: %v\n%s", err, b)
+	}
+	return nil
+}
+
+func (r *Rig) connect() error {
+	rc, err := clientcmd.BuildConfigFromFlags("", r.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	rc.QPS, rc.Burst = 500, 1000
+	if r.Kube, err = kubernetes.NewForConfig(rc); err != nil {
+		return err
+	}
+	if r.WB, err = wbclient.NewForConfig(rc); err != nil {
+		return err
+	}
+	r.Dynamic, err = dynamic.NewForConfig(rc)
+	return err
+}
+
+// installCRDs installs whereabouts' own CRDs, from the module the plugin builds against.
+func (r *Rig) installCRDs(ctx context.Context) error {
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/k8snetworkplumbingwg/whereabouts")
+	cmd.Dir = r.Root
+	cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("find the whereabouts module: %w", err)
+	}
+	crds := filepath.Join(strings.TrimSpace(string(out)), "doc", "crds")
+	for _, f := range []string{"whereabouts.cni.cncf.io_ippools.yaml", "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml"} {
+		b, err := os.ReadFile(filepath.Join(crds, f))
+		if err != nil {
+			return fmt.Errorf("whereabouts CRD: %w", err)
+		}
+		if err := r.Apply(ctx, b, false); err != nil {
+			return fmt.Errorf("install %s: %w", f, err)
+		}
+	}
+	// The CRDs serve once established.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err1 := r.WB.WhereaboutsV1alpha1().IPPools(PoolNamespace).List(ctx, metav1.ListOptions{})
+		_, err2 := r.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(PoolNamespace).List(ctx, metav1.ListOptions{})
+		if err1 == nil && err2 == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("whereabouts CRDs not served: %v %v", err1, err2)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// EnsureNamespace creates a namespace if it does not exist.
+func (r *Rig) EnsureNamespace(ctx context.Context, name string) error {
+	_, err := r.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+// StopAPIServer stops kube-apiserver (etcd keeps the data); StartAPIServer brings it back.
+func (r *Rig) StopAPIServer() { r.cluster.StopAPIServer() }
+
+func (r *Rig) StartAPIServer(ctx context.Context) error { return r.cluster.StartAPIServer(ctx) }
+
+// APIServerURL is where kube-apiserver listens.
+func (r *Rig) APIServerURL() string { return r.cluster.URL() }
+
+// Close stops the servers, deletes the sandboxes' namespaces and the rig's files.
+func (r *Rig) Close() {
+	r.mu.Lock()
+	for ns := range r.netns {
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+	}
+	r.netns = map[string]bool{}
+	r.mu.Unlock()
+	if r.cluster != nil {
+		r.cluster.stop()
+	}
+	if os.Getenv("HARVESTER_IPAM_RIG_KEEP") == "" {
+		os.RemoveAll(r.Dir)
+	}
+}
+
+// PoolName is the IPPool of a network's range.
+func (n *Network) PoolName() string { return conf.PoolName(n.Range, n.NetworkName) }
+
+func writeFile(path string, b []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}

@@ -1,0 +1,217 @@
+package testcni
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha512"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+// Network is a CNI network like Harvester's storage network: a bridge whose
+// IPAM is harvester-ipam or whereabouts alone.
+type Network struct {
+	Name        string   // the CNI network's name, as cnitool names it
+	Range       string   // the whereabouts range
+	Exclude     []string // whereabouts' exclude
+	NetworkName string   // whereabouts' network_name
+	// IPAM is "harvester-ipam" (the default) or "whereabouts".
+	IPAM string
+	// Whereabouts is the version that allocates: V080 (the default) or V070.
+	Whereabouts string
+	// CNIVersion defaults to 0.3.1, as Harvester's NAD.
+	CNIVersion string
+	// Crashpoints runs the crashpoints build of harvester-ipam.
+	Crashpoints bool
+
+	rig *Rig
+}
+
+// AddNetwork writes a network's conflist where cnitool finds it.
+func (r *Rig) AddNetwork(n Network) (*Network, error) {
+	if n.IPAM == "" {
+		n.IPAM = "harvester-ipam"
+	}
+	if n.Whereabouts == "" {
+		n.Whereabouts = V080
+	}
+	if n.CNIVersion == "" {
+		n.CNIVersion = "0.3.1"
+	}
+	if n.Crashpoints && r.crashBin == "" {
+		return nil, fmt.Errorf("network %s wants the crashpoints build: start the rig with Options.Crashpoints", n.Name)
+	}
+	n.rig = r
+	ipam := map[string]any{"type": n.IPAM, "range": n.Range, "configuration_path": r.FlatFile}
+	if len(n.Exclude) > 0 {
+		ipam["exclude"] = n.Exclude
+	}
+	if n.NetworkName != "" {
+		ipam["network_name"] = n.NetworkName
+	}
+	return &n, n.writeConf(ipam)
+}
+
+// ForgetIPAM rewrites the conflist as it is once the NAD is gone: the ipam
+// object keeps only its type.
+func (n *Network) ForgetIPAM() error {
+	return n.writeConf(map[string]any{"type": n.IPAM})
+}
+
+func (n *Network) writeConf(ipam map[string]any) error {
+	// Harvester's NAD also sets "vlan": 50; these machines' kernels have no
+	// bridge VLAN filtering, and the VLAN is the bridge's business, not IPAM's.
+	conf := map[string]any{
+		"cniVersion": n.CNIVersion, "name": n.Name,
+		"plugins": []any{map[string]any{
+			"type": "bridge", "bridge": "mgmt-br", "promiscMode": true, "ipam": ipam,
+		}},
+	}
+	b, err := json.MarshalIndent(conf, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(n.rig.NetConfDir, n.Name+".conflist"), b)
+}
+
+// cniPath is where cnitool finds the plugins of this network.
+func (n *Network) cniPath() string {
+	p := n.rig.cniPaths[n.Whereabouts]
+	if n.Crashpoints {
+		p = n.rig.crashBin + ":" + p
+	}
+	return p
+}
+
+// Pod is a pod's identity, as Multus passes it in CNI_ARGS.
+type Pod struct{ Namespace, Name string }
+
+func (p Pod) Ref() string { return p.Namespace + "/" + p.Name }
+
+// Sandbox is one pod sandbox: a network namespace and its attachment.
+type Sandbox struct {
+	Net         *Network
+	Pod         Pod
+	IfName      string
+	NetNS       string // the namespace's name
+	Path        string // its path, CNI_NETNS
+	ContainerID string // as cnitool derives it from Path
+	Result      *current.Result
+	// Env is added to the environment of every cnitool run (tests' knobs).
+	Env []string
+}
+
+// NewSandbox creates a network namespace for a new sandbox of pod.
+func (r *Rig) NewSandbox(n *Network, pod Pod, ifName string) (*Sandbox, error) {
+	r.mu.Lock()
+	r.counter++
+	name := fmt.Sprintf("sb-%d-%s", r.counter, shortHash(pod.Ref()))
+	r.mu.Unlock()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ip netns add %s: %v: %s", name, err, out)
+	}
+	r.mu.Lock()
+	r.netns[name] = true
+	r.mu.Unlock()
+	path := "/var/run/netns/" + name
+	sum := sha512.Sum512([]byte(path))
+	return &Sandbox{Net: n, Pod: pod, IfName: ifName, NetNS: name, Path: path, ContainerID: fmt.Sprintf("cnitool-%x", sum[:10])}, nil
+}
+
+// CNIArgs are what Multus passes for this sandbox.
+func (s *Sandbox) CNIArgs() string {
+	return fmt.Sprintf("IgnoreUnknown=true;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_INFRA_CONTAINER_ID=%s",
+		s.Pod.Namespace, s.Pod.Name, s.ContainerID)
+}
+
+// Add runs cnitool add; the result is kept in s.Result.
+func (s *Sandbox) Add(ctx context.Context) error {
+	out, err := s.cnitool(ctx, "add")
+	if err != nil {
+		return err
+	}
+	var res current.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		return fmt.Errorf("cnitool add printed no result: %v: %s", err, out)
+	}
+	s.Result = &res
+	return nil
+}
+
+// Del runs cnitool del.
+func (s *Sandbox) Del(ctx context.Context) error { _, err := s.cnitool(ctx, "del"); return err }
+
+// Check runs cnitool check.
+func (s *Sandbox) Check(ctx context.Context) error { _, err := s.cnitool(ctx, "check"); return err }
+
+// Kill deletes the sandbox's namespace without DEL: a crash, a lost DEL.
+func (s *Sandbox) Kill() error {
+	if out, err := exec.Command("ip", "netns", "del", s.NetNS).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %v: %s", s.NetNS, err, out)
+	}
+	s.Net.rig.mu.Lock()
+	delete(s.Net.rig.netns, s.NetNS)
+	s.Net.rig.mu.Unlock()
+	return nil
+}
+
+// IP is the address ADD returned.
+func (s *Sandbox) IP() string {
+	if s.Result == nil || len(s.Result.IPs) == 0 {
+		return ""
+	}
+	return s.Result.IPs[0].Address.IP.String()
+}
+
+// CNIError is a failed cnitool run: its exit status and what it printed.
+type CNIError struct {
+	Verb   string
+	Exit   int
+	Stdout string
+	Stderr string
+}
+
+func (e *CNIError) Error() string {
+	return fmt.Sprintf("cnitool %s exited %d: %s%s", e.Verb, e.Exit, strings.TrimSpace(e.Stdout), lastLines(e.Stderr, 8))
+}
+
+func (s *Sandbox) cnitool(ctx context.Context, verb string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, s.Net.rig.Tools["cnitool"], verb, s.Net.Name, s.Path)
+	cmd.Env = append(os.Environ(),
+		"NETCONFPATH="+s.Net.rig.NetConfDir, "CNI_PATH="+s.Net.cniPath(),
+		"CNI_IFNAME="+s.IfName, "CNI_ARGS="+s.CNIArgs())
+	cmd.Env = append(cmd.Env, s.Env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		exit := -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			exit = ee.ExitCode()
+		}
+		return stdout.Bytes(), &CNIError{Verb: verb, Exit: exit, Stdout: stdout.String(), Stderr: stderr.String()}
+	}
+	return stdout.Bytes(), nil
+}
+
+func shortHash(s string) string {
+	sum := sha512.Sum512([]byte(s))
+	return fmt.Sprintf("%x", sum[:3])
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	if len(lines) == 1 && lines[0] == "" {
+		return ""
+	}
+	return "\n  stderr: " + strings.Join(lines, "\n  stderr: ")
+}

@@ -1,0 +1,76 @@
+package testcni
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// Tools are the third-party binaries the rig runs, pinned in tools.sh.
+type Tools map[string]string
+
+// toolNames are the ones every rig needs.
+var toolNames = []string{"etcd", "kube-apiserver", "cnitool", "bridge", "host-local", "whereabouts-v0.8.0", "whereabouts-v0.7.0", "multus"}
+
+// EnsureTools returns the cached tools, building the missing ones first with
+// testcni/tools.sh (minutes on a fresh machine, nothing when cached).
+func EnsureTools(root string, progress io.Writer) (Tools, error) {
+	script := filepath.Join(root, "testcni", "tools.sh")
+	tools, err := toolPaths(script)
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, n := range toolNames {
+		if st, err := os.Stat(tools[n]); err != nil || st.Mode()&0o111 == 0 {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) == 0 {
+		return tools, nil
+	}
+	fmt.Fprintf(progress, "rig: building %s from the Go module proxy (cached afterwards)\n", strings.Join(missing, ", "))
+	cmd := exec.Command("bash", script, "all")
+	cmd.Stdout, cmd.Stderr = progress, progress
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("build the rig's tools (%s all): %w", script, err)
+	}
+	for _, n := range toolNames {
+		if _, err := os.Stat(tools[n]); err != nil {
+			return nil, fmt.Errorf("tool %s missing after %s all: %w", n, script, err)
+		}
+	}
+	return tools, nil
+}
+
+func toolPaths(script string) (Tools, error) {
+	out, err := exec.Command("bash", script, "paths").Output()
+	if err != nil {
+		return nil, fmt.Errorf("list the rig's tools (%s paths): %w", script, err)
+	}
+	tools := Tools{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			tools[k] = v
+		}
+	}
+	return tools, nil
+}
+
+// ModuleRoot finds the harvester-ipam module root above dir.
+func ModuleRoot(dir string) (string, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && bytes.Contains(b, []byte("module github.com/harvester/harvester-ipam\n")) {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no harvester-ipam go.mod above %s: run the rig from the repository", dir)
+		}
+	}
+}
