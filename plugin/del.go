@@ -17,10 +17,11 @@ type poolRef struct {
 	namespace, name, networkName string
 }
 
-// Del is idempotent: it delegates DEL when the config still names ranges, then
-// releases whatever of (CNI_CONTAINERID, CNI_IFNAME) is still in any pool the
-// config or the checkpoint names. Nothing left is success; a store that
-// cannot be read or written is an error, so the runtime retries.
+// Del is idempotent. It looks in every pool the config or the checkpoint
+// names for what (CNI_CONTAINERID, CNI_IFNAME) holds; if anything, it
+// delegates DEL when the config still names ranges, then releases directly
+// whatever is still there. Nothing held is success; a store that cannot be
+// read or written is an error, so the runtime retries.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := validateAttachment(args); err != nil {
 		return err
@@ -55,15 +56,6 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
 	defer cancel()
 
-	if usable {
-		// whereabouts swallows its own storage errors on DEL, so whatever it
-		// says, the pools are checked below.
-		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
-			log.Errorf("%v; releasing directly", delegateError(cfg.Options.Delegate, "DEL", err))
-		}
-		p.at("del-after-delegate")
-	}
-
 	store, err := p.store(kubeconfig)
 	if err != nil {
 		return err
@@ -90,13 +82,45 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			add(poolRef{ns, pl.Name, rec.NetworkName})
 		}
 	}
+	storeOf := func(pr poolRef) *shim.Store {
+		if pr.namespace == store.Namespace() {
+			return store
+		}
+		return shim.New(store.Client(), pr.namespace)
+	}
+
+	// Look first: a store that does not answer fails DEL at once (whereabouts
+	// would wait a minute for its lease, then swallow the error), and an
+	// attachment that holds nothing needs no delegate.
+	held := false
+	for _, pr := range pools {
+		pool, err := storeOf(pr).GetPool(ctx, pr.name)
+		if err != nil {
+			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
+		}
+		if pool != nil && len(shim.Attachment(args.ContainerID, args.IfName)(pool.Spec.Allocations)) > 0 {
+			held = true
+		}
+	}
+	if !held {
+		log.Debugf("nothing held in %d pool(s): nothing to release", len(pools))
+		if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
+			log.Errorf("%v", err)
+		}
+		return nil
+	}
+
+	if usable {
+		// whereabouts swallows its own storage errors on DEL, so whatever it
+		// says, the pools are checked again below.
+		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
+			log.Errorf("%v; releasing directly", delegateError(cfg.Options.Delegate, "DEL", err))
+		}
+		p.at("del-after-delegate")
+	}
 
 	for _, pr := range pools {
-		s := store
-		if pr.namespace != store.Namespace() {
-			s = shim.New(store.Client(), pr.namespace)
-		}
-		rs, err := s.Release(ctx, pr.name, pr.networkName, shim.Attachment(args.ContainerID, args.IfName))
+		rs, err := storeOf(pr).Release(ctx, pr.name, pr.networkName, shim.Attachment(args.ContainerID, args.IfName))
 		log.released(fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), rs)
 		if err != nil {
 			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, pr.namespace, pr.name), err)
