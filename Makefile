@@ -26,3 +26,8 @@ tools:
 
 clean:
 	rm -rf bin
+
+# The main job on an embedded default: a crash-looping storage-network pod
+# under whereabouts alone and under harvester-ipam, on a local API server.
+demo: tools
+	$(GO) run ./cmd/harvester-ipam-rig demo

@@ -151,4 +151,3 @@ func TestCheck(t *testing.T) {
 	assert.NotZero(t, ce.Exit)
 	assert.Contains(t, ce.Stdout+ce.Stderr, "holds nothing for container "+s.ContainerID+" ifname lhnet1")
 }
-
