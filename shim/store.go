@@ -313,3 +313,43 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	return nil
 }
+
+// SetPoolAnnotation sets (or, with "", removes) one annotation of a pool from
+// its fresh state: value computes it from the pool as read. The write tests
+// the resourceVersion like every other pool write, and is retried the same way.
+func (s *Store) SetPoolAnnotation(ctx context.Context, pool, key string, value func(*whereaboutsv1alpha1.IPPool) string) error {
+	return s.retry(func() error {
+		p, err := s.GetPool(ctx, pool)
+		if err != nil || p == nil {
+			return err
+		}
+		want := value(p)
+		have, ok := p.Annotations[key]
+		if want == have && (ok || want == "") {
+			return nil
+		}
+		ops := []patchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: p.ResourceVersion}}
+		switch {
+		case want == "":
+			ops = append(ops, patchOp{Op: "remove", Path: "/metadata/annotations/" + escapePointer(key)})
+		case p.Annotations == nil:
+			ops = append(ops, patchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{key: want}})
+		default:
+			ops = append(ops, patchOp{Op: "add", Path: "/metadata/annotations/" + escapePointer(key), Value: want})
+		}
+		body, err := json.Marshal(ops)
+		if err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, s.CallTimeout)
+		defer cancel()
+		_, err = s.client.IPPools(s.namespace).Patch(cctx, pool, types.JSONPatchType, body, metav1.PatchOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("annotate pool %s/%s: %w", s.namespace, pool, err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,171 @@
+// Command harvester-ipam-reconciler releases whereabouts allocations and
+// reservations that no ADD will ever release (dead nodes, deleted pods,
+// deleted NADs, leftover ORIPs), cluster-wide and without any NAD.
+//
+//	harvester-ipam-reconciler [flags]           one pass (a CronJob), or with --interval a loop (a Deployment)
+//	harvester-ipam-reconciler inspect [flags]   per pool: range, capacity, allocated, stale, left
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/reconcile"
+)
+
+type options struct {
+	kubeconfig  string
+	namespace   string
+	grace       time.Duration
+	interval    time.Duration
+	dryRun      bool
+	metricsAddr string
+}
+
+func main() {
+	args := os.Args[1:]
+	inspect := len(args) > 0 && args[0] == "inspect"
+	if inspect {
+		args = args[1:]
+	}
+	var o options
+	fs := flag.NewFlagSet("harvester-ipam-reconciler", flag.ExitOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig; empty uses the in-cluster service account")
+	fs.StringVar(&o.namespace, "namespace", "kube-system", "namespace of whereabouts' IPPools and reservations")
+	fs.DurationVar(&o.grace, "grace", 10*time.Minute, "how long an entry must be seen stale before it is released")
+	fs.DurationVar(&o.interval, "interval", 0, "time between passes; 0 runs one pass and exits")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be released and why; change nothing")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics; empty serves none")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-reconciler [inspect] [flags]\n")
+		fs.PrintDefaults()
+	}
+	_ = fs.Parse(args)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var requests atomic.Int64
+	r, err := newReconciler(o, &requests)
+	if err != nil {
+		fail(err)
+	}
+	switch {
+	case inspect:
+		pools, err := r.Inspect(ctx)
+		if err != nil {
+			fail(err)
+		}
+		reconcile.WriteInspect(os.Stdout, pools)
+	case o.interval > 0:
+		if err := loop(ctx, r, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
+			fail(err)
+		}
+	default:
+		if err := pass(ctx, r, &requests, nil); err != nil {
+			fail(err)
+		}
+	}
+}
+
+func newReconciler(o options, requests *atomic.Int64) (*reconcile.Reconciler, error) {
+	var rc *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	rc.UserAgent = "harvester-ipam-reconciler"
+	rc.QPS, rc.Burst = 50, 100
+	// Count requests: a pass's cost is its requests.
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(req *http.Request) (*http.Response, error) {
+			requests.Add(1)
+			return rt.RoundTrip(req)
+		})
+	})
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	store, err := shim.NewForConfig(rc, o.namespace)
+	if err != nil {
+		return nil, err
+	}
+	return &reconcile.Reconciler{Kube: kube, Store: store, Grace: o.grace, DryRun: o.dryRun}, nil
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// pass runs one pass, prints its plan and a summary, and fails when the pass
+// could not finish: the CronJob's exit status says so.
+func pass(ctx context.Context, r *reconcile.Reconciler, requests *atomic.Int64, m *metrics) error {
+	start, before := time.Now(), requests.Load()
+	rep, err := r.Pass(ctx)
+	took, reqs := time.Since(start), requests.Load()-before
+	if m != nil {
+		m.observe(rep, err, took, reqs)
+	}
+	if err != nil {
+		return fmt.Errorf("pass: %w", err)
+	}
+	reconcile.WriteRows(os.Stdout, rep.Rows, time.Now())
+	mode := ""
+	if r.DryRun {
+		mode = " (dry run: nothing changed)"
+	}
+	fmt.Printf("pass%s: %d pools, %d allocations, %d reservations; %d stale, %d allocations released, %d reservations deleted; %d API requests, %s\n",
+		mode, rep.Pools, rep.Allocations, rep.ORIPs, rep.Candidates(), len(rep.Released), len(rep.DeletedORIPs), reqs, took.Round(time.Millisecond))
+	if len(rep.Errors) > 0 {
+		return fmt.Errorf("pass left %d entries unhandled: %w", len(rep.Errors), errors.Join(rep.Errors...))
+	}
+	return nil
+}
+
+func loop(ctx context.Context, r *reconcile.Reconciler, o options, requests *atomic.Int64) error {
+	m := &metrics{}
+	if o.metricsAddr != "" {
+		srv := &http.Server{Addr: o.metricsAddr, Handler: m, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				fmt.Fprintln(os.Stderr, "metrics:", err)
+			}
+		}()
+		defer srv.Close()
+	}
+	t := time.NewTicker(o.interval)
+	defer t.Stop()
+	for {
+		if err := pass(ctx, r, requests, m); err != nil {
+			fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
+	os.Exit(1)
+}
