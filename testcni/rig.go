@@ -54,6 +54,7 @@ type Rig struct {
 	Dynamic    dynamic.Interface
 
 	cluster  *cluster
+	bin      string            // the harvester-ipam binaries built for this rig
 	cniPaths map[string]string // whereabouts version -> CNI_PATH
 	crashBin string            // dir with the crashpoints build of harvester-ipam
 
@@ -97,12 +98,16 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	}()
 
 	bin := filepath.Join(dir, "build")
-	if err := r.build(ctx, filepath.Join(bin, "harvester-ipam")); err != nil {
+	r.bin = bin
+	if err := r.build(ctx, filepath.Join(bin, "harvester-ipam"), "./cmd/harvester-ipam"); err != nil {
+		return nil, err
+	}
+	if err := r.build(ctx, filepath.Join(bin, "harvester-ipam-reconciler"), "./cmd/harvester-ipam-reconciler"); err != nil {
 		return nil, err
 	}
 	if opt.Crashpoints {
 		r.crashBin = filepath.Join(dir, "build-crashpoints")
-		if err := r.build(ctx, filepath.Join(r.crashBin, "harvester-ipam"), "-tags=crashpoints"); err != nil {
+		if err := r.build(ctx, filepath.Join(r.crashBin, "harvester-ipam"), "./cmd/harvester-ipam", "-tags=crashpoints"); err != nil {
 			return nil, err
 		}
 	}
@@ -150,14 +155,14 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	return r, nil
 }
 
-func (r *Rig) build(ctx context.Context, out string, flags ...string) error {
+func (r *Rig) build(ctx context.Context, out, pkg string, flags ...string) error {
 	args := append([]string{"build", "-trimpath", "-o", out}, flags...)
-	args = append(args, "./cmd/harvester-ipam")
+	args = append(args, pkg)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = r.Root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build harvester-ipam: %v\n%s", err, b)
+		return fmt.Errorf("build %s: %v\n%s", pkg, err, b)
 	}
 	return nil
 }

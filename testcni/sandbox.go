@@ -64,6 +64,22 @@ func (n *Network) ForgetIPAM() error {
 	return n.writeConf(map[string]any{"type": n.IPAM})
 }
 
+// PluginConf is the network's bridge plugin config as a runtime hands it to
+// the plugin (a conflist's entry with the list's name and cniVersion).
+func (n *Network) PluginConf() map[string]any {
+	b, _ := os.ReadFile(filepath.Join(n.rig.NetConfDir, n.Name+".conflist"))
+	var list struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	_ = json.Unmarshal(b, &list)
+	if len(list.Plugins) == 0 {
+		return nil
+	}
+	p := list.Plugins[0]
+	p["cniVersion"], p["name"] = n.CNIVersion, n.Name
+	return p
+}
+
 func (n *Network) writeConf(ipam map[string]any) error {
 	// Harvester's NAD also sets "vlan": 50; these machines' kernels have no
 	// bridge VLAN filtering, and the VLAN is the bridge's business, not IPAM's.
@@ -149,6 +165,9 @@ func (s *Sandbox) Del(ctx context.Context) error { _, err := s.cnitool(ctx, "del
 
 // Check runs cnitool check.
 func (s *Sandbox) Check(ctx context.Context) error { _, err := s.cnitool(ctx, "check"); return err }
+
+// Status runs cnitool status on the sandbox's network (CNI 1.1.0).
+func (s *Sandbox) Status(ctx context.Context) error { _, err := s.cnitool(ctx, "status"); return err }
 
 // Kill deletes the sandbox's namespace without DEL: a crash, a lost DEL.
 func (s *Sandbox) Kill() error {

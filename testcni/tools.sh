@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus]
+#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -13,6 +13,7 @@ KUBE_VERSION=v1.37.0
 CNI_VERSION=v1.3.1
 PLUGINS_VERSION=v1.9.1
 MULTUS_VERSION=v4.3.0
+HELM_VERSION=v3.14.4
 
 CACHE="${HARVESTER_IPAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harvester-ipam}"
 BIN="$CACHE/bin"
@@ -104,6 +105,15 @@ build_multus() {
   install_bin "$out" "$d" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
 }
 
+# helm renders and lints install/chart in the tests, as a user would.
+build_helm() {
+  local out="helm-$HELM_VERSION"; have "$out" && return 0
+  log "building helm $HELM_VERSION (about 2 minutes cold)"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "helm.sh/helm/v3@$HELM_VERSION")
+  install_bin "$out" "$d" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+}
+
 paths() {
   echo "etcd=$BIN/etcd-$ETCD_VERSION"
   echo "kube-apiserver=$BIN/kube-apiserver-$KUBE_VERSION"
@@ -113,6 +123,7 @@ paths() {
   echo "whereabouts-v0.8.0=$BIN/whereabouts-v0.8.0"
   echo "whereabouts-v0.7.0=$BIN/whereabouts-v0.7.0"
   echo "multus=$BIN/multus-$MULTUS_VERSION"
+  echo "helm=$BIN/helm-$HELM_VERSION"
 }
 
 case "${1:-all}" in
@@ -125,10 +136,11 @@ case "${1:-all}" in
   whereabouts-v0.8.0) build_whereabouts v0.8.0 ;;
   whereabouts-v0.7.0) build_whereabouts v0.7.0 ;;
   multus) build_multus ;;
+  helm) build_helm ;;
   all)
     build_cnitool; build_plugins
     build_whereabouts v0.8.0; build_whereabouts v0.7.0
-    build_etcd; build_kube_apiserver; build_multus
+    build_etcd; build_kube_apiserver; build_multus; build_helm
     ;;
-  *) echo "usage: $0 [all|dir|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+var nadCRD struct {
+	sync.Once
+	err error
+}
+
+// multusNet is a Multus thin plugin network whose pods ask, in their networks
+// annotation, for a storage-network NAD with harvester-ipam on a /24 of its own.
+func multusNet(t *testing.T, ipam string) *testcni.MultusNetwork {
+	t.Helper()
+	nadCRD.Do(func() { nadCRD.err = rig.InstallNADCRD(ctx(t)) })
+	require.NoError(t, nadCRD.err, "the NetworkAttachmentDefinition CRD")
+	i := subnet.Add(1)
+	m, err := rig.AddMultusNetwork(ctx(t), testcni.Network{
+		Name:  fmt.Sprintf("multus%d", i),
+		Range: fmt.Sprintf("10.%d.%d.0/24", 100+i/250, i%250),
+		IPAM:  ipam,
+	}, "harvester-system", fmt.Sprintf("storagenetwork-%d", i), "lhnet1", fmt.Sprintf("10.244.%d.0/24", i%250))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("Multus' log (%s), last lines:\n%s", m.LogFile, tail(m.Log(), 40))
+		}
+	})
+	return m
+}
+
+func multusPod(t *testing.T, m *testcni.MultusNetwork, name string) testcni.Pod {
+	t.Helper()
+	pod := testcni.Pod{Namespace: "longhorn-system", Name: name + "-" + m.NADName}
+	require.NoError(t, m.CreatePod(ctx(t), pod))
+	return pod
+}
+
+// multusAdd makes a new sandbox of pod and runs ADD through Multus; it
+// returns the sandbox and the storage address Multus reported on the pod.
+func multusAdd(t *testing.T, m *testcni.MultusNetwork, pod testcni.Pod) (*testcni.Sandbox, string) {
+	t.Helper()
+	s, err := m.NewSandbox(pod)
+	require.NoError(t, err)
+	require.NoError(t, s.Add(ctx(t)), "ADD through Multus of a sandbox of %s", pod.Ref())
+	st, err := m.NetworkStatus(ctx(t), pod)
+	require.NoError(t, err)
+	for _, e := range st {
+		if e.Interface == m.StorageIfName() && e.Name == m.NADNamespace+"/"+m.NADName {
+			require.Len(t, e.IPs, 1, "network-status of %s: %+v", pod.Ref(), st)
+			return s, e.IPs[0]
+		}
+	}
+	t.Fatalf("Multus wrote no %s entry for %s/%s on %s: %+v", m.StorageIfName(), m.NADNamespace, m.NADName, pod.Ref(), st)
+	return nil, ""
+}
+
+// holds asserts that the pod holds exactly one allocation in the storage
+// pool, of sandbox s on the NAD's interface, at ip, with one reservation.
+func holds(t *testing.T, m *testcni.MultusNetwork, pod testcni.Pod, s *testcni.Sandbox, ip string) {
+	t.Helper()
+	allocs := mustAllocs(t, m.Network)
+	held := testcni.Of(allocs, pod.Ref())
+	require.Len(t, held, 1, "one allocation for %s; pool %s:\n%s", pod.Ref(), m.PoolName(), testcni.Table(allocs))
+	assert.Equal(t, s.ContainerID, held[0].ContainerID)
+	assert.Equal(t, m.StorageIfName(), held[0].IfName)
+	assert.Equal(t, ip, held[0].IP.String(), "the address in the pool is the one on the pod's network-status")
+	orips := oripsOf(t, m.Network, pod.Ref())
+	require.Len(t, orips, 1, "one reservation for %s", pod.Ref())
+	assert.Equal(t, ip, orips[0].Name)
+}
+
+func released(t *testing.T, m *testcni.MultusNetwork, pod testcni.Pod) {
+	t.Helper()
+	allocs := mustAllocs(t, m.Network)
+	assert.Empty(t, testcni.Of(allocs, pod.Ref()), "%s holds nothing; pool %s:\n%s", pod.Ref(), m.PoolName(), testcni.Table(allocs))
+	assert.Empty(t, oripsOf(t, m.Network, pod.Ref()), "and no reservation")
+}
+
+// The runtime recreates the sandbox and the old one's DEL never comes: the
+// pod's next ADD through Multus leaves it one allocation, the new sandbox's.
+func TestMultusRecreatedSandboxHoldsOneAddress(t *testing.T) {
+	m := multusNet(t, "harvester-ipam")
+	pod := multusPod(t, m, "instance-manager")
+	s1, ip1 := multusAdd(t, m, pod)
+	holds(t, m, pod, s1, ip1)
+
+	require.NoError(t, s1.Kill(), "the sandbox dies without DEL")
+	s2, ip2 := multusAdd(t, m, pod)
+	t.Logf("first sandbox %s, second %s", ip1, ip2)
+	holds(t, m, pod, s2, ip2)
+
+	require.NoError(t, s2.Del(ctx(t)))
+	released(t, m, pod)
+}
+
+// The storage network is disabled (its NAD deleted) while the pod runs; the
+// sandbox's DEL comes later. Multus takes the delegate's config from its
+// cache, so harvester-ipam's DEL runs with the full ipam config: released.
+func TestMultusDelAfterNADDeletedUsesItsCache(t *testing.T) {
+	m := multusNet(t, "harvester-ipam")
+	pod := multusPod(t, m, "instance-manager")
+	keep := multusPod(t, m, "backing-image-manager")
+	s, ip := multusAdd(t, m, pod)
+	k, kip := multusAdd(t, m, keep)
+	holds(t, m, pod, s, ip)
+
+	require.NoError(t, m.DeleteNAD(ctx(t)))
+	require.NoError(t, s.Del(ctx(t)), "DEL through Multus with the NAD gone")
+	released(t, m, pod)
+	holds(t, m, keep, k, kip)
+	assert.Contains(t, m.Log(), "consumeScratchNetConf: "+s.ContainerID, "Multus read its cache")
+
+	require.NoError(t, s.Del(ctx(t)), "DEL again (Multus' cache consumed now) is success")
+}
+
+// The storage network is disabled (NAD deleted) and Multus' cache of the
+// sandbox is lost too (a wiped /var/lib/cni); then the sandbox's DEL comes.
+// Multus cannot know the storage network any more and never calls its IPAM:
+//   - pod object still there: Multus re-reads the pod's networks annotation,
+//     fails to get the NAD, logs it, deletes only the default network and
+//     returns success;
+//   - pod object gone too: Multus returns success at once and calls no
+//     plugin at all.
+//
+// Either way the runtime is told all is clean, and the pool keeps the
+// allocation and its reservation. Nothing on the node will ever release them:
+// harvester-ipam is not called, and its next ADD reclaims by pod, which a
+// deleted pod never has again. That is the reconciler's case (see the hook).
+func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
+	m := multusNet(t, "harvester-ipam")
+	live := multusPod(t, m, "instance-manager")
+	gone := multusPod(t, m, "backing-image-ds")
+	sl, ipl := multusAdd(t, m, live)
+	sg, ipg := multusAdd(t, m, gone)
+
+	require.NoError(t, m.DeleteNAD(ctx(t)))
+	for _, s := range []*testcni.Sandbox{sl, sg} {
+		removed, err := m.ForgetCache(s)
+		require.NoError(t, err)
+		require.NotEmpty(t, removed, "Multus had cached %s", s.ContainerID)
+	}
+
+	// The pod object is still there.
+	require.NoError(t, sl.Del(ctx(t)), "Multus reports success")
+	holds(t, m, live, sl, ipl)
+	log := m.Log()
+	assert.Contains(t, log, "failed to get delegates", "Multus looked the NAD up again and failed")
+	assert.Contains(t, log, "but continue to delete clusterNetwork")
+
+	// The pod object is gone as well.
+	require.NoError(t, m.DeletePod(ctx(t), gone))
+	require.NoError(t, sg.Del(ctx(t)), "Multus reports success")
+	holds(t, m, gone, sg, ipg)
+	assert.Contains(t, m.Log(), "cannot properly delete", "Multus gave up without calling any plugin")
+
+	// Once Longhorn deletes the live pod too, both allocations are orphans.
+	require.NoError(t, m.DeletePod(ctx(t), live))
+	reconcilerReleasesOrphans(t, m, live, gone)
+}
+
+// reconcilerReleasesOrphans is where a reconciler pass is asserted.
+//
+// TODO(reconciler): once cmd/harvester-ipam-reconciler lands, run one pass
+// here as the chart's CronJob does (`harvester-ipam-reconciler
+// --kubeconfig=<rig.Kubeconfig> --namespace=kube-system --grace=0
+// --interval=0`), assert exit status 0, then released(t, m, pod) for every
+// pod: their allocations and reservations gone, and nobody else's touched.
+// Until then this only records what is left for it.
+func reconcilerReleasesOrphans(t *testing.T, m *testcni.MultusNetwork, pods ...testcni.Pod) {
+	t.Helper()
+	var left []shim.Allocation
+	for _, p := range pods {
+		left = append(left, testcni.Of(mustAllocs(t, m.Network), p.Ref())...)
+	}
+	t.Logf("left for the reconciler (pods deleted, NAD gone, never DEL'd by IPAM):\n%s", testcni.Table(left))
+}
+
+// Switching the NAD back to whereabouts: a pod attached through
+// harvester-ipam still gets its DEL through harvester-ipam (Multus' cache
+// names it), so the binary must stay installed until such pods are gone;
+// new sandboxes get plain whereabouts.
+func TestMultusNADSwitchedBackToWhereabouts(t *testing.T) {
+	m := multusNet(t, "harvester-ipam")
+	pod := multusPod(t, m, "instance-manager")
+	s, ip := multusAdd(t, m, pod)
+	holds(t, m, pod, s, ip)
+
+	m.IPAM = "whereabouts"
+	require.NoError(t, m.SetNAD(ctx(t), m.NADConfig()))
+	require.NoError(t, s.Del(ctx(t)))
+	released(t, m, pod)
+	assert.Contains(t, m.Log(), `"type":"harvester-ipam"`, "Multus' cached delegate named harvester-ipam")
+
+	s2, ip2 := multusAdd(t, m, pod)
+	holds(t, m, pod, s2, ip2)
+	require.NoError(t, s2.Del(ctx(t)))
+	released(t, m, pod)
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "  " + strings.Join(lines, "\n  ")
+}

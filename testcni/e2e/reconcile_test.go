@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+const grace = 3 * time.Second
+
+// reconcile runs one pass of the reconciler and requires it to succeed.
+func reconcile(t *testing.T, args ...string) string {
+	t.Helper()
+	res, err := rig.Reconciler(ctx(t), append([]string{"--grace", grace.String()}, args...)...)
+	require.NoError(t, err)
+	require.Zero(t, res.Exit, "reconciler failed:\n%s%s", res.Stdout, res.Stderr)
+	return res.Stdout
+}
+
+// live adds a sandbox for a pod object in the given state; its network-status
+// names the address ADD gave it, unless the pod is pending.
+func live(t *testing.T, n *testcni.Network, pod testcni.Pod, node string, phase corev1.PodPhase) *testcni.Sandbox {
+	t.Helper()
+	s := add(t, n, pod)
+	st := testcni.PodState{Node: node, Phase: phase}
+	if phase == corev1.PodRunning {
+		st.StatusIPs = []string{s.IP()}
+	}
+	require.NoError(t, rig.CreatePod(ctx(t), pod, st))
+	return s
+}
+
+// A node dies and is removed: its pods' DELs never run, the pod objects are
+// force-deleted, the node object goes. After the grace period, and not
+// before, the reconciler releases their addresses; running and pending pods
+// keep theirs. No NAD exists anywhere, and the network's config has lost its
+// ipam fields: the reconciler needs neither.
+func TestReconcilerReleasesANodeRemovalLeak(t *testing.T) {
+	c := ctx(t)
+	n := network(t, testcni.Network{})
+	require.NoError(t, rig.CreateNode(c, "node-a"))
+	require.NoError(t, rig.CreateNode(c, "node-b"))
+	ns := "longhorn-system"
+	lost := []testcni.Pod{{Namespace: ns, Name: "instance-manager-b1"}, {Namespace: ns, Name: "instance-manager-b2"}}
+	keeper := testcni.Pod{Namespace: ns, Name: "instance-manager-a1"}
+	pending := testcni.Pod{Namespace: ns, Name: "instance-manager-a2"}
+	var lostSandboxes []*testcni.Sandbox
+	for _, p := range lost {
+		lostSandboxes = append(lostSandboxes, live(t, n, p, "node-b", corev1.PodRunning))
+	}
+	keep := []*testcni.Sandbox{live(t, n, keeper, "node-a", corev1.PodRunning), live(t, n, pending, "", corev1.PodPending)}
+
+	// node-b is gone: no DEL, pods force-deleted, node deleted; the NAD is gone too.
+	for i, p := range lost {
+		require.NoError(t, lostSandboxes[i].Kill())
+		require.NoError(t, rig.DeletePod(c, p))
+	}
+	require.NoError(t, rig.DeleteNode(c, "node-b"))
+	require.NoError(t, n.ForgetIPAM())
+
+	out := reconcile(t)
+	t.Logf("first pass:\n%s", out)
+	assert.Contains(t, out, "pod gone")
+	assert.Contains(t, out, "wait")
+	assert.Len(t, mustAllocs(t, n), 4, "nothing is released at first sight")
+	out = reconcile(t)
+	assert.Len(t, mustAllocs(t, n), 4, "nor within the grace period:\n%s", out)
+
+	time.Sleep(grace + 500*time.Millisecond)
+	out = reconcile(t)
+	t.Logf("pass after the grace period:\n%s", out)
+	assert.Contains(t, out, "release")
+	allocs := mustAllocs(t, n)
+	t.Logf("pool:\n%s", testcni.Table(allocs))
+	assert.Len(t, allocs, 2)
+	verify(t, n, keep, append(lost, keeper, pending)...)
+
+	// Another pass finds nothing more to do, and the pending pod still holds its address.
+	time.Sleep(grace + 500*time.Millisecond)
+	reconcile(t)
+	verify(t, n, keep, append(lost, keeper, pending)...)
+	evs, err := rig.Kube.CoreV1().Events(testcni.PoolNamespace).List(c, metav1.ListOptions{FieldSelector: "involvedObject.name=" + n.PoolName()})
+	require.NoError(t, err)
+	assert.Len(t, evs.Items, 2, "one Event per release")
+}
+
+// A leftover ORIP (no allocation holds its address for its pod) blocks the
+// address for overlapping ranges; it is deleted after the grace period.
+func TestReconcilerRemovesALeftoverORIP(t *testing.T) {
+	c := ctx(t)
+	n := network(t, testcni.Network{})
+	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-orip"}
+	s := live(t, n, pod, "", corev1.PodRunning)
+	leftover := prefix(n) + "77"
+	_, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(testcni.PoolNamespace).Create(c,
+		&whereaboutsv1alpha1.OverlappingRangeIPReservation{ObjectMeta: metav1.ObjectMeta{Name: leftover},
+			Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: "longhorn-system/long-gone", IfName: "lhnet1"}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	out := reconcile(t)
+	assert.Contains(t, out, leftover)
+	assert.Contains(t, out, "no allocation holds its address for its pod")
+	assert.Len(t, mustORIPs(t, n), 2, "not at first sight")
+	time.Sleep(grace + 500*time.Millisecond)
+	reconcile(t)
+	orips := mustORIPs(t, n)
+	require.Len(t, orips, 1)
+	assert.Equal(t, pod.Ref(), orips[0].PodRef, "the live pod's reservation stays")
+	verify(t, n, []*testcni.Sandbox{s}, pod)
+}
+
+// --dry-run prints what it would release and why, and changes nothing: not
+// the pools, not the reservations, not even its own bookkeeping.
+func TestReconcilerDryRunChangesNothing(t *testing.T) {
+	c := ctx(t)
+	n := network(t, testcni.Network{})
+	gone := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-dry"}
+	s := add(t, n, gone) // no pod object: gone
+	require.NoError(t, s.Kill())
+	reconcile(t) // a real pass records the first sighting
+	time.Sleep(grace + 500*time.Millisecond)
+
+	before := snapshot(t)
+	for i := 0; i < 2; i++ {
+		out := reconcile(t, "--dry-run")
+		assert.Contains(t, out, "would release")
+		assert.Contains(t, out, gone.Ref())
+		assert.Contains(t, out, "pod gone")
+		assert.Contains(t, out, "dry run: nothing changed")
+	}
+	assert.Equal(t, before, snapshot(t), "the dry run wrote nothing")
+	assert.Len(t, testcni.Of(mustAllocs(t, n), gone.Ref()), 1)
+
+	res, err := rig.Reconciler(c, "inspect")
+	require.NoError(t, err)
+	require.Zero(t, res.Exit, res.Stderr)
+	t.Logf("inspect:\n%s", res.Stdout)
+	assert.Contains(t, res.Stdout, fmt.Sprintf("%s  %s  254", n.PoolName(), n.Range))
+	assert.Contains(t, res.Stdout, "stale allocations")
+}
+
+// snapshot is every pool and reservation with its resourceVersion.
+func snapshot(t *testing.T) map[string]string {
+	c := ctx(t)
+	out := map[string]string{}
+	pools, err := rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).List(c, metav1.ListOptions{})
+	require.NoError(t, err)
+	for _, p := range pools.Items {
+		out["pool/"+p.Name] = p.ResourceVersion
+	}
+	orips, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(testcni.PoolNamespace).List(c, metav1.ListOptions{})
+	require.NoError(t, err)
+	for _, o := range orips.Items {
+		out["orip/"+o.Name] = o.ResourceVersion
+	}
+	return out
+}
