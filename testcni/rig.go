@@ -89,11 +89,11 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	r = &Rig{Root: root, Dir: dir, Tools: tools, netns: map[string]bool{}, cniPaths: map[string]string{}}
+	rig := &Rig{Root: root, Dir: dir, Tools: tools, netns: map[string]bool{}, cniPaths: map[string]string{}}
+	r = rig
 	defer func() {
 		if err != nil {
-			r.Close()
-			r = nil
+			rig.Close() // r itself is nil by now
 		}
 	}()
 

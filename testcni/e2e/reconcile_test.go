@@ -2,6 +2,11 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,4 +167,42 @@ func snapshot(t *testing.T) map[string]string {
 		out["orip/"+o.Name] = o.ResourceVersion
 	}
 	return out
+}
+
+// In loop mode the reconciler serves its metrics; a pass that cannot read the
+// API server makes a one-shot run exit non-zero, so the CronJob shows it.
+func TestReconcilerMetricsAndFailure(t *testing.T) {
+	c := ctx(t)
+	port := 19420
+	cmd := exec.CommandContext(c, filepath.Join(rigBin(t), "harvester-ipam-reconciler"),
+		"--kubeconfig", rig.Kubeconfig, "--interval", "200ms", "--grace", "1h", "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port))
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	var body string
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return strings.Contains(body, "harvester_ipam_reconciler_passes_total") && !strings.Contains(body, "harvester_ipam_reconciler_passes_total 0\n")
+	}, 20*time.Second, 100*time.Millisecond)
+	for _, series := range []string{"harvester_ipam_reconciler_candidates ", `harvester_ipam_reconciler_releases_total{kind="allocation"} `,
+		"harvester_ipam_reconciler_errors_total 0", "harvester_ipam_reconciler_last_run_timestamp_seconds ", "harvester_ipam_reconciler_api_requests "} {
+		assert.Contains(t, body, series)
+	}
+
+	rig.StopAPIServer()
+	res, err := rig.Reconciler(c, "--grace", "1h")
+	require.NoError(t, rig.StartAPIServer(c))
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Exit, "a pass that could not finish exits non-zero")
+	assert.Contains(t, res.Stderr, "pass: list pools in kube-system")
+	assert.Contains(t, res.Stderr, "connection refused")
+}
+
+func rigBin(t *testing.T) string {
+	return filepath.Join(rig.Dir, "build")
 }
