@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/harvester/harvester-ipam/conf"
 )
@@ -61,7 +62,8 @@ func ValidateContainerID(id string) error {
 }
 
 // ValidateIfName refuses an interface name Linux would refuse: empty, longer
-// than 15 bytes, "." or "..", or containing '/', ':', whitespace or NUL.
+// than 15 bytes, "." or "..", or containing '/', ':', whitespace or NUL; and
+// one that is not UTF-8, which a checkpoint (JSON) cannot record.
 func ValidateIfName(name string) error {
 	switch {
 	case name == "":
@@ -70,6 +72,9 @@ func ValidateIfName(name string) error {
 		return fmt.Errorf("CNI_IFNAME %q is longer than 15 bytes", name)
 	case name == "." || name == "..":
 		return fmt.Errorf("CNI_IFNAME %q is not an interface name", name)
+	case !utf8.ValidString(name):
+		// JSON would store it as another name, which Read would not find.
+		return fmt.Errorf("CNI_IFNAME %q is not valid UTF-8", name)
 	}
 	for _, r := range name {
 		if r == '/' || r == ':' || r == 0 || unicode.IsSpace(r) || !unicode.IsPrint(r) {
@@ -102,6 +107,9 @@ func (d Dir) path(containerID, ifName string) (string, error) {
 func (d Dir) Write(r Record) error {
 	p, err := d.path(r.ContainerID, r.IfName)
 	if err != nil {
+		return err
+	}
+	if err := r.validate(); err != nil {
 		return err
 	}
 	r.Version = Version
@@ -166,18 +174,35 @@ func Decode(data []byte) (Record, error) {
 	if r.Version != Version {
 		return Record{}, fmt.Errorf("checkpoint version %d, this harvester-ipam reads %d", r.Version, Version)
 	}
-	if err := ValidateContainerID(r.ContainerID); err != nil {
+	if err := r.validate(); err != nil {
 		return Record{}, err
-	}
-	if err := ValidateIfName(r.IfName); err != nil {
-		return Record{}, err
-	}
-	for _, p := range r.Pools {
-		if p.Name == "" || strings.ContainsAny(p.Name, "/\x00") {
-			return Record{}, fmt.Errorf("checkpoint names pool %q", p.Name)
-		}
 	}
 	return r, nil
+}
+
+// validate is what Decode demands of a record, so Write demands it too:
+// what is written can be read.
+func (r Record) validate() error {
+	if err := ValidateContainerID(r.ContainerID); err != nil {
+		return err
+	}
+	if err := ValidateIfName(r.IfName); err != nil {
+		return err
+	}
+	texts := append([]string{r.PodRef, r.Network, r.NetworkName, r.Kubeconfig, r.Namespace}, r.IPs...)
+	for _, p := range r.Pools {
+		if p.Name == "" || strings.ContainsAny(p.Name, "/\x00") {
+			return fmt.Errorf("checkpoint names pool %q", p.Name)
+		}
+		texts = append(texts, p.Name, p.Range)
+	}
+	for _, s := range texts {
+		// JSON would record another string than the one written.
+		if !utf8.ValidString(s) {
+			return fmt.Errorf("checkpoint of %s/%s: %q is not valid UTF-8", r.ContainerID, r.IfName, s)
+		}
+	}
+	return nil
 }
 
 // Remove deletes the record of an attachment; a missing one is no error.

@@ -69,6 +69,7 @@ func TestHostileNamesAreRefused(t *testing.T) {
 		{"abc", "a\x00", "control characters"},
 		{"abc", "sixteen-chars-xx", "longer than 15 bytes"},
 		{"abc", "", "CNI_IFNAME is empty"},
+		{"0", "\x93", "is not valid UTF-8"}, // found by FuzzPaths: written, then not found by Read
 	}
 	for _, tt := range tests {
 		err := d.Write(record(tt.id, tt.ifname))
@@ -80,6 +81,36 @@ func TestHostileNamesAreRefused(t *testing.T) {
 	}
 	entries, _ := os.ReadDir(string(d))
 	assert.Empty(t, entries, "nothing was written anywhere")
+}
+
+// Found by FuzzPaths: Write stored records that Read then refused (a bad
+// pool name), or returned changed (a string that is not UTF-8).
+func TestWriteRefusesWhatReadWouldNotReturn(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(r *Record)
+		want   string
+	}{
+		{"an empty pool name", func(r *Record) { r.Pools[0].Name = "" }, `checkpoint names pool ""`},
+		{"a pool name that climbs", func(r *Record) { r.Pools[0].Name = "../x" }, `checkpoint names pool "../x"`},
+		{"a pool name with a slash", func(r *Record) { r.Pools[0].Name = "a/b" }, `checkpoint names pool "a/b"`},
+		{"a pool name with NUL", func(r *Record) { r.Pools[0].Name = "a\x00b" }, `checkpoint names pool "a\x00b"`},
+		{"a podref that is not UTF-8", func(r *Record) { r.PodRef = "ns/\x93" }, `"ns/\x93" is not valid UTF-8`},
+		{"a network that is not UTF-8", func(r *Record) { r.Network = "\xff" }, `"\xff" is not valid UTF-8`},
+		{"a range that is not UTF-8", func(r *Record) { r.Pools[0].Range = "\xc0" }, `"\xc0" is not valid UTF-8`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Dir(filepath.Join(t.TempDir(), "cp"))
+			r := record("a", "lhnet1")
+			tt.change(&r)
+			err := d.Write(r)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			_, err = os.Stat(string(d))
+			assert.True(t, os.IsNotExist(err), "nothing written")
+		})
+	}
 }
 
 func TestDecodeRefusesBadFiles(t *testing.T) {
