@@ -1,0 +1,73 @@
+{{/* The name of every object: the release's, with harvester-ipam in it once. */}}
+{{- define "harvester-ipam.fullname" -}}
+{{- if contains "harvester-ipam" .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-harvester-ipam" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "harvester-ipam.labels" -}}
+app.kubernetes.io/name: harvester-ipam
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* selector: call with (dict "ctx" . "component" "installer") */}}
+{{- define "harvester-ipam.selector" -}}
+app.kubernetes.io/name: harvester-ipam
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "harvester-ipam.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The reconciler's arguments, but --interval. */}}
+{{- define "harvester-ipam.reconcilerArgs" -}}
+- --namespace={{ .Values.whereabouts.poolNamespace }}
+- --grace={{ required "reconciler.grace is required" .Values.reconciler.grace }}
+{{- if .Values.reconciler.dryRun }}
+- --dry-run
+{{- end }}
+{{- end -}}
+
+{{/* A container that needs no privilege at all. */}}
+{{- define "harvester-ipam.restricted" -}}
+runAsNonRoot: true
+runAsUser: 65534
+runAsGroup: 65534
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The reconciler's pod spec, but its containers. */}}
+{{- define "harvester-ipam.reconcilerPod" -}}
+serviceAccountName: {{ include "harvester-ipam.fullname" . }}-reconciler
+{{- with .Values.reconciler.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.reconciler.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.reconciler.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  runAsNonRoot: true
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
