@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	batchv1 "k8s.io/api/batch/v1"
 
-	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
@@ -136,13 +136,16 @@ func TestMultusDelAfterNADDeletedUsesItsCache(t *testing.T) {
 // Either way the runtime is told all is clean, and the pool keeps the
 // allocation and its reservation. Nothing on the node will ever release them:
 // harvester-ipam is not called, and its next ADD reclaims by pod, which a
-// deleted pod never has again. That is the reconciler's case (see the hook).
+// deleted pod never has again. Once the pods are gone, the reconciler
+// releases them, and keeps what a pod that still exists holds.
 func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
 	m := multusNet(t, "harvester-ipam")
 	live := multusPod(t, m, "instance-manager")
 	gone := multusPod(t, m, "backing-image-ds")
+	keeper := multusPod(t, m, "backing-image-manager")
 	sl, ipl := multusAdd(t, m, live)
 	sg, ipg := multusAdd(t, m, gone)
+	sk, ipk := multusAdd(t, m, keeper)
 
 	require.NoError(t, m.DeleteNAD(ctx(t)))
 	for _, s := range []*testcni.Sandbox{sl, sg} {
@@ -164,26 +167,28 @@ func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
 	holds(t, m, gone, sg, ipg)
 	assert.Contains(t, m.Log(), "cannot properly delete", "Multus gave up without calling any plugin")
 
-	// Once Longhorn deletes the live pod too, both allocations are orphans.
+	// Once Longhorn deletes the live pod too, both allocations are orphans;
+	// the keeper's pod still exists, and it keeps its address.
 	require.NoError(t, m.DeletePod(ctx(t), live))
-	reconcilerReleasesOrphans(t, m, live, gone)
+	reconcileAsTheChartDoes(t)
+	released(t, m, live)
+	released(t, m, gone)
+	holds(t, m, keeper, sk, ipk)
 }
 
-// reconcilerReleasesOrphans is where a reconciler pass is asserted.
-//
-// TODO(reconciler): once cmd/harvester-ipam-reconciler lands, run one pass
-// here as the chart's CronJob does (`harvester-ipam-reconciler
-// --kubeconfig=<rig.Kubeconfig> --namespace=kube-system --grace=0
-// --interval=0`), assert exit status 0, then released(t, m, pod) for every
-// pod: their allocations and reservations gone, and nobody else's touched.
-// Until then this only records what is left for it.
-func reconcilerReleasesOrphans(t *testing.T, m *testcni.MultusNetwork, pods ...testcni.Pod) {
+// reconcileAsTheChartDoes runs one pass of the real reconciler with the
+// arguments the chart's CronJob renders (with no grace period, so that one
+// pass releases), and requires it to succeed.
+func reconcileAsTheChartDoes(t *testing.T) {
 	t.Helper()
-	var left []shim.Allocation
-	for _, p := range pods {
-		left = append(left, testcni.Of(mustAllocs(t, m.Network), p.Ref())...)
-	}
-	t.Logf("left for the reconciler (pods deleted, NAD gone, never DEL'd by IPAM):\n%s", testcni.Table(left))
+	cj := typed[batchv1.CronJob](t, objects(t, render(t, "harvester-ipam", "kube-system", "reconciler.grace=0s")), "CronJob")
+	c := cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0]
+	require.Equal(t, []string{"/usr/bin/harvester-ipam-reconciler"}, c.Command)
+	res, err := rig.Reconciler(ctx(t), c.Args...)
+	require.NoError(t, err)
+	require.Zero(t, res.Exit, "the reconciler with the CronJob's args %q:\n%s%s", c.Args, res.Stdout, res.Stderr)
+	t.Logf("reconciler %s:\n%s", strings.Join(c.Args, " "), res.Stdout)
+	assert.Contains(t, res.Stdout, "pod gone")
 }
 
 // Switching the NAD back to whereabouts: a pod attached through

@@ -1,0 +1,552 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+const chartDir = "install/chart/harvester-ipam"
+
+// render runs `helm template` on the chart as a user would.
+func render(t *testing.T, release, namespace string, set ...string) []byte {
+	t.Helper()
+	args := []string{"template", release, chartDir, "--namespace", namespace}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := rig.Helm(ctx(t), args...)
+	require.NoError(t, err)
+	return out
+}
+
+func objects(t *testing.T, manifest []byte) []unstructured.Unstructured {
+	t.Helper()
+	var out []unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
+	for {
+		var o unstructured.Unstructured
+		err := dec.Decode(&o.Object)
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		require.NoError(t, err)
+		if len(o.Object) > 0 {
+			out = append(out, o)
+		}
+	}
+}
+
+func kinds(objs []unstructured.Unstructured) map[string]int {
+	k := map[string]int{}
+	for _, o := range objs {
+		k[o.GetKind()]++
+	}
+	return k
+}
+
+func typed[T any](t *testing.T, objs []unstructured.Unstructured, kind string) *T {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			var v T
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &v))
+			return &v
+		}
+	}
+	t.Fatalf("no %s rendered", kind)
+	return nil
+}
+
+// The chart lints, renders with each kind of values, and the real API server
+// accepts every object it renders (server-side apply, dry run); values that
+// make no sense are refused by helm with a message naming them.
+func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
+	_, err := rig.Helm(ctx(t), "lint", "--strict", chartDir)
+	require.NoError(t, err)
+
+	for _, tt := range []struct {
+		name, namespace string
+		set             []string
+		want            map[string]int
+		check           func(t *testing.T, objs []unstructured.Unstructured)
+	}{
+		{
+			name: "defaults", namespace: "kube-system",
+			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+				assert.Equal(t, "rancher/harvester-ipam:v0.1.0", ds.Spec.Template.Spec.Containers[0].Image)
+				assert.Contains(t, string(mustJSON(t, objs, "CronJob")), `"--interval=0"`)
+			},
+		},
+		{
+			name: "reconciler as a deployment, dry run", namespace: "harvester-system",
+			set:  []string{"reconciler.mode=deployment", "reconciler.dryRun=true", "reconciler.grace=30m", "image.tag=v9.9.9"},
+			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				d := typed[appsv1.Deployment](t, objs, "Deployment")
+				c := d.Spec.Template.Spec.Containers[0]
+				assert.Equal(t, "rancher/harvester-ipam:v9.9.9", c.Image)
+				assert.Equal(t, []string{"--namespace=kube-system", "--grace=30m", "--dry-run", "--interval=1m", "--metrics-addr=:9420"}, c.Args)
+				assert.Equal(t, int32(9420), c.Ports[0].ContainerPort)
+			},
+		},
+		{
+			name: "installer only", namespace: "kube-system",
+			set:  []string{"reconciler.enabled=false", "rbac.plugin=false"},
+			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1},
+		},
+		{
+			name: "other host paths and pool namespace", namespace: "kube-system",
+			set: []string{"hostPaths.cniBinDir=/var/lib/rancher/rke2/data/cni/bin", "hostPaths.cniConfDir=/var/lib/rancher/cni/net.d",
+				"whereabouts.poolNamespace=whereabouts-pools", "whereabouts.serviceAccount.name=wb", "whereabouts.serviceAccount.namespace=whereabouts-system"},
+			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+				paths := map[string]string{}
+				for _, v := range ds.Spec.Template.Spec.Volumes {
+					paths[v.Name] = v.HostPath.Path
+				}
+				assert.Equal(t, map[string]string{"cni-bin": "/var/lib/rancher/rke2/data/cni/bin", "cni-conf": "/var/lib/rancher/cni/net.d"}, paths)
+				for _, o := range objs {
+					if o.GetKind() == "Role" || o.GetKind() == "RoleBinding" {
+						assert.Equal(t, "whereabouts-pools", o.GetNamespace(), "%s %s lives beside the pools", o.GetKind(), o.GetName())
+					}
+				}
+			},
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			manifest := render(t, "harvester-ipam", tt.namespace, tt.set...)
+			objs := objects(t, manifest)
+			assert.Equal(t, tt.want, kinds(objs))
+			if tt.check != nil {
+				tt.check(t, objs)
+			}
+			for _, o := range objs {
+				if ns := o.GetNamespace(); ns != "" {
+					require.NoError(t, rig.EnsureNamespace(ctx(t), ns))
+				}
+			}
+			require.NoError(t, rig.Apply(ctx(t), manifest, true), "server-side dry run of what the chart renders")
+		})
+	}
+
+	// The dry run is not vacuous: an object the server rejects fails it.
+	bad := bytes.Replace(render(t, "harvester-ipam", "kube-system"), []byte("type: Directory"), []byte("type: Folder"), 1)
+	err = rig.Apply(ctx(t), bad, true)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "DaemonSet kube-system/harvester-ipam")
+	assert.Contains(t, err.Error(), `Unsupported value: "Folder"`)
+
+	for set, msg := range map[string]string{
+		"reconciler.mode=sometimes": "reconciler.mode must be one of the following",
+		"reconciler.grace=10":       "reconciler.grace: Invalid type",
+		"reconciler.gracePeriod=1h": "Additional property gracePeriod is not allowed",
+		"hostPaths.cniBinDir=opt":   "hostPaths.cniBinDir: Does not match pattern",
+	} {
+		_, err := rig.Helm(ctx(t), "template", "x", chartDir, "--set", set)
+		require.Error(t, err, "--set %s", set)
+		assert.Contains(t, err.Error(), msg)
+	}
+}
+
+func mustJSON(t *testing.T, objs []unstructured.Unstructured, kind string) []byte {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			b, err := o.MarshalJSON()
+			require.NoError(t, err)
+			return b
+		}
+	}
+	t.Fatalf("no %s rendered", kind)
+	return nil
+}
+
+// The chart's RBAC, applied for real: each identity may do what its part
+// needs and nothing else (asked as `kubectl auth can-i --as` asks), and the
+// plugin, logged in as whereabouts' identity with only this chart's Role,
+// really releases an allocation; without it, it cannot.
+func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
+	const release, ns, wbSA = "rbac-check", "harvester-ipam-rbac", "rbac-check-whereabouts"
+	require.NoError(t, rig.EnsureNamespace(ctx(t), ns))
+	require.NoError(t, rig.Apply(ctx(t), render(t, release, ns, "whereabouts.serviceAccount.name="+wbSA), false))
+
+	plugin := "system:serviceaccount:kube-system:" + wbSA
+	reconciler := "system:serviceaccount:" + ns + ":" + release + "-harvester-ipam-reconciler"
+	installer := "system:serviceaccount:" + ns + ":" + release + "-harvester-ipam-installer"
+	type q struct{ user, verb, group, resource, namespace string }
+	wb, core := "whereabouts.cni.cncf.io", ""
+	allowed := []q{
+		{plugin, "get", wb, "ippools", "kube-system"}, {plugin, "list", wb, "ippools", "kube-system"},
+		{plugin, "update", wb, "ippools", "kube-system"}, {plugin, "patch", wb, "ippools", "kube-system"},
+		{plugin, "get", wb, "overlappingrangeipreservations", "kube-system"},
+		{plugin, "delete", wb, "overlappingrangeipreservations", "kube-system"},
+		{plugin, "create", core, "events", "kube-system"},
+		{reconciler, "get", wb, "ippools", "kube-system"}, {reconciler, "list", wb, "ippools", "kube-system"},
+		{reconciler, "update", wb, "ippools", "kube-system"}, {reconciler, "patch", wb, "ippools", "kube-system"},
+		{reconciler, "get", wb, "overlappingrangeipreservations", "kube-system"},
+		{reconciler, "list", wb, "overlappingrangeipreservations", "kube-system"},
+		{reconciler, "patch", wb, "overlappingrangeipreservations", "kube-system"},
+		{reconciler, "delete", wb, "overlappingrangeipreservations", "kube-system"},
+		{reconciler, "create", core, "events", "kube-system"}, {reconciler, "patch", core, "events", "kube-system"},
+		{reconciler, "get", core, "pods", "longhorn-system"}, {reconciler, "list", core, "pods", "longhorn-system"},
+		{reconciler, "list", core, "pods", ""}, {reconciler, "get", core, "nodes", ""}, {reconciler, "list", core, "nodes", ""},
+	}
+	denied := []q{
+		{plugin, "create", wb, "ippools", "kube-system"}, {plugin, "delete", wb, "ippools", "kube-system"},
+		{plugin, "get", wb, "ippools", "default"}, {plugin, "list", wb, "overlappingrangeipreservations", "kube-system"},
+		{plugin, "create", wb, "overlappingrangeipreservations", "kube-system"}, {plugin, "list", core, "pods", ""},
+		{plugin, "get", core, "secrets", "kube-system"},
+		{reconciler, "create", wb, "ippools", "kube-system"}, {reconciler, "delete", wb, "ippools", "kube-system"},
+		{reconciler, "create", wb, "overlappingrangeipreservations", "kube-system"},
+		{reconciler, "delete", core, "pods", "longhorn-system"}, {reconciler, "update", core, "nodes", ""},
+		{reconciler, "get", core, "secrets", "kube-system"}, {reconciler, "list", core, "secrets", ""},
+		{reconciler, "create", core, "events", "longhorn-system"},
+		{installer, "get", core, "pods", ns}, {installer, "get", wb, "ippools", "kube-system"},
+		{installer, "list", core, "secrets", ns},
+	}
+	can := func(x q) bool {
+		user := strings.Split(x.user, ":")
+		sar, err := rig.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   x.user,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + user[2], "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: x.verb, Group: x.group, Resource: x.resource, Namespace: x.namespace,
+				},
+			},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		return sar.Status.Allowed
+	}
+	for _, x := range allowed {
+		assert.True(t, can(x), "%s may %s %s in %q", x.user, x.verb, x.resource, x.namespace)
+	}
+	for _, x := range denied {
+		assert.False(t, can(x), "%s may not %s %s in %q", x.user, x.verb, x.resource, x.namespace)
+	}
+
+	// The plugin for real: ADD as admin (whereabouts needs more than this
+	// chart grants: leases, creating pools), then the NAD is gone and DEL runs
+	// logged in as whereabouts' identity: harvester-ipam itself releases.
+	for _, tt := range []struct {
+		sa     string
+		bound  bool
+		expect string
+	}{
+		{wbSA, true, ""},
+		{"rbac-check-nobody", false, `"system:serviceaccount:kube-system:rbac-check-nobody" cannot get`},
+	} {
+		t.Run(tt.sa, func(t *testing.T) {
+			kc := filepath.Join(t.TempDir(), "whereabouts.kubeconfig")
+			admin, err := os.ReadFile(rig.Kubeconfig)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(kc, admin, 0o600))
+			n, err := rig.AddNetworkWithFlatFile(nextNetwork(), kc)
+			require.NoError(t, err)
+			pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-" + tt.sa}
+			s := add(t, n, pod)
+
+			as, err := rig.ServiceAccountKubeconfig(ctx(t), "kube-system", tt.sa)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(kc, as, 0o600))
+			require.NoError(t, n.ForgetIPAM())
+			err = s.Del(ctx(t))
+			if tt.bound {
+				require.NoError(t, err, "DEL as %s with this chart's Role", tt.sa)
+				assert.Empty(t, testcni.Of(mustAllocs(t, n), pod.Ref()), "released")
+				assert.Empty(t, oripsOf(t, n, pod.Ref()), "its reservation too")
+				return
+			}
+			var ce *testcni.CNIError
+			require.ErrorAs(t, err, &ce, "DEL as %s without this chart's Role", tt.sa)
+			assert.Equal(t, 1, ce.Exit)
+			assert.Contains(t, ce.Stderr, tt.expect)
+			assert.Contains(t, ce.Stderr, `cannot get resource "ippools"`)
+			assert.Contains(t, ce.Stderr, "the runtime retries")
+			assert.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1, "nothing released")
+		})
+	}
+}
+
+// nextNetwork is a network with a /24 of its own, not yet added.
+func nextNetwork() testcni.Network {
+	i := subnet.Add(1)
+	return testcni.Network{Name: fmt.Sprintf("sn%d", i), Range: fmt.Sprintf("10.%d.%d.0/24", 100+i/250, i%250)}
+}
+
+// container runs what the rendered DaemonSet's container runs, with its
+// hostPath volumes under a host root of the test's own and its image's
+// /usr/bin in a dir of the test's own.
+type container struct {
+	image, host string
+	mounts      map[string]string // mountPath -> hostPath
+	command     []string
+	args        []string
+	probe       []string
+}
+
+func (c *container) path(p string) string {
+	if rest, ok := strings.CutPrefix(p, "/usr/bin/"); ok {
+		return filepath.Join(c.image, rest)
+	}
+	for mount, hostPath := range c.mounts {
+		if rest, ok := strings.CutPrefix(p, mount); ok {
+			return filepath.Join(c.host, hostPath, rest)
+		}
+	}
+	return p
+}
+
+// cmd maps every absolute path in argv (and in --flag=value) into the test's dirs.
+func (c *container) cmd(argv []string, extra ...string) *exec.Cmd {
+	var out []string
+	for _, a := range append(append([]string{}, argv...), extra...) {
+		if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "--") {
+			out = append(out, k+"="+c.path(v))
+		} else {
+			out = append(out, c.path(a))
+		}
+	}
+	return exec.Command(out[0], out[1:]...)
+}
+
+type run struct {
+	exit           int
+	stdout, stderr string
+}
+
+func (c *container) run(t *testing.T, argv []string, extra ...string) run {
+	t.Helper()
+	cmd := c.cmd(argv, extra...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := run{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		r.exit = ee.ExitCode()
+	} else {
+		require.NoError(t, err)
+	}
+	return r
+}
+
+func daemonSetContainer(t *testing.T, objs []unstructured.Unstructured) *container {
+	t.Helper()
+	ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+	spec := ds.Spec.Template.Spec
+	require.Len(t, spec.Containers, 1)
+	ctr := spec.Containers[0]
+	c := &container{image: t.TempDir(), host: t.TempDir(), mounts: map[string]string{},
+		command: ctr.Command, args: ctr.Args, probe: ctr.ReadinessProbe.Exec.Command}
+	vols := map[string]corev1.Volume{}
+	for _, v := range spec.Volumes {
+		vols[v.Name] = v
+	}
+	for _, m := range ctr.VolumeMounts {
+		v, ok := vols[m.Name]
+		require.True(t, ok && v.HostPath != nil, "mount %s is a hostPath volume", m.Name)
+		c.mounts[m.MountPath] = v.HostPath.Path
+		require.NoError(t, os.MkdirAll(filepath.Join(c.host, v.HostPath.Path), 0o755))
+	}
+	return c
+}
+
+func sha(t *testing.T, p string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	return sha256.Sum256(b)
+}
+
+func ino(t *testing.T, p string) uint64 {
+	t.Helper()
+	st, err := os.Stat(p)
+	require.NoError(t, err)
+	return st.Sys().(*syscall.Stat_t).Ino
+}
+
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(filepath.Dir(dst), 0o755))
+	require.NoError(t, os.WriteFile(dst, b, 0o755))
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// The DaemonSet's container, run as the chart renders it, against a host's
+// CNI dirs: it installs harvester-ipam beside whereabouts, becomes ready, and
+// the binary it installed serves a real ADD and DEL. Run again it changes
+// nothing; with a new image it upgrades; with a broken image, or a full
+// disk, it fails loudly and the node keeps the old, working binary.
+func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
+	c := daemonSetContainer(t, objects(t, render(t, "harvester-ipam", "kube-system")))
+	require.NoError(t, rig.BuildCommand(ctx(t), "./cmd/harvester-ipam-install", c.path("/usr/bin/harvester-ipam-install"), "-s -w"))
+	copyFile(t, rig.PluginBinary(), c.path("/usr/bin/harvester-ipam"))
+	binDir := c.path("/host/opt/cni/bin")
+	require.Equal(t, filepath.Join(c.host, "opt/cni/bin"), binDir, "the chart mounts the host's /opt/cni/bin at /host/opt/cni/bin")
+	installed := filepath.Join(binDir, "harvester-ipam")
+	// The host as whereabouts' own DaemonSet left it.
+	for _, p := range []string{"whereabouts", "bridge"} {
+		target, err := filepath.EvalSymlinks(filepath.Join(rig.CNIDir(testcni.V080), p))
+		require.NoError(t, err)
+		copyFile(t, target, filepath.Join(binDir, p))
+	}
+	copyFile(t, rig.FlatFile, c.path("/host/etc/cni/net.d/whereabouts.d/whereabouts.conf"))
+
+	// Not ready before it ran.
+	r := c.run(t, c.probe)
+	assert.Equal(t, 1, r.exit, "readiness before install: %s", r.stderr)
+
+	// The container's main loop: ready once installed; SIGTERM ends it, the binary stays.
+	cmd := c.cmd(append(c.command, c.args...))
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	start := time.Now()
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		if r := c.run(t, c.probe); r.exit == 0 {
+			assert.Contains(t, r.stdout, installed+" is installed and runs: harvester-ipam")
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the installer exited before it was ready: %v\n%s", err, logs.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.Less(t, time.Since(start), 30*time.Second, "not ready after 30 s:\n%s", logs.String())
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-done:
+		require.NoError(t, err, "exit status on SIGTERM")
+	case <-time.After(5 * time.Second): // terminationGracePeriodSeconds
+		_ = cmd.Process.Kill()
+		t.Fatalf("no exit within the grace period:\n%s", logs.String())
+	}
+	t.Logf("the DaemonSet's container:\n%s", logs.String())
+	assert.Contains(t, logs.String(), "installed "+installed)
+	assert.Contains(t, logs.String(), "stays installed")
+	assert.NotContains(t, logs.String(), "warning", "whereabouts and its flat file are in place")
+	assert.Equal(t, sha(t, rig.PluginBinary()), sha(t, installed))
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir))
+
+	// What it installed serves the runtime: ADD and DEL from the host's bin dir.
+	n := network(t, testcni.Network{})
+	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-installed"}
+	s, err := rig.NewSandbox(n, pod, "lhnet1")
+	require.NoError(t, err)
+	s.Env = []string{"CNI_PATH=" + binDir}
+	require.NoError(t, s.Add(ctx(t)), "ADD through the installed binary")
+	require.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1)
+	require.NoError(t, s.Del(ctx(t)))
+	require.Empty(t, testcni.Of(mustAllocs(t, n), pod.Ref()))
+
+	once := func(extra ...string) run {
+		return c.run(t, append(c.command, c.args...), append([]string{"--interval=0"}, extra...)...)
+	}
+
+	// Again: nothing to do, the very same file.
+	before := ino(t, installed)
+	r = once()
+	require.Equal(t, 0, r.exit, r.stderr)
+	assert.Contains(t, r.stderr, installed+" is up to date")
+	assert.Equal(t, before, ino(t, installed))
+
+	// A new image: replaced by rename.
+	require.NoError(t, rig.BuildCommand(ctx(t), "./cmd/harvester-ipam", c.path("/usr/bin/harvester-ipam"), "-s -w -X main.Version=v9.9.9-test"))
+	r = once()
+	require.Equal(t, 0, r.exit, r.stderr)
+	assert.Contains(t, r.stderr, "installed "+installed+" (harvester-ipam v9.9.9-test: ")
+	assert.NotEqual(t, before, ino(t, installed))
+	good := sha(t, installed)
+	require.Equal(t, 0, c.run(t, c.probe).exit)
+
+	// A broken image (a truncated binary): refused, the old binary stays.
+	img, err := os.ReadFile(c.path("/usr/bin/harvester-ipam"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(c.path("/usr/bin/harvester-ipam"), img[:len(img)/3], 0o755))
+	r = once()
+	assert.Equal(t, 1, r.exit)
+	assert.Contains(t, r.stderr, "the new binary does not run")
+	assert.Contains(t, r.stderr, installed+" left as it was")
+	assert.Equal(t, good, sha(t, installed))
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no temporary file left")
+	r = c.run(t, c.probe)
+	assert.Equal(t, 1, r.exit, "not ready with a broken image")
+	assert.Contains(t, r.stderr, "is not the image's")
+	require.NoError(t, os.WriteFile(c.path("/usr/bin/harvester-ipam"), img, 0o755))
+
+	// A full disk: the host's bin dir on a tmpfs with room for the old binary only.
+	full := filepath.Join(t.TempDir(), "full")
+	require.NoError(t, os.MkdirAll(full, 0o755))
+	old, err := os.ReadFile(rig.PluginBinary())
+	require.NoError(t, err)
+	require.NoError(t, syscall.Mount("tmpfs", full, "tmpfs", 0, fmt.Sprintf("size=%d", len(old)+256<<10)))
+	t.Cleanup(func() { _ = syscall.Unmount(full, 0) })
+	require.NoError(t, os.WriteFile(filepath.Join(full, "harvester-ipam"), old, 0o755))
+	r = once("--cni-bin-dir=" + full)
+	assert.Equal(t, 1, r.exit)
+	assert.Contains(t, r.stderr, "no space left on device")
+	assert.Contains(t, r.stderr, filepath.Join(full, "harvester-ipam")+" left as it was")
+	assert.Equal(t, sha256.Sum256(old), sha(t, filepath.Join(full, "harvester-ipam")))
+	assert.Equal(t, []string{"harvester-ipam"}, dirNames(t, full), "no temporary file left")
+
+	// whereabouts missing on a node: installed all the same, with a warning.
+	empty := t.TempDir()
+	r = once("--cni-bin-dir="+empty, "--flat-file="+filepath.Join(empty, "whereabouts.conf"))
+	require.Equal(t, 0, r.exit, r.stderr)
+	assert.Contains(t, r.stderr, "warning: no executable whereabouts in "+empty)
+	assert.Contains(t, r.stderr, "warning: no whereabouts flat file")
+}
