@@ -18,12 +18,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/harvester/harvester-ipam/testcni"
 )
@@ -244,8 +247,12 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		require.NoError(t, err)
 		return sar.Status.Allowed
 	}
+	// The API server's RBAC authorizer sees new bindings through its
+	// informers, moments after they are stored: wait as one would re-run
+	// `kubectl auth can-i`. The denials are asked once all grants are seen.
 	for _, x := range allowed {
-		assert.True(t, can(x), "%s may %s %s in %q", x.user, x.verb, x.resource, x.namespace)
+		assert.Eventually(t, func() bool { return can(x) }, 10*time.Second, 50*time.Millisecond,
+			"%s may %s %s in %q", x.user, x.verb, x.resource, x.namespace)
 	}
 	for _, x := range denied {
 		assert.False(t, can(x), "%s may not %s %s in %q", x.user, x.verb, x.resource, x.namespace)
@@ -274,6 +281,7 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 
 			as, err := rig.ServiceAccountKubeconfig(ctx(t), "kube-system", tt.sa)
 			require.NoError(t, err)
+			loggedIn(t, as)
 			require.NoError(t, os.WriteFile(kc, as, 0o600))
 			require.NoError(t, n.ForgetIPAM())
 			err = s.Del(ctx(t))
@@ -291,6 +299,24 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 			assert.Contains(t, ce.Stderr, "the runtime retries")
 			assert.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1, "nothing released")
 		})
+	}
+}
+
+// loggedIn waits until the API server accepts a kubeconfig's token: a new
+// ServiceAccount's token is refused (401) until the authenticator's informer
+// has seen the account.
+func loggedIn(t *testing.T, kubeconfig []byte) {
+	t.Helper()
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	require.NoError(t, err)
+	kc, err := kubernetes.NewForConfig(rc)
+	require.NoError(t, err)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := kc.AuthenticationV1().SelfSubjectReviews().Create(ctx(t), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err == nil {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the token is not accepted after 10 s: %v", err)
 	}
 }
 
