@@ -152,17 +152,44 @@ func ORIPName(ip net.IP, networkName string) string {
 	return s
 }
 
+// maxRemovals bounds the removals of one patch: the API server refuses a JSON
+// patch of more than 10,000 operations, and a huge one holds the pool long.
+const maxRemovals = 1000
+
 // Release removes from pool the allocations pick chooses, then the ORIPs that
-// belong to them. A pool that does not exist holds nothing: no error.
+// belong to them. A pool that does not exist holds nothing: no error. More
+// than maxRemovals entries go in several patches, each from a fresh read.
 func (s *Store) Release(ctx context.Context, pool, networkName string, pick Picker) ([]Release, error) {
 	var released []Release
-	err := s.retry(func() error {
-		released = nil
+	for {
+		chunk, more, err := s.releaseChunk(ctx, pool, pick)
+		released = append(released, chunk...)
+		if err != nil {
+			return released, err
+		}
+		if !more {
+			break
+		}
+	}
+	if err := s.deleteORIPs(ctx, pool, networkName, released); err != nil {
+		return released, err
+	}
+	return released, nil
+}
+
+// releaseChunk removes up to maxRemovals picked entries in one guarded patch;
+// more says that pick chose more than that.
+func (s *Store) releaseChunk(ctx context.Context, pool string, pick Picker) (released []Release, more bool, err error) {
+	err = s.retry(func() error {
+		released, more = nil, false
 		p, err := s.GetPool(ctx, pool)
 		if err != nil || p == nil {
 			return err
 		}
 		offsets := pick(p.Spec.Allocations)
+		if len(offsets) > maxRemovals {
+			offsets, more = offsets[:maxRemovals], true
+		}
 		if len(offsets) == 0 {
 			return nil
 		}
@@ -194,7 +221,7 @@ func (s *Store) Release(ctx context.Context, pool, networkName string, pick Pick
 		defer cancel()
 		_, err = s.client.IPPools(s.namespace).Patch(cctx, pool, types.JSONPatchType, body, metav1.PatchOptions{})
 		if apierrors.IsNotFound(err) {
-			released = nil // deleted under us: nothing left to release
+			released, more = nil, false // deleted under us: nothing left to release
 			return nil
 		}
 		if err != nil {
@@ -203,71 +230,108 @@ func (s *Store) Release(ctx context.Context, pool, networkName string, pick Pick
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	for i := range released {
-		name, err := s.deleteORIP(ctx, pool, networkName, released[i].Allocation)
-		if err != nil {
-			return released, err
-		}
-		released[i].ORIP = name
-	}
-	return released, nil
+	return released, more, nil
 }
 
-// deleteORIP deletes the reservation of a released allocation when it is that
-// allocation's: same podref, and not re-allocated to that pod in the meantime.
-func (s *Store) deleteORIP(ctx context.Context, pool, networkName string, a Allocation) (string, error) {
-	name := ORIPName(a.IP, networkName)
-	deleted := ""
-	err := s.retry(func() error {
-		cctx, cancel := context.WithTimeout(ctx, s.CallTimeout)
-		defer cancel()
-		o, err := s.client.OverlappingRangeIPReservations(s.namespace).Get(cctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("get reservation %s/%s: %w", s.namespace, name, err)
-		}
-		if o.Spec.PodRef != a.PodRef || (o.Spec.ContainerID != "" && o.Spec.ContainerID != a.ContainerID) {
-			return nil // another pod's reservation of this address: not ours to touch
-		}
-		// The same pod may hold the address again already (a new sandbox took it
-		// while we worked); its reservation is then live.
-		p, err := s.GetPool(ctx, pool)
+// deleteORIPs deletes the reservations of released allocations that are
+// theirs: same podref, and the pod does not hold the address again already
+// (a new sandbox may have taken it while we worked; its reservation is live).
+// The pool is read once for that check, whatever the number of releases.
+func (s *Store) deleteORIPs(ctx context.Context, pool, networkName string, released []Release) error {
+	type cand struct {
+		i int
+		o *whereaboutsv1alpha1.OverlappingRangeIPReservation
+	}
+	var cands []cand
+	for i, r := range released {
+		o, err := s.getORIP(ctx, ORIPName(r.IP, networkName))
 		if err != nil {
 			return err
 		}
+		if o != nil && ours(o, r.Allocation) {
+			cands = append(cands, cand{i, o})
+		}
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	p, err := s.GetPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, c := range cands {
+		r := released[c.i]
 		if p != nil {
-			if cur, ok := p.Spec.Allocations[a.Offset]; ok && cur.PodRef == o.Spec.PodRef {
-				return nil
+			if cur, ok := p.Spec.Allocations[r.Offset]; ok && cur.PodRef == c.o.Spec.PodRef {
+				continue
 			}
 		}
-		uid, rv := o.UID, o.ResourceVersion
-		err = s.client.OverlappingRangeIPReservations(s.namespace).Delete(cctx, name,
-			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
+		name, err := s.deleteORIP(ctx, c.o, r.Allocation)
 		if err != nil {
-			return fmt.Errorf("delete reservation %s/%s of %s: %w", s.namespace, name, a.PodRef, err)
+			return fmt.Errorf("delete reservation %s/%s of %s: %w", s.namespace, c.o.Name, r.PodRef, err)
 		}
-		deleted = name
-		return nil
-	})
-	return deleted, err
+		released[c.i].ORIP = name
+	}
+	return nil
 }
 
-// DeleteORIP deletes an ORIP only if it is unchanged since it was read (UID
-// and resourceVersion preconditions): for a reconciler that judged it orphaned.
-func (s *Store) DeleteORIP(ctx context.Context, o *whereaboutsv1alpha1.OverlappingRangeIPReservation) error {
+// deleteORIP deletes o if it is unchanged; when it changed (409), it reads it
+// again and deletes it only while it is still the allocation's. It returns
+// the name deleted, "" when the reservation is not (or no longer) ours.
+func (s *Store) deleteORIP(ctx context.Context, o *whereaboutsv1alpha1.OverlappingRangeIPReservation, a Allocation) (string, error) {
+	for attempt := 1; ; attempt++ {
+		err := s.deleteIfUnchanged(ctx, o)
+		if err == nil {
+			return o.Name, nil
+		}
+		if !apierrors.IsConflict(err) || attempt >= s.Backoff.Steps {
+			return "", err
+		}
+		s.Retried.Add(1)
+		if o, err = s.getORIP(ctx, o.Name); err != nil || o == nil || !ours(o, a) {
+			return "", err
+		}
+	}
+}
+
+// ours says whether a reservation is the released allocation's.
+func ours(o *whereaboutsv1alpha1.OverlappingRangeIPReservation, a Allocation) bool {
+	return o.Spec.PodRef == a.PodRef && (o.Spec.ContainerID == "" || o.Spec.ContainerID == a.ContainerID)
+}
+
+func (s *Store) getORIP(ctx context.Context, name string) (*whereaboutsv1alpha1.OverlappingRangeIPReservation, error) {
+	cctx, cancel := context.WithTimeout(ctx, s.CallTimeout)
+	defer cancel()
+	o, err := s.client.OverlappingRangeIPReservations(s.namespace).Get(cctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get reservation %s/%s: %w", s.namespace, name, err)
+	}
+	return o, nil
+}
+
+// deleteIfUnchanged deletes with UID and resourceVersion preconditions; gone
+// already is success.
+func (s *Store) deleteIfUnchanged(ctx context.Context, o *whereaboutsv1alpha1.OverlappingRangeIPReservation) error {
 	cctx, cancel := context.WithTimeout(ctx, s.CallTimeout)
 	defer cancel()
 	uid, rv := o.UID, o.ResourceVersion
 	err := s.client.OverlappingRangeIPReservations(s.namespace).Delete(cctx, o.Name,
 		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
-	if err != nil && !apierrors.IsNotFound(err) {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// DeleteORIP deletes an ORIP only if it is unchanged since it was read (UID
+// and resourceVersion preconditions): for a reconciler that judged it orphaned.
+func (s *Store) DeleteORIP(ctx context.Context, o *whereaboutsv1alpha1.OverlappingRangeIPReservation) error {
+	if err := s.deleteIfUnchanged(ctx, o); err != nil {
 		return fmt.Errorf("delete reservation %s/%s: %w", s.namespace, o.Name, err)
 	}
 	return nil
@@ -296,10 +360,16 @@ func escapePointer(s string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
 
+// describe names the released addresses, the first few of many.
 func describe(rs []Release) string {
-	ips := make([]string, len(rs))
+	const show = 8
+	var ips []string
 	for i, r := range rs {
-		ips[i] = r.IP.String()
+		if i == show {
+			ips = append(ips, fmt.Sprintf("and %d more", len(rs)-show))
+			break
+		}
+		ips = append(ips, r.IP.String())
 	}
 	return strings.Join(ips, ", ")
 }

@@ -2,9 +2,12 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -322,4 +325,58 @@ func TestAllocationsAddresses(t *testing.T) {
 		require.Len(t, as, 1)
 		assert.Equal(t, tt.want, as[0].IP.String())
 	}
+}
+
+func TestReleaseOfManyGoesInBoundedPatches(t *testing.T) {
+	allocs := map[string]alloc{"1": {ContainerID: "current", PodRef: "ns/p", IfName: "eth1"}}
+	for i := 2; i < 2502; i++ {
+		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old-" + strconv.Itoa(i), PodRef: "ns/p", IfName: "eth1"}
+	}
+	s, cs := newStore(pool("10.0.0.0-16", "10.0.0.0/16", allocs))
+	var sizes []int
+	cs.PrependReactor("patch", "ippools", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		var ops []map[string]any
+		require.NoError(t, json.Unmarshal(a.(k8stesting.PatchAction).GetPatch(), &ops))
+		sizes = append(sizes, len(ops)-1)
+		// Each patch makes a new resourceVersion, as the API server does.
+		gvr := schema.GroupVersionResource{Group: "whereabouts.cni.cncf.io", Version: "v1alpha1", Resource: "ippools"}
+		obj, _ := cs.Tracker().Get(gvr, ns, "10.0.0.0-16")
+		p := obj.(*whereaboutsv1alpha1.IPPool).DeepCopy()
+		for _, op := range ops[1:] {
+			delete(p.Spec.Allocations, strings.TrimPrefix(op["path"].(string), "/spec/allocations/"))
+		}
+		p.ResourceVersion = strconv.Itoa(len(sizes) + 1)
+		require.NoError(t, cs.Tracker().Update(gvr, p, ns))
+		return true, p, nil
+	})
+	rs, err := s.Release(context.Background(), "10.0.0.0-16", "", EarlierSandboxes("ns/p", "current"))
+	require.NoError(t, err)
+	assert.Len(t, rs, 2500)
+	assert.Equal(t, []int{1000, 1000, 500}, sizes, "the API server takes at most 10,000 operations a patch")
+	assert.Equal(t, []string{"1"}, poolOffsets(t, cs, "10.0.0.0-16"))
+}
+
+func TestORIPChangedUnderTheDeleteIsJudgedAgain(t *testing.T) {
+	s, cs := newStore(storageNetwork()...)
+	deletes := 0
+	cs.PrependReactor("delete", "overlappingrangeipreservations", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.DeleteAction).GetName() != "192.168.50.4" {
+			return false, nil, nil
+		}
+		deletes++
+		if deletes == 1 {
+			// Recreated for another pod between our read and our delete.
+			gvr := schema.GroupVersionResource{Group: "whereabouts.cni.cncf.io", Version: "v1alpha1", Resource: "overlappingrangeipreservations"}
+			o := orip("192.168.50.4", "longhorn-system/im-b")
+			o.ResourceVersion = "2"
+			require.NoError(t, cs.Tracker().Update(gvr, o, ns))
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "overlappingrangeipreservations"}, "192.168.50.4", errors.New("precondition failed"))
+		}
+		return false, nil, nil
+	})
+	rs, err := s.Release(context.Background(), "192.168.50.0-24", "", Attachment("old1", "lhnet1"))
+	require.NoError(t, err)
+	require.Len(t, rs, 2)
+	assert.Contains(t, oripNames(t, cs), "192.168.50.4", "another pod's reservation now: kept")
+	assert.Equal(t, 1, deletes, "no second delete of the other pod's reservation")
 }
