@@ -31,3 +31,18 @@ clean:
 # under whereabouts alone and under harvester-ipam, on a local API server.
 demo: tools
 	$(GO) run ./cmd/harvester-ipam-rig demo
+
+# harvester-ipam against whereabouts alone, in one run on the rig: a table.
+bench: tools
+	$(GO) run ./cmd/harvester-ipam-rig bench
+
+# Each fuzz target for FUZZTIME with one worker; an input that fails is
+# written to the package's testdata/fuzz/, where it stays as a regression.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "== $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg; \
+	done

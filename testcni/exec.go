@@ -3,9 +3,13 @@ package testcni
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
 )
 
 // Run is what a command printed and how it exited.
@@ -47,4 +51,67 @@ func run(cmd *exec.Cmd) (Run, error) {
 		err = nil
 	}
 	return res, err
+}
+
+// Measured is one timed run of a plugin process.
+type Measured struct {
+	Run
+	Wall time.Duration
+	// PeakRSS is the process's own high-water mark (VmHWM), sampled from
+	// /proc while it runs: wait4's maxrss would include its delegate's.
+	PeakRSS int64 // KiB
+}
+
+// Exec runs a CNI plugin binary directly, as the runtime execs it, with the
+// CNI_* variables in env and the config on stdin, and measures it.
+func Exec(ctx context.Context, bin string, env []string, stdin []byte) (Measured, error) {
+	cmd := exec.CommandContext(ctx, bin)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return Measured{}, err
+	}
+	peak := make(chan int64, 1)
+	stop := make(chan struct{})
+	go func() {
+		var hwm int64
+		path := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
+		for {
+			if v := vmHWM(path); v > hwm {
+				hwm = v
+			}
+			select {
+			case <-stop:
+				peak <- hwm
+				return
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}()
+	err := cmd.Wait()
+	wall := time.Since(start)
+	close(stop)
+	m := Measured{Run: Run{Stdout: stdout.String(), Stderr: stderr.String()}, Wall: wall, PeakRSS: <-peak}
+	if ee, ok := err.(*exec.ExitError); ok {
+		m.Exit = ee.ExitCode()
+		err = nil
+	}
+	return m, err
+}
+
+func vmHWM(path string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	return 0
 }

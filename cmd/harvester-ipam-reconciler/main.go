@@ -132,8 +132,14 @@ func pass(ctx context.Context, r *reconcile.Reconciler, requests *atomic.Int64, 
 	if r.DryRun {
 		mode = " (dry run: nothing changed)"
 	}
-	fmt.Printf("pass%s: %d pools, %d allocations, %d reservations; %d stale, %d allocations released, %d reservations deleted; %d API requests, %s\n",
-		mode, rep.Pools, rep.Allocations, rep.ORIPs, rep.Candidates(), len(rep.Released), len(rep.DeletedORIPs), reqs, took.Round(time.Millisecond))
+	withORIP := 0
+	for _, rel := range rep.Released {
+		if rel.ORIP != "" {
+			withORIP++
+		}
+	}
+	fmt.Printf("pass%s: %d pools, %d allocations, %d reservations; %d stale, %d allocations released (%d with their reservation), %d orphaned reservations deleted; %d API requests, %s\n",
+		mode, rep.Pools, rep.Allocations, rep.ORIPs, rep.Candidates(), len(rep.Released), withORIP, len(rep.DeletedORIPs), reqs, took.Round(time.Millisecond))
 	if len(rep.Errors) > 0 {
 		return fmt.Errorf("pass left %d entries unhandled: %w", len(rep.Errors), errors.Join(rep.Errors...))
 	}

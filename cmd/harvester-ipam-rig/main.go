@@ -3,6 +3,7 @@
 // namespaces, all in a network namespace of its own.
 //
 //	harvester-ipam-rig demo    a crash-looping storage-network pod, under whereabouts alone and under harvester-ipam
+//	harvester-ipam-rig bench   harvester-ipam against whereabouts alone: latency, storm, large pool, reconciler, RSS
 //	harvester-ipam-rig up      start the rig, print how to reach it, wait for Ctrl-C
 package main
 
@@ -21,8 +22,9 @@ func main() {
 		usage()
 	}
 	run := map[string]func(context.Context, *testcni.Rig) error{
-		"demo": demo,
-		"up":   up,
+		"demo":  demo,
+		"bench": bench,
+		"up":    up,
 	}[os.Args[1]]
 	if run == nil {
 		usage()
@@ -51,7 +53,7 @@ func up(ctx context.Context, rig *testcni.Rig) error {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: harvester-ipam-rig demo|up")
+	fmt.Fprintln(os.Stderr, "usage: harvester-ipam-rig demo|bench|up")
 	os.Exit(2)
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -94,6 +95,9 @@ func WriteInspect(w io.Writer, pools []PoolSummary) {
 	}
 }
 
+// MaxRows bounds the rows WriteRows prints; the rest are counted by reason.
+const MaxRows = 200
+
 // WriteRows renders a pass's plan: what is stale, since when, and what was done.
 func WriteRows(w io.Writer, rows []Row, now time.Time) {
 	if len(rows) == 0 {
@@ -102,6 +106,24 @@ func WriteRows(w io.Writer, rows []Row, now time.Time) {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tPOOL\tIP\tPOD\tCONTAINER\tIFNAME\tREASON\tSTALE FOR\tACTION")
+	defer func() {
+		if len(rows) <= MaxRows {
+			return
+		}
+		byReason := map[string]int{}
+		for _, r := range rows[MaxRows:] {
+			byReason[string(r.Reason)+", "+r.Action]++
+		}
+		var parts []string
+		for k, n := range byReason {
+			parts = append(parts, fmt.Sprintf("%d %s", n, k))
+		}
+		sort.Strings(parts)
+		fmt.Fprintf(w, "... and %d more: %s\n", len(rows)-MaxRows, strings.Join(parts, "; "))
+	}()
+	if len(rows) > MaxRows {
+		rows = rows[:MaxRows]
+	}
 	for _, r := range rows {
 		age := "first seen now"
 		if !r.Since.IsZero() && now.Sub(r.Since) > 0 {

@@ -118,7 +118,13 @@ func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 			rep.Errors = append(rep.Errors, err)
 		}
 	}
-	if err := r.reconcileORIPs(ctx, orips, now, rep); err != nil {
+	if len(rep.Released) > 0 {
+		// Releases deleted reservations too: judge the rest on the pools as they are now.
+		if pools, err = r.listPools(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.reconcileORIPs(ctx, pools, orips, now, rep); err != nil {
 		rep.Errors = append(rep.Errors, err)
 	}
 	sort.SliceStable(rep.Rows, func(i, j int) bool {
@@ -190,8 +196,9 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *whereaboutsv1alpha1.I
 			return fmt.Errorf("release stale entries of pool %s: %w", p.Name, err)
 		}
 	}
-	// Record first sightings, and forget entries no longer stale.
-	return r.Store.SetPoolAnnotation(ctx, p.Name, StaleSinceAnnotation, func(cur *whereaboutsv1alpha1.IPPool) string {
+	// Record first sightings, and forget entries no longer stale; a pass that
+	// changes nothing writes nothing (and reads nothing more).
+	want := func(cur *whereaboutsv1alpha1.IPPool) string {
 		keep := map[string]sighting{}
 		for off, s := range seen {
 			if a, ok := cur.Spec.Allocations[off]; ok && a.ContainerID == s.ID {
@@ -203,7 +210,11 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *whereaboutsv1alpha1.I
 		}
 		b, _ := json.Marshal(keep)
 		return string(b)
-	})
+	}
+	if len(due) == 0 && want(p) == p.Annotations[StaleSinceAnnotation] {
+		return nil
+	}
+	return r.Store.SetPoolAnnotation(ctx, p.Name, StaleSinceAnnotation, want)
 }
 
 func orNow(t, now time.Time) time.Time {
@@ -248,8 +259,26 @@ func stillStale(rng string, due map[string]whereaboutsv1alpha1.IPAllocation, fre
 	}
 }
 
-// freshWorld GETs the pods (and their nodes) of the due entries again.
+// freshGETs bounds the pods a fresh look GETs one by one; more are listed
+// again, namespace by namespace, so a pass's requests stay bounded by
+// namespaces when a node with hundreds of pods goes.
+const freshGETs = 20
+
+// freshWorld looks again at the pods (and their nodes) of the due entries.
 func (r *Reconciler) freshWorld(ctx context.Context, due map[string]whereaboutsv1alpha1.IPAllocation) (World, error) {
+	pods := map[string]bool{}
+	for _, a := range due {
+		pods[a.PodRef] = true
+	}
+	if len(pods) > freshGETs {
+		var ps []whereaboutsv1alpha1.IPPool
+		allocs := map[string]whereaboutsv1alpha1.IPAllocation{}
+		for off, a := range due {
+			allocs[off] = a
+		}
+		ps = append(ps, whereaboutsv1alpha1.IPPool{Spec: whereaboutsv1alpha1.IPPoolSpec{Allocations: allocs}})
+		return r.readWorld(ctx, ps)
+	}
 	w := World{Pods: map[string]*corev1.Pod{}, Nodes: map[string]bool{}, NodesKnown: true}
 	for _, a := range due {
 		ns, name, ok := strings.Cut(a.PodRef, "/")
@@ -296,11 +325,13 @@ func readSightings(p *whereaboutsv1alpha1.IPPool) map[string]sighting {
 	return out
 }
 
-func (r *Reconciler) reconcileORIPs(ctx context.Context, orips []whereaboutsv1alpha1.OverlappingRangeIPReservation, now time.Time, rep *Report) error {
+func (r *Reconciler) reconcileORIPs(ctx context.Context, pools []whereaboutsv1alpha1.IPPool, orips []whereaboutsv1alpha1.OverlappingRangeIPReservation, now time.Time, rep *Report) error {
 	var orphans []*whereaboutsv1alpha1.OverlappingRangeIPReservation
-	pools, err := r.listPools(ctx) // after the pool pass: releases above made their ORIPs go too
-	if err != nil {
-		return err
+	released := map[string]bool{}
+	for _, rel := range rep.Released {
+		if rel.ORIP != "" {
+			released[rel.ORIP] = true
+		}
 	}
 	verdicts, err := ClassifyORIPs(pools, orips)
 	if err != nil {
@@ -309,6 +340,9 @@ func (r *Reconciler) reconcileORIPs(ctx context.Context, orips []whereaboutsv1al
 	var errs []error
 	for _, v := range verdicts {
 		o := v.ORIP
+		if released[o.Name] {
+			continue // deleted with its allocation in this pass
+		}
 		since, ok := parseTime(o.Annotations[OrphanSinceAnnotation])
 		if v.Reason == Live {
 			if ok && !r.DryRun {
@@ -320,6 +354,9 @@ func (r *Reconciler) reconcileORIPs(ctx context.Context, orips []whereaboutsv1al
 			continue
 		}
 		row := Row{Kind: "reservation", Pool: "-", IP: o.Name, PodRef: o.Spec.PodRef, Container: o.Spec.ContainerID, IfName: o.Spec.IfName, Reason: v.Reason, Since: since}
+		if !ok && r.Grace <= 0 {
+			since, ok = now, true // no grace: due at first sight
+		}
 		switch {
 		case !ok && r.DryRun:
 			row.Action = "wait " + r.Grace.String()

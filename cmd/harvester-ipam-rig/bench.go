@@ -1,0 +1,443 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+// bencher measures harvester-ipam (delegating to whereabouts v0.8.0) against
+// whereabouts v0.8.0 alone, in one run, on the same API server, by exec'ing
+// the IPAM binaries as the runtime does (process start included).
+type bencher struct {
+	rig   *testcni.Rig
+	netns string
+	seq   int
+	mu    sync.Mutex
+}
+
+type side struct {
+	name  string
+	bin   string
+	typ   string // ipam.type
+	path  string // CNI_PATH
+	rng   string
+	extra string // more ipam fields
+}
+
+func (b *bencher) sides(rngH, rngW string) (h, w side) {
+	return side{name: "harvester-ipam", bin: b.rig.PluginBinary(), typ: "harvester-ipam", path: b.rig.CNIDir(testcni.V080), rng: rngH},
+		side{name: "whereabouts v0.8.0", bin: b.rig.Tools["whereabouts-v0.8.0"], typ: "whereabouts", path: b.rig.CNIDir(testcni.V080), rng: rngW}
+}
+
+func (s side) conf(flat string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"0.3.1","name":"bench","type":"bridge","ipam":{"type":%q,"range":%q,"configuration_path":%q%s}}`, s.typ, s.rng, flat, s.extra))
+}
+
+// call runs one verb of one sandbox (container id) of pod.
+func (b *bencher) call(ctx context.Context, s side, verb, id, pod string) (testcni.Measured, error) {
+	env := []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + b.netns, "CNI_IFNAME=lhnet1",
+		"CNI_PATH=" + s.path, "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=" + pod}
+	m, err := testcni.Exec(ctx, s.bin, env, s.conf(b.rig.FlatFile))
+	if err == nil && m.Exit != 0 {
+		err = fmt.Errorf("%s %s %s: exit %d: %s %s", s.name, verb, id, m.Exit, m.Stdout, lastLine(m.Stderr))
+	}
+	return m, err
+}
+
+func (b *bencher) id() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seq++
+	return fmt.Sprintf("bench%08d", b.seq)
+}
+
+func bench(ctx context.Context, rig *testcni.Rig) error {
+	n := envInt("BENCH_SANDBOXES", 100)
+	sb, err := rig.NewSandbox(nil, testcni.Pod{}, "lhnet1")
+	if err != nil {
+		return err
+	}
+	b := &bencher{rig: rig, netns: sb.Path}
+	host, _ := os.Hostname()
+	fmt.Printf("# harvester-ipam bench\n\n%s, %d CPUs, %s; %s; kube-apiserver v1.37.0 and etcd v3.6.16 on loopback; %d sandboxes\n\n",
+		host, runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02"), n)
+
+	if err := b.latency(ctx, n); err != nil {
+		return err
+	}
+	if err := b.storm(ctx); err != nil {
+		return err
+	}
+	if err := b.largePool(ctx); err != nil {
+		return err
+	}
+	return b.reconciler(ctx)
+}
+
+// latency: ADD then DEL of n sandboxes, one at a time, the two sides interleaved.
+func (b *bencher) latency(ctx context.Context, n int) error {
+	h, w := b.sides("10.200.0.0/16", "10.201.0.0/16")
+	var addH, addW, delH, delW []time.Duration
+	var rssH, rssW []int64
+	type sb struct{ id, pod string }
+	var sbs []sb
+	for i := 0; i < n; i++ {
+		s := sb{b.id(), fmt.Sprintf("instance-manager-%04d", i)}
+		sbs = append(sbs, s)
+		for _, sd := range order(i, h, w) {
+			m, err := b.call(ctx, sd, "ADD", s.id, s.pod)
+			if err != nil {
+				return err
+			}
+			if sd.name == h.name {
+				addH, rssH = append(addH, m.Wall), append(rssH, m.PeakRSS)
+			} else {
+				addW, rssW = append(addW, m.Wall), append(rssW, m.PeakRSS)
+			}
+		}
+	}
+	for i, s := range sbs {
+		for _, sd := range order(i, h, w) {
+			m, err := b.call(ctx, sd, "DEL", s.id, s.pod)
+			if err != nil {
+				return err
+			}
+			if sd.name == h.name {
+				delH, rssH = append(delH, m.Wall), append(rssH, m.PeakRSS)
+			} else {
+				delW, rssW = append(delW, m.Wall), append(rssW, m.PeakRSS)
+			}
+		}
+	}
+	fmt.Printf("## One sandbox at a time (%d sandboxes, process start included)\n\n", n)
+	fmt.Println("| | harvester-ipam | whereabouts v0.8.0 alone | ratio |")
+	fmt.Println("|---|---|---|---|")
+	row := func(what string, hv, wv []time.Duration) {
+		fmt.Printf("| %s median | %s | %s | %.2fx |\n", what, ms(median(hv)), ms(median(wv)), ratio(median(hv), median(wv)))
+		fmt.Printf("| %s p95 | %s | %s | %.2fx |\n", what, ms(p95(hv)), ms(p95(wv)), ratio(p95(hv), p95(wv)))
+	}
+	row("ADD", addH, addW)
+	row("DEL", delH, delW)
+	mh, mw := maxInt(rssH), maxInt(rssW)
+	fmt.Printf("| peak RSS of the plugin process (max) | %.1f MiB | %.1f MiB | %.2fx |\n", float64(mh)/1024, float64(mw)/1024, float64(mh)/float64(mw))
+	fmt.Printf("| peak RSS of the plugin process (median) | %.1f MiB | %.1f MiB | %.2fx |\n\n", float64(medianInt(rssH))/1024, float64(medianInt(rssW))/1024, float64(medianInt(rssH))/float64(medianInt(rssW)))
+	return nil
+}
+
+// storm: 20 pods at once, each recreated 5 times without DEL.
+func (b *bencher) storm(ctx context.Context) error {
+	const pods, sandboxes = 20, 5
+	h, w := b.sides("10.202.0.0/24", "10.203.0.0/24")
+	w7 := side{name: "whereabouts v0.7.0", bin: b.rig.Tools["whereabouts-v0.7.0"], typ: "whereabouts", path: b.rig.CNIDir(testcni.V070), rng: "10.204.0.0/24"}
+	h7 := side{name: "harvester-ipam -> v0.7.0", bin: b.rig.PluginBinary(), typ: "harvester-ipam", path: b.rig.CNIDir(testcni.V070), rng: "10.205.0.0/24"}
+	fmt.Printf("## Crash-loop storm: %d pods at once, each recreated %d times without DEL\n\n", pods, sandboxes)
+	fmt.Println("| | wall time | allocations held at the end | pods |")
+	fmt.Println("|---|---|---|---|")
+	for _, sd := range []side{h, w, h7, w7} {
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make(chan error, pods)
+		for p := 0; p < pods; p++ {
+			wg.Add(1)
+			go func(p int) {
+				defer wg.Done()
+				for s := 0; s < sandboxes; s++ {
+					if _, err := b.call(ctx, sd, "ADD", b.id(), fmt.Sprintf("storm-%02d", p)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}(p)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			return err
+		}
+		took := time.Since(start)
+		pool, err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Get(ctx, conf.PoolName(sd.rng, ""), metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| %s | %s | %d | %d |\n", sd.name, took.Round(10*time.Millisecond), len(pool.Spec.Allocations), pods)
+	}
+	fmt.Println()
+	return nil
+}
+
+// largePool: 10,000 allocations of other pods in one pool.
+func (b *bencher) largePool(ctx context.Context) error {
+	const size, runs = 10000, 20
+	h, w := b.sides("10.64.0.0/16", "10.65.0.0/16")
+	for _, sd := range []side{h, w} {
+		if err := b.fill(ctx, conf.PoolName(sd.rng, ""), sd.rng, size); err != nil {
+			return err
+		}
+	}
+	kube, err := conf.LoadKubeconfig(b.rig.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	store, err := shim.NewForConfig(kube.Rest, kube.Namespace)
+	if err != nil {
+		return err
+	}
+	var reclaim, reclaimOne, addH, addW []time.Duration
+	pool := conf.PoolName(h.rng, "")
+	for i := 0; i < runs; i++ {
+		start := time.Now()
+		if _, err := store.Release(ctx, pool, "", shim.EarlierSandboxes("longhorn-system/nobody", "x")); err != nil {
+			return err
+		}
+		reclaim = append(reclaim, time.Since(start))
+	}
+	for i := 0; i < runs; i++ {
+		// One earlier sandbox to release: read, patch, reservation.
+		id := b.id()
+		if err := b.plant(ctx, pool, strconv.Itoa(size+10+i), whereaboutsv1alpha1.IPAllocation{ContainerID: id, PodRef: "longhorn-system/crashy", IfName: "lhnet1"}); err != nil {
+			return err
+		}
+		start := time.Now()
+		rs, err := store.Release(ctx, pool, "", shim.EarlierSandboxes("longhorn-system/crashy", "current"))
+		if err != nil {
+			return err
+		}
+		if len(rs) != 1 {
+			return fmt.Errorf("reclaim released %d, want 1", len(rs))
+		}
+		reclaimOne = append(reclaimOne, time.Since(start))
+	}
+	for i := 0; i < runs; i++ {
+		for _, sd := range order(i, h, w) {
+			m, err := b.call(ctx, sd, "ADD", b.id(), fmt.Sprintf("big-%02d", i))
+			if err != nil {
+				return err
+			}
+			if sd.name == h.name {
+				addH = append(addH, m.Wall)
+			} else {
+				addW = append(addW, m.Wall)
+			}
+		}
+	}
+	fmt.Printf("## A large pool: %d allocations of other pods (%d runs each)\n\n", size, runs)
+	fmt.Println("| | median | p95 | share of harvester-ipam's ADD median |")
+	fmt.Println("|---|---|---|---|")
+	fmt.Printf("| reclaim step, nothing to release (GET) | %s | %s | %.1f%% |\n", ms(median(reclaim)), ms(p95(reclaim)), 100*ratio(median(reclaim), median(addH)))
+	fmt.Printf("| reclaim step, one earlier sandbox (GET, PATCH, reservation) | %s | %s | %.1f%% |\n", ms(median(reclaimOne)), ms(p95(reclaimOne)), 100*ratio(median(reclaimOne), median(addH)))
+	fmt.Printf("| ADD, harvester-ipam | %s | %s | |\n", ms(median(addH)), ms(p95(addH)))
+	fmt.Printf("| ADD, whereabouts v0.8.0 alone | %s | %s | ratio %.2fx |\n\n", ms(median(addW)), ms(p95(addW)), ratio(median(addH), median(addW)))
+	return nil
+}
+
+// fill creates a pool of range rng with n allocations of distinct pods.
+func (b *bencher) fill(ctx context.Context, name, rng string, n int) error {
+	allocs := make(map[string]whereaboutsv1alpha1.IPAllocation, n)
+	for i := 0; i < n; i++ {
+		allocs[strconv.Itoa(i+2)] = whereaboutsv1alpha1.IPAllocation{ContainerID: fmt.Sprintf("filler%06d", i), PodRef: fmt.Sprintf("longhorn-system/filler-%06d", i), IfName: "lhnet1"}
+	}
+	_, err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Create(ctx, &whereaboutsv1alpha1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: whereaboutsv1alpha1.IPPoolSpec{Range: rng, Allocations: allocs}}, metav1.CreateOptions{})
+	return err
+}
+
+func (b *bencher) plant(ctx context.Context, pool, off string, a whereaboutsv1alpha1.IPAllocation) error {
+	p, err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Get(ctx, pool, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	p.Spec.Allocations[off] = a
+	_, err = b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Update(ctx, p, metav1.UpdateOptions{})
+	return err
+}
+
+var requestsRE = regexp.MustCompile(`(\d+) API requests, (\S+)`)
+
+// reconciler: passes over growing clusters; the requests per pass should grow
+// with pools and stale entries, not with allocations.
+func (b *bencher) reconciler(ctx context.Context) error {
+	fmt.Println("## The reconciler: one pass (--grace 0s, so the stale entries are released in it)")
+	fmt.Println()
+	fmt.Println("| pools | allocations | pods | stale | wall time | API requests | released |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	type size struct{ pools, perPool, pods, stale int }
+	// The pools of the sections above name pods that were never created:
+	// gone, to a reconciler. Each size below stands alone.
+	if err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		return err
+	}
+	podsMade := 0
+	for i, sz := range []size{{2, 2500, 1000, 50}, {20, 2500, 10000, 50}, {20, 2500, 10000, 500}} {
+		if err := b.makePods(ctx, podsMade, sz.pods); err != nil {
+			return err
+		}
+		if sz.pods > podsMade {
+			podsMade = sz.pods
+		}
+		// Fresh pools for this size: entries cycle over the pods; the first
+		// `stale` entries of the first pool name pods that do not exist.
+		prefix := fmt.Sprintf("rc%d", i)
+		for p := 0; p < sz.pools; p++ {
+			allocs := make(map[string]whereaboutsv1alpha1.IPAllocation, sz.perPool)
+			for a := 0; a < sz.perPool; a++ {
+				pod := fmt.Sprintf("longhorn-system/rc-pod-%05d", (p*sz.perPool+a)%sz.pods)
+				if p == 0 && a < sz.stale {
+					pod = fmt.Sprintf("longhorn-system/rc-gone-%05d", a)
+				}
+				allocs[strconv.Itoa(a+1)] = whereaboutsv1alpha1.IPAllocation{ContainerID: fmt.Sprintf("%s-%d-%d", prefix, p, a), PodRef: pod, IfName: "lhnet1"}
+			}
+			rng := fmt.Sprintf("10.%d.%d.0/20", 128+i, p*16)
+			if _, err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Create(ctx, &whereaboutsv1alpha1.IPPool{
+				ObjectMeta: metav1.ObjectMeta{Name: prefix + "-" + conf.PoolName(rng, "")}, Spec: whereaboutsv1alpha1.IPPoolSpec{Range: rng, Allocations: allocs}}, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+		}
+		res, err := b.rig.Reconciler(ctx, "--grace", "0s")
+		if err != nil {
+			return err
+		}
+		if res.Exit != 0 {
+			return fmt.Errorf("reconciler: %s %s", res.Stdout, res.Stderr)
+		}
+		m := requestsRE.FindStringSubmatch(res.Stdout)
+		if m == nil {
+			return fmt.Errorf("reconciler printed no summary: %s", lastLine(res.Stdout))
+		}
+		total := regexp.MustCompile(`(\d+) pools, (\d+) allocations`).FindStringSubmatch(res.Stdout)
+		released := regexp.MustCompile(`(\d+) allocations released`).FindStringSubmatch(res.Stdout)
+		if released == nil || total == nil {
+			return fmt.Errorf("reconciler printed no summary: %s", lastLine(res.Stdout))
+		}
+		fmt.Printf("| %s | %s | %d | %d | %s | %s | %s |\n", total[1], total[2], sz.pods, sz.stale, m[2], m[1], released[1])
+		// Drop this size's pools so the next size stands alone.
+		for p := 0; p < sz.pools; p++ {
+			rng := fmt.Sprintf("10.%d.%d.0/20", 128+i, p*16)
+			_ = b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Delete(ctx, prefix+"-"+conf.PoolName(rng, ""), metav1.DeleteOptions{})
+		}
+	}
+	fmt.Println()
+	return nil
+}
+
+// makePods creates pods rc-pod-from .. rc-pod-(to-1), running, with 8 workers.
+func (b *bencher) makePods(ctx context.Context, from, to int) error {
+	if err := b.rig.EnsureNamespace(ctx, "longhorn-system"); err != nil {
+		return err
+	}
+	work := make(chan int)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: fmt.Sprintf("rc-pod-%05d", i)},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "m", Image: "registry.invalid/x"}}}}
+				created, err := b.rig.Kube.CoreV1().Pods("longhorn-system").Create(ctx, p, metav1.CreateOptions{})
+				if err == nil {
+					created.Status.Phase = corev1.PodRunning
+					_, err = b.rig.Kube.CoreV1().Pods("longhorn-system").UpdateStatus(ctx, created, metav1.UpdateOptions{})
+				}
+				if err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+			}
+		}()
+	}
+	for i := from; i < to; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+// order alternates which side goes first, so neither always runs warm.
+func order(i int, a, b side) []side {
+	if i%2 == 0 {
+		return []side{a, b}
+	}
+	return []side{b, a}
+}
+
+func median(d []time.Duration) time.Duration { return pct(d, 0.5) }
+func p95(d []time.Duration) time.Duration    { return pct(d, 0.95) }
+
+func pct(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[int(q*float64(len(s)-1)+0.5)]
+}
+
+func medianInt(v []int64) int64 {
+	s := append([]int64(nil), v...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func maxInt(v []int64) int64 {
+	var m int64
+	for _, x := range v {
+		if x > m {
+			m = x
+		}
+	}
+	return m
+}
+
+func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func cpuModel() string {
+	out, err := exec.Command("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").Output()
+	if err != nil {
+		return "unknown CPU"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
