@@ -34,10 +34,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	log := p.logger(cfg, "ADD", args.ContainerID)
 	defer log.close()
 
-	store, err := p.store(cfg.Kubeconfig())
+	store, err := p.store(cfg.Kubeconfig(), "add")
 	if err != nil {
 		return err
 	}
+	defer log.retried(store)
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
 	defer cancel()
 

@@ -41,7 +41,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if pod, err := conf.ParseArgs(args.Args); err == nil {
 		podRef = pod.Ref()
 	}
-	store, err := p.store(cfg.Kubeconfig())
+	store, err := p.store(cfg.Kubeconfig(), "check")
 	if err != nil {
 		return err
 	}

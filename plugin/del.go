@@ -56,10 +56,11 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
 	defer cancel()
 
-	store, err := p.store(kubeconfig)
+	store, err := p.store(kubeconfig, "del")
 	if err != nil {
 		return err
 	}
+	defer log.retried(store)
 	var pools []poolRef
 	seen := map[poolRef]bool{}
 	add := func(r poolRef) {

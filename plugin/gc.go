@@ -51,7 +51,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		}
 		store, ok := stores[kubeconfig]
 		if !ok {
-			s, err := p.store(kubeconfig)
+			s, err := p.store(kubeconfig, "gc")
 			if err != nil {
 				failures = append(failures, fmt.Sprintf("%s/%s: %s", rec.ContainerID, rec.IfName, errText(err)))
 				continue

@@ -74,8 +74,9 @@ func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
 	return newLogger(cfg.LogFile(), cfg.LogLevel(), p.stderr(), verb, containerID)
 }
 
-// store reaches the IPPool store named by a kubeconfig.
-func (p *Plugin) store(path string) (*shim.Store, error) {
+// store reaches the IPPool store named by a kubeconfig; verb names its step
+// boundaries for the crash hook.
+func (p *Plugin) store(path, verb string) (*shim.Store, error) {
 	kube, err := conf.LoadKubeconfig(path)
 	if err != nil {
 		return nil, err
@@ -87,6 +88,9 @@ func (p *Plugin) store(path string) (*shim.Store, error) {
 	s, err := newStore(kube)
 	if err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, fmt.Sprintf("cannot build a client from kubeconfig %s", path), err.Error())
+	}
+	if p.crash != nil {
+		s.Hook = func(point string) { p.at(verb + "-" + point) }
 	}
 	return s, nil
 }
@@ -116,6 +120,14 @@ func delegateError(delegate, verb string, err error) error {
 	}
 	return cnitypes.NewError(cnitypes.ErrInternal, fmt.Sprintf("%s %s: %v", delegate, verb, err),
 		"the delegate is found on CNI_PATH by the name in ipam."+conf.OptionsKey+".delegate")
+}
+
+// retried logs how many writes had to be retried after conflicts: racing
+// writers are normal, and the count tells how hard they raced.
+func (l *logger) retried(s *shim.Store) {
+	if s != nil && s.Retried.Load() > 0 {
+		l.Verbosef("%d writes retried after conflicts", s.Retried.Load())
+	}
 }
 
 func (l *logger) released(why string, rs []shim.Release) {

@@ -62,6 +62,9 @@ type Store struct {
 	Backoff wait.Backoff
 	// Retried counts the writes retried after a conflict (409) or failed test (422).
 	Retried atomic.Int64
+	// Hook, when set, is called at step boundaries ("after-pool-write"): the
+	// plugin's test builds crash there to prove that no step loses data.
+	Hook func(point string)
 }
 
 // DefaultBackoff retries a conflicting write up to 12 times over about 2.5 s:
@@ -166,6 +169,9 @@ func (s *Store) Release(ctx context.Context, pool, networkName string, pick Pick
 		released = append(released, chunk...)
 		if err != nil {
 			return released, err
+		}
+		if len(chunk) > 0 && s.Hook != nil {
+			s.Hook("after-pool-write")
 		}
 		if !more {
 			break
