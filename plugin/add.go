@@ -17,6 +17,7 @@ import (
 // Add releases the allocations that earlier sandboxes of this pod hold in the
 // config's pools, then delegates ADD and returns the delegate's result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
+	ph := newPhases()
 	cfg, err := conf.Load(args.StdinData)
 	if err != nil {
 		return err
@@ -33,12 +34,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	log := p.logger(cfg, "ADD", args.ContainerID)
 	defer log.close()
+	ph.mark("config")
 
 	store, err := p.store(cfg.Kubeconfig(), "add")
 	if err != nil {
 		return err
 	}
 	defer log.retried(store)
+	defer func() { log.Debugf("took %s", ph) }()
+	ph.mark("client")
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
 	defer cancel()
 
@@ -54,6 +58,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), "the checkpoint directory must be writable by root ("+conf.OptionsKey+".checkpoint_dir)")
 	}
 	p.at("add-after-checkpoint")
+	ph.mark("checkpoint")
 
 	for _, pool := range cfg.Pools {
 		rs, err := store.Release(ctx, pool.Name, cfg.IPAM.NetworkName, shim.EarlierSandboxes(pod.Ref(), args.ContainerID))
@@ -63,12 +68,14 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		}
 	}
 	p.at("add-after-reclaim")
+	ph.mark("reclaim")
 
 	res, err := invoke.DelegateAdd(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec)
 	if err != nil {
 		return delegateError(cfg.Options.Delegate, "ADD", err)
 	}
 	p.at("add-after-delegate")
+	ph.mark(cfg.Options.Delegate)
 
 	// The addresses are for people and GC's log; DEL finds the allocation by
 	// (container, ifname) in the pools already recorded, so a failure here
@@ -77,10 +84,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		for _, ip := range cur.IPs {
 			rec.IPs = append(rec.IPs, ip.Address.String())
 		}
-		if err := cp.Write(rec); err != nil {
+		if err := cp.Update(rec); err != nil {
 			log.Errorf("record addresses %v: %v", rec.IPs, err)
 		}
 	}
+	ph.mark("record")
 	out, err := res.GetAsVersion(cfg.CNIVersion)
 	if err != nil {
 		return cnitypes.NewError(cnitypes.ErrIncompatibleCNIVersion, fmt.Sprintf("%s returned a result that cannot be given as version %s", cfg.Options.Delegate, cfg.CNIVersion), err.Error())

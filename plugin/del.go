@@ -26,12 +26,14 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := validateAttachment(args); err != nil {
 		return err
 	}
+	ph := newPhases()
 	cfg, cfgErr := conf.Load(args.StdinData)
 	if cfg == nil {
 		return cfgErr // not JSON: nothing tells us where to look
 	}
 	log := p.logger(cfg, "DEL", args.ContainerID)
 	defer log.close()
+	defer func() { log.Debugf("took %s", ph) }()
 	if cfgErr != nil {
 		log.Debugf("config has no usable whereabouts part (%v); going by the checkpoint", cfgErr)
 	}
@@ -56,11 +58,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
 	defer cancel()
 
+	ph.mark("config")
 	store, err := p.store(kubeconfig, "del")
 	if err != nil {
 		return err
 	}
 	defer log.retried(store)
+	ph.mark("client")
 	var pools []poolRef
 	seen := map[poolRef]bool{}
 	add := func(r poolRef) {
@@ -103,6 +107,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			held = true
 		}
 	}
+	ph.mark("look")
 	if !held {
 		log.Debugf("nothing held in %d pool(s): nothing to release", len(pools))
 		if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
@@ -118,6 +123,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			log.Errorf("%v; releasing directly", delegateError(cfg.Options.Delegate, "DEL", err))
 		}
 		p.at("del-after-delegate")
+		ph.mark(cfg.Options.Delegate)
 	}
 
 	for _, pr := range pools {
@@ -128,6 +134,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 	}
 	p.at("del-after-release")
+	ph.mark("release")
 
 	if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
 		// Left behind, the record only makes a later DEL or GC look again.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -121,6 +122,23 @@ func delegateError(delegate, verb string, err error) error {
 	return cnitypes.NewError(cnitypes.ErrInternal, fmt.Sprintf("%s %s: %v", delegate, verb, err),
 		"the delegate is found on CNI_PATH by the name in ipam."+conf.OptionsKey+".delegate")
 }
+
+// phases times the steps of a verb, for the debug log: where a slow ADD or
+// DEL spends its time (the process start itself is before main).
+type phases struct {
+	last  time.Time
+	parts []string
+}
+
+func newPhases() *phases { return &phases{last: time.Now()} }
+
+func (ph *phases) mark(step string) {
+	now := time.Now()
+	ph.parts = append(ph.parts, fmt.Sprintf("%s %s", step, now.Sub(ph.last).Round(10*time.Microsecond)))
+	ph.last = now
+}
+
+func (ph *phases) String() string { return strings.Join(ph.parts, ", ") }
 
 // retried logs how many writes had to be retried after conflicts: racing
 // writers are normal, and the count tells how hard they raced.

@@ -104,7 +104,14 @@ func (d Dir) path(containerID, ifName string) (string, error) {
 }
 
 // Write stores r atomically, replacing any earlier record of the attachment.
-func (d Dir) Write(r Record) error {
+func (d Dir) Write(r Record) error { return d.write(r, true) }
+
+// Update replaces a record atomically, without waiting for the disk: for
+// details added to a record that Write already made durable, whose loss in a
+// power cut loses nothing DEL needs.
+func (d Dir) Update(r Record) error { return d.write(r, false) }
+
+func (d Dir) write(r Record, durable bool) error {
 	p, err := d.path(r.ContainerID, r.IfName)
 	if err != nil {
 		return err
@@ -129,15 +136,20 @@ func (d Dir) Write(r Record) error {
 		tmp.Close()
 		return fmt.Errorf("write checkpoint %s: %w", p, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync checkpoint %s: %w", p, err)
+	if durable {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return fmt.Errorf("sync checkpoint %s: %w", p, err)
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write checkpoint %s: %w", p, err)
 	}
 	if err := os.Rename(tmp.Name(), p); err != nil {
 		return fmt.Errorf("commit checkpoint %s: %w", p, err)
+	}
+	if !durable {
+		return nil
 	}
 	return syncDir(string(d))
 }
