@@ -3,6 +3,7 @@ package conf
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 )
@@ -52,6 +53,11 @@ func ParseArgs(cniArgs string) (Pod, error) {
 	if strings.Contains(pod.Namespace, "/") || strings.Contains(pod.Name, "/") {
 		return Pod{}, cnitypes.NewError(cnitypes.ErrInvalidEnvironmentVariables,
 			fmt.Sprintf("CNI_ARGS pod %q is not a Kubernetes namespace and name", pod.Ref()), "neither may contain '/'")
+	}
+	// The podref is matched against, and recorded in, JSON, which holds UTF-8 only.
+	if !utf8.ValidString(pod.Ref()) {
+		return Pod{}, cnitypes.NewError(cnitypes.ErrInvalidEnvironmentVariables,
+			fmt.Sprintf("CNI_ARGS pod %q is not a Kubernetes namespace and name", pod.Ref()), "both must be UTF-8")
 	}
 	return pod, nil
 }

@@ -21,6 +21,7 @@ func TestParseArgs(t *testing.T) {
 		{"nothing", "", Pod{}, "CNI_ARGS lacks K8S_POD_NAMESPACE and K8S_POD_NAME"},
 		{"not KEY=VALUE", "K8S_POD_NAME", Pod{}, `CNI_ARGS entry "K8S_POD_NAME" is not KEY=VALUE`},
 		{"a slash in the name", "K8S_POD_NAME=a/b;K8S_POD_NAMESPACE=c", Pod{}, "is not a Kubernetes namespace and name"},
+		{"a name that is not UTF-8 (found by FuzzParseArgs)", "K8S_POD_NAMESPACE=0;K8S_POD_NAME=0\x910", Pod{}, `pod "0/0\x910" is not a Kubernetes namespace and name`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

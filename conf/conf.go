@@ -20,6 +20,7 @@ import (
 	wbconfig "github.com/k8snetworkplumbingwg/whereabouts/pkg/config"
 	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 const (
@@ -151,6 +152,15 @@ func Load(stdin []byte) (*Config, error) {
 					fmt.Sprintf("exclude %q of range %s is neither a CIDR nor an IP", ex, r.Range),
 					`write excludes as CIDRs, for example "192.168.50.1/32"`)
 			}
+		}
+	}
+	// whereabouts names a range's IPPool after it; a name the API server
+	// refuses (an uppercase network_name, "::/0" -> "---0") can never hold it.
+	for _, r := range wb.IPRanges {
+		if name := PoolName(r.Range, wb.NetworkName); len(validation.IsDNS1123Subdomain(name)) > 0 {
+			return cfg, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig,
+				fmt.Sprintf("range %s makes the IPPool name %q, which Kubernetes refuses", r.Range, name),
+				"whereabouts names the pool [network_name-]range: network_name may hold only lowercase letters, digits, '-' and '.', and the name at most 253 of them")
 		}
 	}
 	cfg.IPAM = wb

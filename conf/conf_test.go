@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
@@ -115,6 +116,19 @@ func TestLoad(t *testing.T) {
 		name:     "a bad exclude",
 		stdin:    nad(`{"type":"harvester-ipam","range":"192.168.50.0/24","ipRanges":[{"range":"10.0.0.0/24","exclude":["10.0.0.300/32"]}],` + cp + `}`),
 		wantCode: cnitypes.ErrInvalidNetworkConfig, wantMsg: `exclude "10.0.0.300/32" of range 10.0.0.0/24 is neither a CIDR nor an IP`,
+	}, {
+		// Found by FuzzLoad: whereabouts can never create these pools.
+		name:     "a range whose pool Kubernetes cannot name",
+		stdin:    nad(`{"type":"harvester-ipam","ipRanges":[{"range":"0::/0"}],` + cp + `}`),
+		wantCode: cnitypes.ErrInvalidNetworkConfig, wantMsg: `range ::/0 makes the IPPool name "---0", which Kubernetes refuses`,
+	}, {
+		name:     "a network_name Kubernetes cannot take",
+		stdin:    nad(`{"type":"harvester-ipam","network_name":"Storage/Net","range":"192.168.50.0/24",` + cp + `}`),
+		wantCode: cnitypes.ErrInvalidNetworkConfig, wantMsg: `makes the IPPool name "Storage/Net-192.168.50.0-24"`,
+	}, {
+		name:     "a network_name too long for a name",
+		stdin:    nad(`{"type":"harvester-ipam","network_name":"` + strings.Repeat("n", 240) + `","range":"192.168.50.0/24",` + cp + `}`),
+		wantCode: cnitypes.ErrInvalidNetworkConfig, wantMsg: "which Kubernetes refuses",
 	}, {
 		name:      "excludes as CIDRs and as plain IPs",
 		stdin:     nad(`{"type":"harvester-ipam","range":"192.168.50.0/24","exclude":["192.168.50.1/32","192.168.50.2"],` + cp + `}`),
