@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -110,6 +111,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	ph.mark("look")
 	if !held {
 		log.Debugf("nothing held in %d pool(s): nothing to release", len(pools))
+		if haveRec {
+			// An earlier DEL may have died between its pool write and its
+			// reservation delete: finish its work.
+			if err := p.releaseReservations(ctx, store, rec, log); err != nil {
+				return storeError("release the reservations of "+args.ContainerID, err)
+			}
+		}
 		if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
 			log.Errorf("%v", err)
 		}
@@ -139,6 +147,37 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
 		// Left behind, the record only makes a later DEL or GC look again.
 		log.Errorf("%v", err)
+	}
+	return nil
+}
+
+// releaseReservations deletes the reservations of a checkpoint's addresses
+// that its pod no longer holds in their pool.
+func (p *Plugin) releaseReservations(ctx context.Context, store *shim.Store, rec checkpoint.Record, log *logger) error {
+	if rec.PodRef == "" {
+		return nil
+	}
+	s := store
+	if rec.Namespace != "" && rec.Namespace != store.Namespace() {
+		s = shim.New(store.Client(), rec.Namespace)
+	}
+	for _, cidr := range rec.IPs {
+		ip, _, err := net.ParseCIDR(cidr)
+		if err != nil {
+			continue
+		}
+		for _, pl := range rec.Pools {
+			if _, rng, err := net.ParseCIDR(pl.Range); err != nil || !rng.Contains(ip) {
+				continue
+			}
+			name, err := s.ReleaseReservation(ctx, pl.Name, rec.NetworkName, ip, rec.PodRef, rec.ContainerID)
+			if err != nil {
+				return err
+			}
+			if name != "" {
+				log.Verbosef("deleted reservation %s of %s, left by an earlier DEL of %s/%s", name, rec.PodRef, rec.ContainerID, rec.IfName)
+			}
+		}
 	}
 	return nil
 }

@@ -429,3 +429,28 @@ func (s *Store) SetPoolAnnotation(ctx context.Context, pool, key string, value f
 		return nil
 	})
 }
+
+// ReleaseReservation deletes the ORIP of ip when it is podRef's and the pool,
+// read fresh, does not hold ip for podRef: what a DEL killed between its pool
+// write and its ORIP delete leaves behind. It returns the name deleted, or "".
+func (s *Store) ReleaseReservation(ctx context.Context, pool, networkName string, ip net.IP, podRef, containerID string) (string, error) {
+	a := Allocation{Pool: pool, IP: ip, IPAllocation: whereaboutsv1alpha1.IPAllocation{PodRef: podRef, ContainerID: containerID}}
+	o, err := s.getORIP(ctx, ORIPName(ip, networkName))
+	if err != nil || o == nil || !ours(o, a) {
+		return "", err
+	}
+	p, err := s.GetPool(ctx, pool)
+	if err != nil {
+		return "", err
+	}
+	if p != nil {
+		if allocs, err := Allocations(p); err == nil {
+			for _, cur := range allocs {
+				if cur.IP.Equal(ip) && cur.PodRef == podRef {
+					return "", nil // the pod holds the address again: its reservation is live
+				}
+			}
+		}
+	}
+	return s.deleteORIP(ctx, o, a)
+}

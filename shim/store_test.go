@@ -380,3 +380,30 @@ func TestORIPChangedUnderTheDeleteIsJudgedAgain(t *testing.T) {
 	assert.Contains(t, oripNames(t, cs), "192.168.50.4", "another pod's reservation now: kept")
 	assert.Equal(t, 1, deletes, "no second delete of the other pod's reservation")
 }
+
+func TestReleaseReservation(t *testing.T) {
+	tests := []struct {
+		name, ip, podRef string
+		wantDeleted      string
+	}{
+		{"left behind: the pool no longer gives it to the pod", "192.168.50.9", "longhorn-system/leftover", "192.168.50.9"},
+		{"the pod holds the address again", "192.168.50.4", "longhorn-system/im-a", ""},
+		{"another pod's reservation", "192.168.50.7", "longhorn-system/im-a", ""},
+		{"no reservation at all", "192.168.50.77", "longhorn-system/im-a", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := append(storageNetwork(), orip("192.168.50.9", "longhorn-system/leftover"))
+			s, cs := newStore(objs...)
+			got, err := s.ReleaseReservation(context.Background(), "192.168.50.0-24", "", net.ParseIP(tt.ip), tt.podRef, "c")
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantDeleted, got)
+			names := oripNames(t, cs)
+			if tt.wantDeleted != "" {
+				assert.NotContains(t, names, tt.wantDeleted)
+			} else {
+				assert.Len(t, names, 7, "nothing deleted")
+			}
+		})
+	}
+}

@@ -29,6 +29,9 @@ type Network struct {
 	CNIVersion string
 	// Crashpoints runs the crashpoints build of harvester-ipam.
 	Crashpoints bool
+	// LogFile and LogLevel are whereabouts' log_file and log_level, which
+	// harvester-ipam shares.
+	LogFile, LogLevel string
 
 	rig *Rig
 }
@@ -54,6 +57,12 @@ func (r *Rig) AddNetwork(n Network) (*Network, error) {
 	}
 	if n.NetworkName != "" {
 		ipam["network_name"] = n.NetworkName
+	}
+	if n.LogFile != "" {
+		ipam["log_file"] = n.LogFile
+	}
+	if n.LogLevel != "" {
+		ipam["log_level"] = n.LogLevel
 	}
 	return &n, n.writeConf(ipam)
 }

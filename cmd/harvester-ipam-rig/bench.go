@@ -184,7 +184,7 @@ func (b *bencher) storm(ctx context.Context) error {
 
 // largePool: 10,000 allocations of other pods in one pool.
 func (b *bencher) largePool(ctx context.Context) error {
-	const size, runs = 10000, 20
+	const size, runs = 10000, 10
 	h, w := b.sides("10.64.0.0/16", "10.65.0.0/16")
 	for _, sd := range []side{h, w} {
 		if err := b.fill(ctx, conf.PoolName(sd.rng, ""), sd.rng, size); err != nil {
@@ -303,7 +303,7 @@ func (b *bencher) reconciler(ctx context.Context) error {
 				}
 				allocs[strconv.Itoa(a+1)] = whereaboutsv1alpha1.IPAllocation{ContainerID: fmt.Sprintf("%s-%d-%d", prefix, p, a), PodRef: pod, IfName: "lhnet1"}
 			}
-			rng := fmt.Sprintf("10.%d.%d.0/20", 128+i, p*16)
+			rng := rcRange(i, p)
 			if _, err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Create(ctx, &whereaboutsv1alpha1.IPPool{
 				ObjectMeta: metav1.ObjectMeta{Name: prefix + "-" + conf.PoolName(rng, "")}, Spec: whereaboutsv1alpha1.IPPoolSpec{Range: rng, Allocations: allocs}}, metav1.CreateOptions{}); err != nil {
 				return err
@@ -328,12 +328,18 @@ func (b *bencher) reconciler(ctx context.Context) error {
 		fmt.Printf("| %s | %s | %d | %d | %s | %s | %s |\n", total[1], total[2], sz.pods, sz.stale, m[2], m[1], released[1])
 		// Drop this size's pools so the next size stands alone.
 		for p := 0; p < sz.pools; p++ {
-			rng := fmt.Sprintf("10.%d.%d.0/20", 128+i, p*16)
+			rng := rcRange(i, p)
 			_ = b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Delete(ctx, prefix+"-"+conf.PoolName(rng, ""), metav1.DeleteOptions{})
 		}
 	}
 	fmt.Println()
 	return nil
+}
+
+// rcRange is the /20 of pool p of size i: 10.128.0.0/20 onwards, 32 a size.
+func rcRange(i, p int) string {
+	n := uint32(10)<<24 | uint32(128)<<16 | uint32(i*32+p)<<12
+	return fmt.Sprintf("%d.%d.%d.%d/20", n>>24, n>>16&255, n>>8&255, n&255)
 }
 
 // makePods creates pods rc-pod-from .. rc-pod-(to-1), running, with 8 workers.

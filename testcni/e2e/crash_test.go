@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+// crashAt makes the crashpoints build of the plugin SIGKILL itself at a step.
+func crashAt(point string) []string { return []string{"HARVESTER_IPAM_CRASH_AT=" + point} }
+
+// Every step boundary of ADD and DEL, crashed with SIGKILL; then what the
+// runtime does next (DEL the failed sandbox and ADD a new one, or retry the
+// DEL) and a reconcile pass; then the invariants: one allocation per live
+// sandbox, none for dead ones, no address twice, reservations matching.
+func TestCrashAtEveryStep(t *testing.T) {
+	points := []struct {
+		point, verb string
+		nadGone     bool // DEL from the checkpoint: no delegate, harvester-ipam writes the pool
+	}{
+		{"add-after-checkpoint", "ADD", false},
+		{"add-after-pool-write", "ADD", false}, // reclaim wrote the pool, the reservation is not deleted yet
+		{"add-after-reclaim", "ADD", false},
+		{"add-after-delegate", "ADD", false}, // allocated, the checkpoint not updated
+		{"del-after-delegate", "DEL", false},
+		{"del-after-pool-write", "DEL", true}, // released from the pool, the reservation not deleted yet
+		{"del-after-release", "DEL", false},   // released, the checkpoint not removed
+	}
+	for i, tt := range points {
+		t.Run(tt.point, func(t *testing.T) {
+			c := ctx(t)
+			n := network(t, testcni.Network{Crashpoints: true})
+			pod := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("instance-manager-crash-%d", i)}
+			other := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("backing-image-manager-crash-%d", i)}
+			for _, p := range []testcni.Pod{pod, other} {
+				// Pending: live to the reconciler whatever happens.
+				require.NoError(t, rig.CreatePod(c, p, testcni.PodState{Phase: corev1.PodPending}))
+			}
+			bystander := add(t, n, other)
+			first := add(t, n, pod)
+			live := []*testcni.Sandbox{bystander}
+
+			switch tt.verb {
+			case "ADD":
+				require.NoError(t, first.Kill(), "the earlier sandbox died without DEL")
+				s, err := rig.NewSandbox(n, pod, "lhnet1")
+				require.NoError(t, err)
+				s.Env = crashAt(tt.point)
+				err = s.Add(c)
+				require.Error(t, err, "ADD must fail when the plugin is killed")
+				// A killed plugin prints no CNI error: libcni says so.
+				require.Contains(t, err.Error(), "netplugin failed", "killed at %s", tt.point)
+				// The runtime tears the failed sandbox down, then tries a new one.
+				s.Env = nil
+				require.NoError(t, s.Del(c), "DEL of the crashed sandbox")
+				live = append(live, add(t, n, pod))
+			case "DEL":
+				if tt.nadGone {
+					require.NoError(t, n.ForgetIPAM())
+				}
+				first.Env = crashAt(tt.point)
+				err := first.Del(c)
+				require.Error(t, err, "DEL must fail when the plugin is killed")
+				require.Contains(t, err.Error(), "netplugin failed", "killed at %s", tt.point)
+				first.Env = nil
+				require.NoError(t, first.Del(c), "the runtime retries DEL")
+			}
+			// The plugin alone brings every case back: the runtime's next step suffices.
+			verify(t, n, live, pod, other)
+			// And a reconcile pass finds nothing to undo.
+			reconcile(t, "--grace", "0s")
+			verify(t, n, live, pod, other)
+		})
+	}
+}

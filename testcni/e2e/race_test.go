@@ -1,0 +1,219 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+// worker crash-loops one pod on one network until stop: each round the
+// current sandbox either dies without DEL or is DELed, and a new one is
+// ADDed; a failed ADD is DELed, as the runtime does, and tried again.
+type worker struct {
+	n       *testcni.Network
+	pod     testcni.Pod
+	rnd     *rand.Rand
+	current *testcni.Sandbox
+	rounds  int
+}
+
+func (w *worker) run(ctx context.Context, stop <-chan struct{}) error {
+	for {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		if w.current != nil {
+			if w.rnd.Intn(2) == 0 {
+				if err := w.current.Kill(); err != nil {
+					return err
+				}
+			} else if err := retryDel(ctx, w.current); err != nil {
+				return err
+			} else if err := w.current.Kill(); err != nil {
+				return err
+			}
+			w.current = nil
+		}
+		for w.current == nil {
+			s, err := rig.NewSandbox(w.n, w.pod, "lhnet1")
+			if err != nil {
+				return err
+			}
+			if err := s.Add(ctx); err != nil {
+				// The runtime tears a failed sandbox down and makes another.
+				if err := retryDel(ctx, s); err != nil {
+					return err
+				}
+				if err := s.Kill(); err != nil {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("%s never got an address: %w", w.pod.Ref(), err)
+				case <-time.After(200 * time.Millisecond):
+				}
+				continue
+			}
+			w.current = s
+		}
+		w.rounds++
+	}
+}
+
+// retryDel retries DEL until it succeeds, as the runtime does.
+func retryDel(ctx context.Context, s *testcni.Sandbox) error {
+	for {
+		err := s.Del(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("DEL of %s never succeeded: %w", s.ContainerID, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+var retriedRE = regexp.MustCompile(`(\d+) writes retried after conflicts`)
+
+// Racing writers on one pool for a minute: harvester-ipam ADDs and DELs,
+// whereabouts' own ADDs and DELs, and the reconciler, with random sandbox
+// deaths. At the end the invariants hold for every pod.
+func TestRacingWriters(t *testing.T) {
+	seconds := 60
+	if v, err := strconv.Atoi(os.Getenv("HARVESTER_IPAM_RACE_SECONDS")); err == nil && v > 0 {
+		seconds = v
+	}
+	c, cancel := context.WithTimeout(context.Background(), time.Duration(seconds)*time.Second+3*time.Minute)
+	defer cancel()
+	rng := fmt.Sprintf("10.99.%d.0/24", subnet.Add(1))
+	logFile := filepath.Join(rig.Dir, "race.log")
+	shimmed := network(t, testcni.Network{Name: "race-shim", Range: rng, LogFile: logFile, LogLevel: "verbose"})
+	alone := network(t, testcni.Network{Name: "race-alone", Range: rng, IPAM: "whereabouts", LogFile: logFile, LogLevel: "verbose"})
+	require.Equal(t, shimmed.PoolName(), alone.PoolName(), "one pool")
+
+	var workers []*worker
+	var pods []testcni.Pod
+	for i := 0; i < 10; i++ {
+		n := shimmed
+		if i%3 == 2 {
+			n = alone
+		}
+		pod := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("race-%s-%02d", n.Name, i)}
+		require.NoError(t, rig.CreatePod(c, pod, testcni.PodState{Phase: corev1.PodPending}))
+		pods = append(pods, pod)
+		workers = append(workers, &worker{n: n, pod: pod, rnd: rand.New(rand.NewSource(int64(i)))})
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, len(workers)+1)
+	for _, w := range workers {
+		wg.Add(1)
+		go func(w *worker) {
+			defer wg.Done()
+			if err := w.run(c, stop); err != nil {
+				errs <- err
+			}
+		}(w)
+	}
+	passes := 0
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+			res, err := rig.Reconciler(c, "--grace", "2s")
+			if err != nil || res.Exit != 0 {
+				errs <- fmt.Errorf("reconciler: %v %s %s", err, res.Stdout, res.Stderr)
+				return
+			}
+			passes++
+		}
+	}()
+	time.Sleep(time.Duration(seconds) * time.Second)
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	var live []*testcni.Sandbox
+	rounds := 0
+	for _, w := range workers {
+		live = append(live, w.current)
+		rounds += w.rounds
+	}
+	log, _ := os.ReadFile(logFile)
+	retried := 0
+	for _, m := range retriedRE.FindAllStringSubmatch(string(log), -1) {
+		n, _ := strconv.Atoi(m[1])
+		retried += n
+	}
+	t.Logf("%ds: %d sandbox rounds over %d pods (7 harvester-ipam, 3 whereabouts alone), %d reconciler passes; harvester-ipam retried %d writes after conflicts",
+		seconds, rounds, len(workers), passes, retried)
+	assert.Greater(t, rounds, len(workers), "every pod went round more than once")
+	verify(t, shimmed, live, pods...)
+}
+
+// The API server restarts in the middle of a storm; once it is back and the
+// runtime has retried what failed, the invariants hold.
+func TestAPIServerRestartDuringAStorm(t *testing.T) {
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n := network(t, testcni.Network{})
+	var workers []*worker
+	var pods []testcni.Pod
+	for i := 0; i < 8; i++ {
+		pod := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("restart-storm-%02d", i)}
+		pods = append(pods, pod)
+		workers = append(workers, &worker{n: n, pod: pod, rnd: rand.New(rand.NewSource(int64(100 + i)))})
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, len(workers))
+	for _, w := range workers {
+		wg.Add(1)
+		go func(w *worker) {
+			defer wg.Done()
+			if err := w.run(c, stop); err != nil {
+				errs <- err
+			}
+		}(w)
+	}
+	time.Sleep(3 * time.Second)
+	rig.StopAPIServer()
+	time.Sleep(2 * time.Second)
+	require.NoError(t, rig.StartAPIServer(c))
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	var live []*testcni.Sandbox
+	for _, w := range workers {
+		live = append(live, w.current)
+	}
+	verify(t, n, live, pods...)
+}
