@@ -131,6 +131,15 @@ func Load(stdin []byte) (*Config, error) {
 	}
 	cfg.Delegated = delegated
 
+	if raw, ok := ipam["configuration_path"]; ok {
+		var path string
+		if json.Unmarshal(raw, &path) == nil && path != "" {
+			if err := checkFile("ipam.configuration_path", path); err != nil {
+				return cfg, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, err.Error(), "point configuration_path at the whereabouts flat file")
+			}
+		}
+	}
+
 	// whereabouts' loader insists on its own type name; it reads the fields, not the binary.
 	forLoader, err := withIPAMType(top, ipam, DefaultDelegate)
 	if err != nil {

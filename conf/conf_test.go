@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	wbkube "github.com/k8snetworkplumbingwg/whereabouts/pkg/storage/kubernetes"
@@ -199,5 +201,42 @@ func TestPoolNameMatchesWhereabouts(t *testing.T) {
 	} {
 		want := wbkube.IPPoolName(wbkube.PoolIdentifier{IpRange: tt.rng, NetworkName: tt.network})
 		assert.Equal(t, want, PoolName(tt.rng, tt.network), "%s %q", tt.rng, tt.network)
+	}
+}
+
+func TestLoadRefusesFilesThatAreNotFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	big := filepath.Join(dir, "big")
+	require.NoError(t, os.WriteFile(big, make([]byte, maxFileSize+1), 0o600))
+	for _, tt := range []struct{ path, want string }{
+		{fifo, "is not a regular file"},
+		{"/dev/zero", "is not a regular file"},
+		{dir, "is not a regular file"},
+		{big, "at most 1048576 are read"},
+	} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := Load(nad(`{"type":"harvester-ipam","range":"10.0.0.0/24","configuration_path":"` + tt.path + `"}`))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			require.Error(t, err, tt.path)
+			assert.Equal(t, cnitypes.ErrInvalidNetworkConfig, err.(*cnitypes.Error).Code)
+			assert.Contains(t, err.Error(), tt.want)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Load blocked on %s", tt.path)
+		}
+		done2 := make(chan error, 1)
+		go func() { _, err := LoadKubeconfig(tt.path); done2 <- err }()
+		select {
+		case err := <-done2:
+			require.Error(t, err, tt.path)
+			assert.Contains(t, err.Error(), tt.want)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("LoadKubeconfig blocked on %s", tt.path)
+		}
 	}
 }

@@ -26,6 +26,9 @@ func LoadKubeconfig(path string) (*Kube, error) {
 		return nil, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "no kubeconfig for the IPPool store",
 			"set ipam.kubernetes.kubeconfig, or kubernetes.kubeconfig in the whereabouts flat file")
 	}
+	if err := checkFile("kubeconfig", path); err != nil {
+		return nil, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, err.Error(), "kubernetes.kubeconfig must name the whereabouts kubeconfig file")
+	}
 	raw, err := clientcmd.LoadFromFile(path)
 	if err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, fmt.Sprintf("cannot load kubeconfig %s", path), err.Error())
