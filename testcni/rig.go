@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/go-logr/logr"
+
 	"github.com/harvester/harvester-ipam/conf"
 )
 
@@ -71,8 +73,7 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	}
 	// client-go's discovery cache complains, to stderr, about the CRDs it is
 	// asked to map before they serve; the rig waits for them itself.
-	klog.LogToStderr(false)
-	klog.SetOutput(io.Discard)
+	klog.SetLogger(logr.Discard())
 	if os.Getenv(isolatedEnv) != "1" {
 		return nil, fmt.Errorf("call testcni.Isolate() first: the rig runs only in a network namespace of its own")
 	}
