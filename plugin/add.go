@@ -18,14 +18,8 @@ import (
 // config's pools, then delegates ADD and returns the delegate's result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	ph := newPhases()
-	cfg, err := conf.Load(args.StdinData)
+	cfg, err := loadForAttachment(args)
 	if err != nil {
-		return err
-	}
-	if err := cfg.RequirePools(); err != nil {
-		return err
-	}
-	if err := validateAttachment(args); err != nil {
 		return err
 	}
 	pod, err := conf.ParseArgs(args.Args)

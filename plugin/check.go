@@ -20,14 +20,8 @@ import (
 // of prevResult. It does not delegate: whereabouts (v0.8.0 and before)
 // answers every CHECK with "not implemented".
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	cfg, err := conf.Load(args.StdinData)
+	cfg, err := loadForAttachment(args)
 	if err != nil {
-		return err
-	}
-	if err := cfg.RequirePools(); err != nil {
-		return err
-	}
-	if err := validateAttachment(args); err != nil {
 		return err
 	}
 	if len(cfg.PrevResult) == 0 {

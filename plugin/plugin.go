@@ -96,6 +96,22 @@ func (p *Plugin) store(path, verb string) (*shim.Store, error) {
 	return s, nil
 }
 
+// loadForAttachment is the config of ADD and CHECK: usable, with ranges, for
+// an attachment whose IDs a checkpoint path can be built from.
+func loadForAttachment(args *skel.CmdArgs) (*conf.Config, error) {
+	cfg, err := conf.Load(args.StdinData)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.RequirePools(); err != nil {
+		return nil, err
+	}
+	if err := validateAttachment(args); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
 // validateAttachment refuses IDs that a checkpoint path cannot be built from.
 func validateAttachment(args *skel.CmdArgs) error {
 	if err := checkpoint.ValidateContainerID(args.ContainerID); err != nil {

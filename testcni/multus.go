@@ -139,16 +139,7 @@ type MultusNetwork struct {
 // storage network n. Pods join the NAD on interface ifName. defaultSubnet is
 // the default network's host-local subnet.
 func (r *Rig) AddMultusNetwork(ctx context.Context, n Network, nadNamespace, nadName, ifName, defaultSubnet string) (*MultusNetwork, error) {
-	if n.IPAM == "" {
-		n.IPAM = "harvester-ipam"
-	}
-	if n.Whereabouts == "" {
-		n.Whereabouts = V080
-	}
-	if n.CNIVersion == "" {
-		n.CNIVersion = "0.3.1"
-	}
-	n.rig = r
+	n = n.withDefaults(r)
 	m := &MultusNetwork{
 		Network: &n, NADNamespace: nadNamespace, NADName: nadName,
 		LogFile:       filepath.Join(r.Dir, "multus-"+n.Name+".log"),

@@ -36,8 +36,8 @@ type Network struct {
 	rig *Rig
 }
 
-// AddNetwork writes a network's conflist where cnitool finds it.
-func (r *Rig) AddNetwork(n Network) (*Network, error) {
+// withDefaults fills in harvester-ipam on whereabouts v0.8.0 and CNI 0.3.1.
+func (n Network) withDefaults(r *Rig) Network {
 	if n.IPAM == "" {
 		n.IPAM = "harvester-ipam"
 	}
@@ -47,10 +47,16 @@ func (r *Rig) AddNetwork(n Network) (*Network, error) {
 	if n.CNIVersion == "" {
 		n.CNIVersion = "0.3.1"
 	}
+	n.rig = r
+	return n
+}
+
+// AddNetwork writes a network's conflist where cnitool finds it.
+func (r *Rig) AddNetwork(n Network) (*Network, error) {
+	n = n.withDefaults(r)
 	if n.Crashpoints && r.crashBin == "" {
 		return nil, fmt.Errorf("network %s wants the crashpoints build: start the rig with Options.Crashpoints", n.Name)
 	}
-	n.rig = r
 	ipam := map[string]any{"type": n.IPAM, "range": n.Range, "configuration_path": r.FlatFile}
 	if len(n.Exclude) > 0 {
 		ipam["exclude"] = n.Exclude

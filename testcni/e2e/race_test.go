@@ -75,6 +75,50 @@ func (w *worker) run(ctx context.Context, stop <-chan struct{}) error {
 	}
 }
 
+// crew runs workers (and any other loops) until finish.
+type crew struct {
+	workers []*worker
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	errs    []error
+}
+
+func start(ctx context.Context, workers []*worker) *crew {
+	cr := &crew{workers: workers, stop: make(chan struct{})}
+	for _, w := range workers {
+		cr.goRun(func(stop <-chan struct{}) error { return w.run(ctx, stop) })
+	}
+	return cr
+}
+
+// goRun runs f until stop closes; its error fails the test at finish.
+func (cr *crew) goRun(f func(stop <-chan struct{}) error) {
+	cr.wg.Add(1)
+	go func() {
+		defer cr.wg.Done()
+		if err := f(cr.stop); err != nil {
+			cr.mu.Lock()
+			cr.errs = append(cr.errs, err)
+			cr.mu.Unlock()
+		}
+	}()
+}
+
+// finish stops everything, reports errors, and returns each worker's live sandbox.
+func (cr *crew) finish(t *testing.T) []*testcni.Sandbox {
+	close(cr.stop)
+	cr.wg.Wait()
+	for _, err := range cr.errs {
+		t.Error(err)
+	}
+	var live []*testcni.Sandbox
+	for _, w := range cr.workers {
+		live = append(live, w.current)
+	}
+	return live
+}
+
 // retryDel retries DEL until it succeeds, as the runtime does.
 func retryDel(ctx context.Context, s *testcni.Sandbox) error {
 	for {
@@ -120,47 +164,26 @@ func TestRacingWriters(t *testing.T) {
 		pods = append(pods, pod)
 		workers = append(workers, &worker{n: n, pod: pod, rnd: rand.New(rand.NewSource(int64(i)))})
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, len(workers)+1)
-	for _, w := range workers {
-		wg.Add(1)
-		go func(w *worker) {
-			defer wg.Done()
-			if err := w.run(c, stop); err != nil {
-				errs <- err
-			}
-		}(w)
-	}
+	cr := start(c, workers)
 	passes := 0
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	cr.goRun(func(stop <-chan struct{}) error {
 		for {
 			select {
 			case <-stop:
-				return
+				return nil
 			case <-time.After(time.Second):
 			}
 			res, err := rig.Reconciler(c, "--grace", "2s")
 			if err != nil || res.Exit != 0 {
-				errs <- fmt.Errorf("reconciler: %v %s %s", err, res.Stdout, res.Stderr)
-				return
+				return fmt.Errorf("reconciler: %v %s %s", err, res.Stdout, res.Stderr)
 			}
 			passes++
 		}
-	}()
+	})
 	time.Sleep(time.Duration(seconds) * time.Second)
-	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	var live []*testcni.Sandbox
+	live := cr.finish(t)
 	rounds := 0
 	for _, w := range workers {
-		live = append(live, w.current)
 		rounds += w.rounds
 	}
 	log, _ := os.ReadFile(logFile)
@@ -188,32 +211,11 @@ func TestAPIServerRestartDuringAStorm(t *testing.T) {
 		pods = append(pods, pod)
 		workers = append(workers, &worker{n: n, pod: pod, rnd: rand.New(rand.NewSource(int64(100 + i)))})
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, len(workers))
-	for _, w := range workers {
-		wg.Add(1)
-		go func(w *worker) {
-			defer wg.Done()
-			if err := w.run(c, stop); err != nil {
-				errs <- err
-			}
-		}(w)
-	}
+	cr := start(c, workers)
 	time.Sleep(3 * time.Second)
 	rig.StopAPIServer()
 	time.Sleep(2 * time.Second)
 	require.NoError(t, rig.StartAPIServer(c))
 	time.Sleep(3 * time.Second)
-	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	var live []*testcni.Sandbox
-	for _, w := range workers {
-		live = append(live, w.current)
-	}
-	verify(t, n, live, pods...)
+	verify(t, n, cr.finish(t), pods...)
 }
