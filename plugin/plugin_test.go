@@ -269,7 +269,7 @@ func TestAddRefusesBadInputAndLosesNothing(t *testing.T) {
 
 func TestAddWithTheStoreDownFailsBeforeDelegating(t *testing.T) {
 	r := newRig(t, crashLoopedPool()...)
-	r.cs.PrependReactor("list", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
+	r.cs.PrependReactor("get", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
 	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
@@ -382,7 +382,7 @@ func (r *rig) kubeconfig() string {
 
 func TestDelWithTheStoreDownIsAnError(t *testing.T) {
 	r := newRig(t, crashLoopedPool()...)
-	r.cs.PrependReactor("list", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
+	r.cs.PrependReactor("get", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
 	require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "old1", IfName: "lhnet1", Network: "storagenetwork",

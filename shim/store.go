@@ -92,26 +92,17 @@ func (s *Store) Namespace() string { return s.namespace }
 func (s *Store) Client() wbclient.WhereaboutsV1alpha1Interface { return s.client }
 
 // GetPool reads a pool fresh from the API server; nil, nil when it does not exist.
-//
-// The read is a LIST of that one name with no resourceVersion: a consistent
-// read, as fresh as a GET (the API server serves it at etcd's current
-// revision), and never an informer's cache. Servers since Kubernetes 1.31
-// answer it from their watch cache once that has caught up with etcd, which
-// for a pool of 10,000 allocations is 3x cheaper than a GET (115 ms against
-// 390 ms here) and costs the same for a small one; older servers read etcd.
 func (s *Store) GetPool(ctx context.Context, name string) (*whereaboutsv1alpha1.IPPool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.CallTimeout)
 	defer cancel()
-	l, err := s.client.IPPools(s.namespace).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+	p, err := s.client.IPPools(s.namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("get pool %s/%s: %w", s.namespace, name, err)
 	}
-	for i := range l.Items {
-		if l.Items[i].Name == name {
-			return &l.Items[i], nil
-		}
-	}
-	return nil, nil
+	return p, nil
 }
 
 // Allocations lists a pool's entries with their addresses, sorted by offset.

@@ -240,8 +240,8 @@ func (b *bencher) largePool(ctx context.Context) error {
 	fmt.Printf("## A large pool: %d allocations of other pods (%d runs each)\n\n", size, runs)
 	fmt.Println("| | median | p95 | share of harvester-ipam's ADD median |")
 	fmt.Println("|---|---|---|---|")
-	fmt.Printf("| reclaim step, nothing to release (one read) | %s | %s | %.1f%% |\n", ms(median(reclaim)), ms(p95(reclaim)), 100*ratio(median(reclaim), median(addH)))
-	fmt.Printf("| reclaim step, one earlier sandbox (read, patch, reservation) | %s | %s | %.1f%% |\n", ms(median(reclaimOne)), ms(p95(reclaimOne)), 100*ratio(median(reclaimOne), median(addH)))
+	fmt.Printf("| reclaim step, nothing to release (GET) | %s | %s | %.1f%% |\n", ms(median(reclaim)), ms(p95(reclaim)), 100*ratio(median(reclaim), median(addH)))
+	fmt.Printf("| reclaim step, one earlier sandbox (GET, PATCH, reservation) | %s | %s | %.1f%% |\n", ms(median(reclaimOne)), ms(p95(reclaimOne)), 100*ratio(median(reclaimOne), median(addH)))
 	fmt.Printf("| ADD, harvester-ipam | %s | %s | |\n", ms(median(addH)), ms(p95(addH)))
 	fmt.Printf("| ADD, whereabouts v0.8.0 alone | %s | %s | ratio %.2fx |\n\n", ms(median(addW)), ms(p95(addW)), ratio(median(addH), median(addW)))
 	return nil

@@ -267,7 +267,7 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		expect string
 	}{
 		{wbSA, true, ""},
-		{"rbac-check-nobody", false, `"system:serviceaccount:kube-system:rbac-check-nobody" cannot list`},
+		{"rbac-check-nobody", false, `"system:serviceaccount:kube-system:rbac-check-nobody" cannot get`},
 	} {
 		t.Run(tt.sa, func(t *testing.T) {
 			kc := filepath.Join(t.TempDir(), "whereabouts.kubeconfig")
@@ -295,7 +295,7 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 			require.ErrorAs(t, err, &ce, "DEL as %s without this chart's Role", tt.sa)
 			assert.Equal(t, 1, ce.Exit)
 			assert.Contains(t, ce.Stderr, tt.expect)
-			assert.Contains(t, ce.Stderr, `cannot list resource "ippools"`)
+			assert.Contains(t, ce.Stderr, `cannot get resource "ippools"`)
 			assert.Contains(t, ce.Stderr, "the runtime retries")
 			assert.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1, "nothing released")
 		})
