@@ -140,8 +140,22 @@ func Load(stdin []byte) (*Config, error) {
 		}
 	}
 
+	// whereabouts' loader opens (creates, mode 0644) the log_file it reads, as
+	// a side effect, even for a config it then refuses: a NAD's path is kept
+	// from it and applied after, so only a valid config's log is ever opened,
+	// by our logger. The flat file's is root's own, and the loader's to open.
+	loaderIPAM := ipam
+	var nadLogFile string
+	if raw, ok := ipam["log_file"]; ok && json.Unmarshal(raw, &nadLogFile) == nil {
+		loaderIPAM = make(map[string]json.RawMessage, len(ipam))
+		for k, v := range ipam {
+			if k != "log_file" {
+				loaderIPAM[k] = v
+			}
+		}
+	}
 	// whereabouts' loader insists on its own type name; it reads the fields, not the binary.
-	forLoader, err := withIPAMType(top, ipam, DefaultDelegate)
+	forLoader, err := withIPAMType(top, loaderIPAM, DefaultDelegate)
 	if err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for whereabouts' loader", err.Error())
 	}
@@ -152,6 +166,9 @@ func Load(stdin []byte) (*Config, error) {
 	wb, _, err := wbconfig.LoadIPAMConfig(forLoader, "")
 	if err != nil {
 		return cfg, whereaboutsError(err)
+	}
+	if nadLogFile != "" {
+		wb.LogFile = nadLogFile // the NAD's wins over the flat file's, as in whereabouts' merge
 	}
 	// whereabouts parses excludes only when it allocates; refuse a bad one now.
 	for _, r := range wb.IPRanges {

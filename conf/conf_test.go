@@ -240,3 +240,31 @@ func TestLoadRefusesFilesThatAreNotFiles(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadOpensNoLogFile(t *testing.T) {
+	dir := t.TempDir()
+	flatLog := filepath.Join(dir, "flat.log")
+	flat := flatFile(t, `{"kubernetes":{"kubeconfig":"/k"},"log_file":"`+flatLog+`"}`)
+	nadLog := filepath.Join(dir, "sub", "nad.log")
+	require.NoError(t, os.MkdirAll(filepath.Dir(nadLog), 0o700))
+	for _, tt := range []struct {
+		name, ipam, wantLog string
+		wantErr             bool
+	}{
+		{"the NAD's log_file wins over the flat file's", `"log_file":"` + nadLog + `","range":"10.0.0.0/24"`, nadLog, false},
+		{"the flat file's when the NAD names none", `"range":"10.0.0.0/24"`, flatLog, false},
+		{"a refused config opens nothing", `"log_file":"` + nadLog + `","range":"10.0.0.0/33"`, "", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(nad(`{"type":"harvester-ipam","configuration_path":"` + flat + `",` + tt.ipam + `}`))
+			if tt.wantErr {
+				require.Error(t, err)
+			} else {
+				require.NoError(t, err)
+				assert.Equal(t, tt.wantLog, c.LogFile())
+			}
+			_, statErr := os.Stat(nadLog)
+			assert.True(t, os.IsNotExist(statErr), "Load created the NAD's log_file %s: only the plugin's logger opens it", nadLog)
+		})
+	}
+}
