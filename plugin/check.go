@@ -60,13 +60,14 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		if err != nil {
 			return storeError("read pool "+pl.Name, err)
 		}
-		held := map[string]shim.Allocation{}
-		picked := shim.Attachment(args.ContainerID, args.IfName)(pool.Spec.Allocations)
+		mine := map[string]bool{}
+		for _, off := range shim.Attachment(args.ContainerID, args.IfName)(pool.Spec.Allocations) {
+			mine[off] = true
+		}
+		held := map[string]shim.Allocation{} // by address
 		for _, a := range allocs {
-			for _, off := range picked {
-				if a.Offset == off {
-					held[a.IP.String()] = a
-				}
+			if mine[a.Offset] {
+				held[a.IP.String()] = a
 			}
 		}
 		var want []string

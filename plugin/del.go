@@ -88,19 +88,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			add(poolRef{ns, pl.Name, rec.NetworkName})
 		}
 	}
-	storeOf := func(pr poolRef) *shim.Store {
-		if pr.namespace == store.Namespace() {
-			return store
-		}
-		return shim.New(store.Client(), pr.namespace)
-	}
 
 	// Look first: a store that does not answer fails DEL at once (whereabouts
 	// would wait a minute for its lease, then swallow the error), and an
 	// attachment that holds nothing needs no delegate.
 	held := false
 	for _, pr := range pools {
-		pool, err := storeOf(pr).GetPool(ctx, pr.name)
+		pool, err := store.In(pr.namespace).GetPool(ctx, pr.name)
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 		}
@@ -135,7 +129,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 
 	for _, pr := range pools {
-		rs, err := storeOf(pr).Release(ctx, pr.name, pr.networkName, shim.Attachment(args.ContainerID, args.IfName))
+		rs, err := store.In(pr.namespace).Release(ctx, pr.name, pr.networkName, shim.Attachment(args.ContainerID, args.IfName))
 		log.released(fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), rs)
 		if err != nil {
 			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, pr.namespace, pr.name), err)
@@ -157,10 +151,7 @@ func (p *Plugin) releaseReservations(ctx context.Context, store *shim.Store, rec
 	if rec.PodRef == "" {
 		return nil
 	}
-	s := store
-	if rec.Namespace != "" && rec.Namespace != store.Namespace() {
-		s = shim.New(store.Client(), rec.Namespace)
-	}
+	s := store.In(rec.Namespace)
 	for _, cidr := range rec.IPs {
 		ip, _, err := net.ParseCIDR(cidr)
 		if err != nil {

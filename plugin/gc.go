@@ -58,9 +58,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			}
 			stores[kubeconfig], store = s, s
 		}
-		if rec.Namespace != "" && rec.Namespace != store.Namespace() {
-			store = shim.New(store.Client(), rec.Namespace)
-		}
+		store = store.In(rec.Namespace)
 		done := true
 		for _, pl := range rec.Pools {
 			rs, err := store.Release(ctx, pl.Name, rec.NetworkName, shim.Attachment(rec.ContainerID, rec.IfName))

@@ -85,6 +85,17 @@ func NewForConfig(cfg *rest.Config, namespace string) (*Store, error) {
 	return New(c, namespace), nil
 }
 
+// In is this store's client, settings and hook on another namespace's pools:
+// a checkpoint may name pools of a namespace the current kubeconfig does not.
+func (s *Store) In(namespace string) *Store {
+	if namespace == "" || namespace == s.namespace {
+		return s
+	}
+	o := New(s.client, namespace)
+	o.CallTimeout, o.Backoff, o.Hook = s.CallTimeout, s.Backoff, s.Hook
+	return o
+}
+
 // Namespace is where the pools and ORIPs live.
 func (s *Store) Namespace() string { return s.namespace }
 

@@ -407,3 +407,18 @@ func TestReleaseReservation(t *testing.T) {
 		})
 	}
 }
+
+func TestInCarriesSettingsToAnotherNamespace(t *testing.T) {
+	s, _ := newStore()
+	var hooked []string
+	s.Hook = func(p string) { hooked = append(hooked, p) }
+	assert.Same(t, s, s.In(""), "no namespace: the same store")
+	assert.Same(t, s, s.In(ns), "its own namespace: the same store")
+	o := s.In("harvester-system")
+	assert.Equal(t, "harvester-system", o.Namespace())
+	assert.Equal(t, s.Backoff, o.Backoff)
+	assert.Equal(t, s.CallTimeout, o.CallTimeout)
+	require.NotNil(t, o.Hook, "a crash-test hook follows the store")
+	o.Hook("x")
+	assert.Equal(t, []string{"x"}, hooked)
+}

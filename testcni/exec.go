@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +21,7 @@ type Run struct {
 // plugin would: CNI_* variables in env, the network config on stdin. The
 // network's CNI_PATH is set, so the plugin finds its delegate.
 func (r *Rig) Plugin(ctx context.Context, n *Network, env []string, stdin []byte) (Run, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(r.bin, "harvester-ipam"))
+	cmd := exec.CommandContext(ctx, r.PluginBinary())
 	cmd.Env = append(append(os.Environ(), "CNI_PATH="+n.cniPath()), env...)
 	cmd.Stdin = bytes.NewReader(stdin)
 	return run(cmd)
@@ -37,7 +36,7 @@ func (r *Rig) Reconciler(ctx context.Context, args ...string) (Run, error) {
 	} else {
 		args = append(common, args...)
 	}
-	return run(exec.CommandContext(ctx, filepath.Join(r.bin, "harvester-ipam-reconciler"), args...))
+	return run(exec.CommandContext(ctx, r.ReconcilerBinary(), args...))
 }
 
 // run runs a command; a non-zero exit is in Run.Exit, not an error.

@@ -17,7 +17,10 @@ import (
 )
 
 // PluginBinary is the harvester-ipam the rig built and its networks run.
-func (r *Rig) PluginBinary() string { return filepath.Join(r.Dir, "build", "harvester-ipam") }
+func (r *Rig) PluginBinary() string { return filepath.Join(r.bin, "harvester-ipam") }
+
+// ReconcilerBinary is the harvester-ipam-reconciler the rig built.
+func (r *Rig) ReconcilerBinary() string { return filepath.Join(r.bin, "harvester-ipam-reconciler") }
 
 // CNIDir is the rig's CNI_PATH dir for a whereabouts version: whereabouts,
 // bridge, host-local, multus and harvester-ipam.
@@ -26,13 +29,7 @@ func (r *Rig) CNIDir(whereabouts string) string { return r.cniPaths[whereabouts]
 // BuildCommand builds a main package of this module (./cmd/...) into out, as
 // the image does: static, trimmed, with extra -ldflags.
 func (r *Rig) BuildCommand(ctx context.Context, pkg, out, ldflags string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", ldflags, "-o", out, pkg)
-	cmd.Dir = r.Root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return nil
+	return r.build(ctx, out, pkg, "-ldflags", ldflags)
 }
 
 // Helm runs the rig's helm; its stdout, or an error with what it said.

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -174,7 +173,7 @@ func snapshot(t *testing.T) map[string]string {
 func TestReconcilerMetricsAndFailure(t *testing.T) {
 	c := ctx(t)
 	port := 19420
-	cmd := exec.CommandContext(c, filepath.Join(rigBin(t), "harvester-ipam-reconciler"),
+	cmd := exec.CommandContext(c, rig.ReconcilerBinary(),
 		"--kubeconfig", rig.Kubeconfig, "--interval", "200ms", "--grace", "1h", "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port))
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
@@ -201,8 +200,4 @@ func TestReconcilerMetricsAndFailure(t *testing.T) {
 	assert.Equal(t, 1, res.Exit, "a pass that could not finish exits non-zero")
 	assert.Contains(t, res.Stderr, "pass: list pools in kube-system")
 	assert.Contains(t, res.Stderr, "connection refused")
-}
-
-func rigBin(t *testing.T) string {
-	return filepath.Join(rig.Dir, "build")
 }
