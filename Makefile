@@ -14,7 +14,7 @@ build:
 # The whole suite: unit tests and the end-to-end tests on the real rig
 # (etcd, kube-apiserver, whereabouts, bridge, cnitool; built on first use).
 test: build tools
-	$(GO) test -count=1 -timeout 60m ./...
+	$(GO) test -count=1 -timeout 60m -parallel 8 ./...
 
 # Unit tests only: no rig, no root.
 unit:

@@ -27,10 +27,14 @@ func (r *Rig) Plugin(ctx context.Context, n *Network, env []string, stdin []byte
 	return run(cmd)
 }
 
-// Reconciler runs harvester-ipam-reconciler against the rig's API server;
-// args are its own ("inspect", "--grace", "--dry-run", ...).
+// Reconciler runs harvester-ipam-reconciler against the rig's default
+// tenant; args are its own ("inspect", "--grace", "--dry-run", ...).
 func (r *Rig) Reconciler(ctx context.Context, args ...string) (Run, error) {
-	common := []string{"--kubeconfig", r.Kubeconfig, "--namespace", PoolNamespace}
+	return r.reconciler(ctx, r.Kubeconfig, PoolNamespace, args...)
+}
+
+func (r *Rig) reconciler(ctx context.Context, kubeconfig, namespace string, args ...string) (Run, error) {
+	common := []string{"--kubeconfig", kubeconfig, "--namespace", namespace}
 	if len(args) > 0 && args[0] == "inspect" {
 		args = append(append([]string{"inspect"}, common...), args[1:]...)
 	} else {

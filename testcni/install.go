@@ -81,12 +81,5 @@ func (r *Rig) AddNetworkWithFlatFile(n Network, kubeconfig string) (*Network, er
 	if err := writeFile(flat, b); err != nil {
 		return nil, err
 	}
-	ipam := map[string]any{"type": net.IPAM, "range": net.Range, "configuration_path": flat}
-	if len(net.Exclude) > 0 {
-		ipam["exclude"] = net.Exclude
-	}
-	if net.NetworkName != "" {
-		ipam["network_name"] = net.NetworkName
-	}
-	return net, net.writeConf(ipam)
+	return net, net.writeConf(net.ipam(flat))
 }

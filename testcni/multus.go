@@ -107,15 +107,8 @@ func pickDoc(stream []byte, kind, name string) ([]byte, error) {
 // NADConfig is the CNI config a NAD of the storage network holds, as
 // Harvester generates it (but the VLAN, see writeConf), with n's IPAM.
 func (n *Network) NADConfig() string {
-	ipam := map[string]any{"type": n.IPAM, "range": n.Range, "configuration_path": n.rig.FlatFile}
-	if len(n.Exclude) > 0 {
-		ipam["exclude"] = n.Exclude
-	}
-	if n.NetworkName != "" {
-		ipam["network_name"] = n.NetworkName
-	}
 	b, _ := json.Marshal(map[string]any{
-		"cniVersion": n.CNIVersion, "type": "bridge", "bridge": "mgmt-br", "promiscMode": true, "ipam": ipam,
+		"cniVersion": n.CNIVersion, "type": "bridge", "bridge": "mgmt-br", "promiscMode": true, "ipam": n.ipam(n.Tenant.FlatFile),
 	})
 	return string(b)
 }

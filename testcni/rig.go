@@ -2,7 +2,6 @@ package testcni
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -31,9 +30,19 @@ const PoolNamespace = "kube-system"
 
 // Whereabouts versions the rig can delegate to.
 const (
+	// V093 is what Harvester's current chart ships: its DEL matches the
+	// container ID and the ifname.
+	V093 = "v0.9.3"
+	// V080 is the first to hand a recreated sandbox the address its pod and
+	// ifname held; its DEL matches the container ID only.
 	V080 = "v0.8.0"
+	// V070 is what Harvester's 2024 releases ship: no ifname in allocations,
+	// a new address for every sandbox.
 	V070 = "v0.7.0"
 )
+
+// Delegates are the whereabouts versions the end-to-end suite runs on.
+var Delegates = []string{V093, V080, V070}
 
 // Options tune a rig.
 type Options struct {
@@ -50,6 +59,9 @@ type Rig struct {
 	Tools      Tools
 	Kubeconfig string // admin kubeconfig; its context's namespace is PoolNamespace
 	FlatFile   string // the whereabouts flat file the networks name
+	// Default is the tenant of PoolNamespace, Kubeconfig and FlatFile: where
+	// a Network without a Tenant of its own lives.
+	Default    *Tenant
 	NetConfDir string // cnitool's NETCONFPATH
 	Kube       kubernetes.Interface
 	WB         wbclient.Interface
@@ -112,7 +124,7 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 			return nil, err
 		}
 	}
-	for _, v := range []string{V080, V070} {
+	for _, v := range Delegates {
 		d := filepath.Join(dir, "cni", v)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -134,19 +146,15 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	if r.cluster, err = startCluster(ctx, dir, tools); err != nil {
 		return nil, err
 	}
-	r.Kubeconfig = filepath.Join(dir, "whereabouts.kubeconfig")
-	if err := os.WriteFile(r.Kubeconfig, []byte(r.cluster.kubeconfig(PoolNamespace)), 0o600); err != nil {
+	r.Default = &Tenant{Name: "default", PoolNamespace: PoolNamespace, PodNamespace: "longhorn-system", rig: r}
+	if err := r.Default.write(dir, r.cluster.kubeconfig(PoolNamespace)); err != nil {
 		return nil, err
 	}
+	r.Kubeconfig, r.FlatFile = r.Default.Kubeconfig, r.Default.FlatFile
 	if err := r.connect(); err != nil {
 		return nil, err
 	}
 	if err := r.installCRDs(ctx); err != nil {
-		return nil, err
-	}
-	r.FlatFile = filepath.Join(dir, "whereabouts.d", "whereabouts.conf")
-	flat, _ := json.Marshal(map[string]any{"datastore": "kubernetes", "kubernetes": map[string]string{"kubeconfig": r.Kubeconfig}})
-	if err := writeFile(r.FlatFile, flat); err != nil {
 		return nil, err
 	}
 	r.NetConfDir = filepath.Join(dir, "net.d")

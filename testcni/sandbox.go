@@ -23,8 +23,11 @@ type Network struct {
 	NetworkName string   // whereabouts' network_name
 	// IPAM is "harvester-ipam" (the default) or "whereabouts".
 	IPAM string
-	// Whereabouts is the version that allocates: V080 (the default) or V070.
+	// Whereabouts is the version that allocates: V093 (the default, as
+	// Harvester's current chart), V080 or V070.
 	Whereabouts string
+	// Tenant holds the network's pools; nil is the rig's default tenant.
+	Tenant *Tenant
 	// CNIVersion defaults to 0.3.1, as Harvester's NAD.
 	CNIVersion string
 	// Crashpoints runs the crashpoints build of harvester-ipam.
@@ -36,13 +39,17 @@ type Network struct {
 	rig *Rig
 }
 
-// withDefaults fills in harvester-ipam on whereabouts v0.8.0 and CNI 0.3.1.
+// withDefaults fills in harvester-ipam on whereabouts v0.9.3, CNI 0.3.1 and
+// the default tenant.
 func (n Network) withDefaults(r *Rig) Network {
 	if n.IPAM == "" {
 		n.IPAM = "harvester-ipam"
 	}
 	if n.Whereabouts == "" {
-		n.Whereabouts = V080
+		n.Whereabouts = V093
+	}
+	if n.Tenant == nil {
+		n.Tenant = r.Default
 	}
 	if n.CNIVersion == "" {
 		n.CNIVersion = "0.3.1"
@@ -57,7 +64,12 @@ func (r *Rig) AddNetwork(n Network) (*Network, error) {
 	if n.Crashpoints && r.crashBin == "" {
 		return nil, fmt.Errorf("network %s wants the crashpoints build: start the rig with Options.Crashpoints", n.Name)
 	}
-	ipam := map[string]any{"type": n.IPAM, "range": n.Range, "configuration_path": r.FlatFile}
+	return &n, n.writeConf(n.ipam(n.Tenant.FlatFile))
+}
+
+// ipam is the network's ipam object, naming flatFile as whereabouts' flat file.
+func (n *Network) ipam(flatFile string) map[string]any {
+	ipam := map[string]any{"type": n.IPAM, "range": n.Range, "configuration_path": flatFile}
 	if len(n.Exclude) > 0 {
 		ipam["exclude"] = n.Exclude
 	}
@@ -70,7 +82,7 @@ func (r *Rig) AddNetwork(n Network) (*Network, error) {
 	if n.LogLevel != "" {
 		ipam["log_level"] = n.LogLevel
 	}
-	return &n, n.writeConf(ipam)
+	return ipam
 }
 
 // ForgetIPAM rewrites the conflist as it is once the NAD is gone: the ipam

@@ -17,7 +17,7 @@ import (
 // Allocations reads a network's pool from the API server, sorted by address;
 // none when the pool does not exist.
 func (n *Network) Allocations(ctx context.Context) ([]shim.Allocation, error) {
-	p, err := n.rig.WB.WhereaboutsV1alpha1().IPPools(PoolNamespace).Get(ctx, n.PoolName(), metav1.GetOptions{})
+	p, err := n.rig.WB.WhereaboutsV1alpha1().IPPools(n.Tenant.PoolNamespace).Get(ctx, n.PoolName(), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
@@ -43,7 +43,7 @@ type ORIP struct{ Name, PodRef, IfName string }
 
 // ORIPs lists the reservations of this network's range (by name).
 func (n *Network) ORIPs(ctx context.Context) ([]ORIP, error) {
-	l, err := n.rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(PoolNamespace).List(ctx, metav1.ListOptions{})
+	l, err := n.rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(n.Tenant.PoolNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list reservations: %w", err)
 	}

@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]
+#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -14,6 +14,9 @@ CNI_VERSION=v1.3.1
 PLUGINS_VERSION=v1.9.1
 MULTUS_VERSION=v4.3.0
 HELM_VERSION=v3.14.4
+# The checksum database does not know whereabouts v0.9.3 (Harvester's current
+# chart ships it): its module hash is pinned here and checked on download.
+WHEREABOUTS_V093_SUM=h1:DbI2Xyst/FTZONuZ/O5EjHw/DaddrzSW2g/jmMXxWdQ=
 
 CACHE="${HARVESTER_IPAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harvester-ipam}"
 BIN="$CACHE/bin"
@@ -93,8 +96,23 @@ build_whereabouts() {
   log "building whereabouts $v"
   local d; d=$(newmod "$out")
   printf '\nreplace github.com/gogo/protobuf => github.com/gogo/protobuf v1.3.2\n' >>"$d/go.mod"
-  (cd "$d" && go get "github.com/k8snetworkplumbingwg/whereabouts@$v")
-  install_bin "$out" "$d" github.com/k8snetworkplumbingwg/whereabouts/cmd
+  local mod=github.com/k8snetworkplumbingwg/whereabouts
+  if [[ $v == v0.9.3 ]]; then
+    # Seeding go.sum makes the go command refuse a download of another hash;
+    # the explicit check below says so in words.
+    printf '%s %s %s\n' "$mod" "$v" "$WHEREABOUTS_V093_SUM" >"$d/go.sum"
+    local sum
+    sum=$(cd "$d" && GONOSUMDB=$mod go mod download -json "$mod@$v" | sed -n 's/^\t"Sum": "\(.*\)",$/\1/p')
+    if [[ "$sum" != "$WHEREABOUTS_V093_SUM" ]]; then
+      echo "tools: $mod@$v has module hash '$sum', want $WHEREABOUTS_V093_SUM: refusing to build it" >&2
+      return 1
+    fi
+    log "$mod@$v module hash $sum matches the pinned one"
+    (cd "$d" && GONOSUMDB=$mod go get "$mod@$v")
+  else
+    (cd "$d" && go get "$mod@$v")
+  fi
+  install_bin "$out" "$d" "$mod/cmd"
 }
 
 build_multus() {
@@ -120,6 +138,7 @@ paths() {
   echo "cnitool=$BIN/cnitool-$CNI_VERSION"
   echo "bridge=$BIN/bridge-$PLUGINS_VERSION"
   echo "host-local=$BIN/host-local-$PLUGINS_VERSION"
+  echo "whereabouts-v0.9.3=$BIN/whereabouts-v0.9.3"
   echo "whereabouts-v0.8.0=$BIN/whereabouts-v0.8.0"
   echo "whereabouts-v0.7.0=$BIN/whereabouts-v0.7.0"
   echo "multus=$BIN/multus-$MULTUS_VERSION"
@@ -133,14 +152,15 @@ case "${1:-all}" in
   kube-apiserver) build_kube_apiserver ;;
   cnitool) build_cnitool ;;
   cni-plugins) build_plugins ;;
+  whereabouts-v0.9.3) build_whereabouts v0.9.3 ;;
   whereabouts-v0.8.0) build_whereabouts v0.8.0 ;;
   whereabouts-v0.7.0) build_whereabouts v0.7.0 ;;
   multus) build_multus ;;
   helm) build_helm ;;
   all)
     build_cnitool; build_plugins
-    build_whereabouts v0.8.0; build_whereabouts v0.7.0
+    build_whereabouts v0.9.3; build_whereabouts v0.8.0; build_whereabouts v0.7.0
     build_etcd; build_kube_apiserver; build_multus; build_helm
     ;;
-  *) echo "usage: $0 [all|dir|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]" >&2; exit 2 ;;
 esac

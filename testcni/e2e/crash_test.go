@@ -18,6 +18,10 @@ func crashAt(point string) []string { return []string{"HARVESTER_IPAM_CRASH_AT="
 // DEL) and a reconcile pass; then the invariants: one allocation per live
 // sandbox, none for dead ones, no address twice, reservations matching.
 func TestCrashAtEveryStep(t *testing.T) {
+	onEachDelegate(t, testCrashAtEveryStep)
+}
+
+func testCrashAtEveryStep(t *testing.T, e *env) {
 	points := []struct {
 		point, verb string
 		nadGone     bool // DEL from the checkpoint: no delegate, harvester-ipam writes the pool
@@ -33,9 +37,9 @@ func TestCrashAtEveryStep(t *testing.T) {
 	for i, tt := range points {
 		t.Run(tt.point, func(t *testing.T) {
 			c := ctx(t)
-			n := network(t, testcni.Network{Crashpoints: true})
-			pod := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("instance-manager-crash-%d", i)}
-			other := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("backing-image-manager-crash-%d", i)}
+			n := e.network(t, testcni.Network{Crashpoints: true})
+			pod := e.Pod(fmt.Sprintf("instance-manager-crash-%d", i))
+			other := e.Pod(fmt.Sprintf("backing-image-manager-crash-%d", i))
 			for _, p := range []testcni.Pod{pod, other} {
 				// Pending: live to the reconciler whatever happens.
 				require.NoError(t, rig.CreatePod(c, p, testcni.PodState{Phase: corev1.PodPending}))
@@ -72,7 +76,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			// The plugin alone brings every case back: the runtime's next step suffices.
 			verify(t, n, live, pod, other)
 			// And a reconcile pass finds nothing to undo.
-			reconcile(t, "--grace", "0s")
+			e.reconcile(t, "--grace", "0s")
 			verify(t, n, live, pod, other)
 		})
 	}

@@ -16,9 +16,13 @@ import (
 // does not forward GC yet), releases this node's checkpointed attachments of
 // the network that cni.dev/valid-attachments does not name, and never one it names.
 func TestGCReleasesWhatIsNoLongerValid(t *testing.T) {
-	n := network(t, testcni.Network{CNIVersion: "1.1.0"})
-	kept := add(t, n, testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-kept"})
-	lost := add(t, n, testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-lost"})
+	onEachDelegate(t, testGCReleasesWhatIsNoLongerValid)
+}
+
+func testGCReleasesWhatIsNoLongerValid(t *testing.T, e *env) {
+	n := e.network(t, testcni.Network{CNIVersion: "1.1.0"})
+	kept := add(t, n, e.Pod("instance-manager-kept"))
+	lost := add(t, n, e.Pod("instance-manager-lost"))
 	require.NoError(t, lost.Kill())
 
 	conf := n.PluginConf()
@@ -46,8 +50,12 @@ func TestGCReleasesWhatIsNoLongerValid(t *testing.T) {
 // STATUS through cnitool on a 1.1.0 bridge conflist: ready while the API
 // server answers, error 50 while it does not.
 func TestStatus(t *testing.T) {
-	n := network(t, testcni.Network{CNIVersion: "1.1.0"})
-	s, err := rig.NewSandbox(n, testcni.Pod{Namespace: "longhorn-system", Name: "status"}, "lhnet1")
+	inTurn(t, testStatus)
+}
+
+func testStatus(t *testing.T, e *env) {
+	n := e.network(t, testcni.Network{CNIVersion: "1.1.0"})
+	s, err := rig.NewSandbox(n, e.Pod("status"), "lhnet1")
 	require.NoError(t, err)
 	require.NoError(t, s.Status(ctx(t)))
 

@@ -1,11 +1,16 @@
 // Package e2e proves harvester-ipam where users meet it: a real API server,
 // the real whereabouts and bridge plugins, cnitool and network namespaces.
+//
+// Most tests run once per whereabouts version (testcni.Delegates), side by
+// side, each in a tenant of its own (its pool namespace, kubeconfig, flat
+// file and pod namespace). Tests that stop the API server run alone, first.
 package e2e
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,9 +41,60 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var subnet atomic.Int32
+var subnet, tenants atomic.Int32
 
-// network adds a network with a /24 of its own, so that tests never share a pool.
+// env is one test on one whereabouts version, in a tenant of its own.
+type env struct {
+	*testcni.Tenant
+	// WB is the whereabouts version harvester-ipam delegates to.
+	WB string
+}
+
+// onEachDelegate runs f once per whereabouts version, side by side with each
+// other and with every other test that runs so: call it from a test that
+// stops nothing shared (the API server, say).
+func onEachDelegate(t *testing.T, f func(t *testing.T, e *env)) {
+	t.Parallel()
+	for _, v := range testcni.Delegates {
+		t.Run("whereabouts "+v, func(t *testing.T) {
+			t.Parallel()
+			f(t, newEnv(t, v))
+		})
+	}
+}
+
+// inTurn runs f once per whereabouts version, one after the other, while no
+// other test runs: for tests that stop the API server.
+func inTurn(t *testing.T, f func(t *testing.T, e *env)) {
+	for _, v := range testcni.Delegates {
+		t.Run("whereabouts "+v, func(t *testing.T) { f(t, newEnv(t, v)) })
+	}
+}
+
+func newEnv(t *testing.T, wb string) *env {
+	t.Helper()
+	name := fmt.Sprintf("t%d-%s", tenants.Add(1), strings.ReplaceAll(strings.TrimPrefix(wb, "v"), ".", ""))
+	tn, err := rig.NewTenant(ctx(t), name)
+	require.NoError(t, err)
+	t.Cleanup(tn.Remove)
+	return &env{Tenant: tn, WB: wb}
+}
+
+// network adds a network of this env's tenant and delegate, with a /24 of
+// its own unless n says otherwise.
+func (e *env) network(t *testing.T, n testcni.Network) *testcni.Network {
+	t.Helper()
+	if n.Tenant == nil {
+		n.Tenant = e.Tenant
+	}
+	if n.Whereabouts == "" {
+		n.Whereabouts = e.WB
+	}
+	return network(t, n)
+}
+
+// network adds a network with a /24 of its own (in the default tenant unless
+// n names one), so that tests never share a pool.
 func network(t *testing.T, n testcni.Network) *testcni.Network {
 	t.Helper()
 	i := subnet.Add(1)
@@ -59,7 +115,7 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-// sandbox makes a new sandbox and runs ADD in it.
+// add makes a new sandbox and runs ADD in it.
 func add(t *testing.T, n *testcni.Network, pod testcni.Pod) *testcni.Sandbox {
 	t.Helper()
 	s, err := rig.NewSandbox(n, pod, "lhnet1")

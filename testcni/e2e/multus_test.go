@@ -20,15 +20,17 @@ var nadCRD struct {
 
 // multusNet is a Multus thin plugin network whose pods ask, in their networks
 // annotation, for a storage-network NAD with harvester-ipam on a /24 of its own.
-func multusNet(t *testing.T, ipam string) *testcni.MultusNetwork {
+func (e *env) multusNet(t *testing.T, ipam string) *testcni.MultusNetwork {
 	t.Helper()
 	nadCRD.Do(func() { nadCRD.err = rig.InstallNADCRD(ctx(t)) })
 	require.NoError(t, nadCRD.err, "the NetworkAttachmentDefinition CRD")
 	i := subnet.Add(1)
 	m, err := rig.AddMultusNetwork(ctx(t), testcni.Network{
-		Name:  fmt.Sprintf("multus%d", i),
-		Range: fmt.Sprintf("10.%d.%d.0/24", 100+i/250, i%250),
-		IPAM:  ipam,
+		Name:        fmt.Sprintf("multus%d", i),
+		Range:       fmt.Sprintf("10.%d.%d.0/24", 100+i/250, i%250),
+		IPAM:        ipam,
+		Tenant:      e.Tenant,
+		Whereabouts: e.WB,
 	}, "harvester-system", fmt.Sprintf("storagenetwork-%d", i), "lhnet1", fmt.Sprintf("10.244.%d.0/24", i%250))
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -41,7 +43,7 @@ func multusNet(t *testing.T, ipam string) *testcni.MultusNetwork {
 
 func multusPod(t *testing.T, m *testcni.MultusNetwork, name string) testcni.Pod {
 	t.Helper()
-	pod := testcni.Pod{Namespace: "longhorn-system", Name: name + "-" + m.NADName}
+	pod := m.Tenant.Pod(name + "-" + m.NADName)
 	require.NoError(t, m.CreatePod(ctx(t), pod))
 	return pod
 }
@@ -73,7 +75,9 @@ func holds(t *testing.T, m *testcni.MultusNetwork, pod testcni.Pod, s *testcni.S
 	held := testcni.Of(allocs, pod.Ref())
 	require.Len(t, held, 1, "one allocation for %s; pool %s:\n%s", pod.Ref(), m.PoolName(), testcni.Table(allocs))
 	assert.Equal(t, s.ContainerID, held[0].ContainerID)
-	assert.Equal(t, m.StorageIfName(), held[0].IfName)
+	if m.Whereabouts != testcni.V070 { // v0.7.0 records no ifname
+		assert.Equal(t, m.StorageIfName(), held[0].IfName)
+	}
 	assert.Equal(t, ip, held[0].IP.String(), "the address in the pool is the one on the pod's network-status")
 	orips := oripsOf(t, m.Network, pod.Ref())
 	require.Len(t, orips, 1, "one reservation for %s", pod.Ref())
@@ -90,7 +94,11 @@ func released(t *testing.T, m *testcni.MultusNetwork, pod testcni.Pod) {
 // The runtime recreates the sandbox and the old one's DEL never comes: the
 // pod's next ADD through Multus leaves it one allocation, the new sandbox's.
 func TestMultusRecreatedSandboxHoldsOneAddress(t *testing.T) {
-	m := multusNet(t, "harvester-ipam")
+	onEachDelegate(t, testMultusRecreatedSandboxHoldsOneAddress)
+}
+
+func testMultusRecreatedSandboxHoldsOneAddress(t *testing.T, e *env) {
+	m := e.multusNet(t, "harvester-ipam")
 	pod := multusPod(t, m, "instance-manager")
 	s1, ip1 := multusAdd(t, m, pod)
 	holds(t, m, pod, s1, ip1)
@@ -108,7 +116,11 @@ func TestMultusRecreatedSandboxHoldsOneAddress(t *testing.T) {
 // sandbox's DEL comes later. Multus takes the delegate's config from its
 // cache, so harvester-ipam's DEL runs with the full ipam config: released.
 func TestMultusDelAfterNADDeletedUsesItsCache(t *testing.T) {
-	m := multusNet(t, "harvester-ipam")
+	onEachDelegate(t, testMultusDelAfterNADDeletedUsesItsCache)
+}
+
+func testMultusDelAfterNADDeletedUsesItsCache(t *testing.T, e *env) {
+	m := e.multusNet(t, "harvester-ipam")
 	pod := multusPod(t, m, "instance-manager")
 	keep := multusPod(t, m, "backing-image-manager")
 	s, ip := multusAdd(t, m, pod)
@@ -139,7 +151,11 @@ func TestMultusDelAfterNADDeletedUsesItsCache(t *testing.T) {
 // deleted pod never has again. Once the pods are gone, the reconciler
 // releases them, and keeps what a pod that still exists holds.
 func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
-	m := multusNet(t, "harvester-ipam")
+	onEachDelegate(t, testMultusDelWithNADAndCacheGoneNeverReachesIPAM)
+}
+
+func testMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T, e *env) {
+	m := e.multusNet(t, "harvester-ipam")
 	live := multusPod(t, m, "instance-manager")
 	gone := multusPod(t, m, "backing-image-ds")
 	keeper := multusPod(t, m, "backing-image-manager")
@@ -170,7 +186,7 @@ func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
 	// Once Longhorn deletes the live pod too, both allocations are orphans;
 	// the keeper's pod still exists, and it keeps its address.
 	require.NoError(t, m.DeletePod(ctx(t), live))
-	reconcileAsTheChartDoes(t)
+	e.reconcileAsTheChartDoes(t)
 	released(t, m, live)
 	released(t, m, gone)
 	holds(t, m, keeper, sk, ipk)
@@ -179,12 +195,12 @@ func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
 // reconcileAsTheChartDoes runs one pass of the real reconciler with the
 // arguments the chart's CronJob renders (with no grace period, so that one
 // pass releases), and requires it to succeed.
-func reconcileAsTheChartDoes(t *testing.T) {
+func (e *env) reconcileAsTheChartDoes(t *testing.T) {
 	t.Helper()
-	cj := typed[batchv1.CronJob](t, objects(t, render(t, "harvester-ipam", "kube-system", "reconciler.grace=0s")), "CronJob")
+	cj := typed[batchv1.CronJob](t, objects(t, render(t, "harvester-ipam", "kube-system", "reconciler.grace=0s", "whereabouts.poolNamespace="+e.PoolNamespace)), "CronJob")
 	c := cj.Spec.JobTemplate.Spec.Template.Spec.Containers[0]
 	require.Equal(t, []string{"/usr/bin/harvester-ipam-reconciler"}, c.Command)
-	res, err := rig.Reconciler(ctx(t), c.Args...)
+	res, err := e.Reconciler(ctx(t), c.Args...)
 	require.NoError(t, err)
 	require.Zero(t, res.Exit, "the reconciler with the CronJob's args %q:\n%s%s", c.Args, res.Stdout, res.Stderr)
 	t.Logf("reconciler %s:\n%s", strings.Join(c.Args, " "), res.Stdout)
@@ -196,7 +212,11 @@ func reconcileAsTheChartDoes(t *testing.T) {
 // names it), so the binary must stay installed until such pods are gone;
 // new sandboxes get plain whereabouts.
 func TestMultusNADSwitchedBackToWhereabouts(t *testing.T) {
-	m := multusNet(t, "harvester-ipam")
+	onEachDelegate(t, testMultusNADSwitchedBackToWhereabouts)
+}
+
+func testMultusNADSwitchedBackToWhereabouts(t *testing.T, e *env) {
+	m := e.multusNet(t, "harvester-ipam")
 	pod := multusPod(t, m, "instance-manager")
 	s, ip := multusAdd(t, m, pod)
 	holds(t, m, pod, s, ip)

@@ -14,9 +14,13 @@ import (
 // With the API server stopped, ADD and DEL fail with an error that says so;
 // once it is back, DEL releases, and nothing leaked or was given twice.
 func TestAPIServerOutage(t *testing.T) {
-	n := network(t, testcni.Network{})
-	gone := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-old"}
-	fresh := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-new"}
+	inTurn(t, testAPIServerOutage)
+}
+
+func testAPIServerOutage(t *testing.T, e *env) {
+	n := e.network(t, testcni.Network{})
+	gone := e.Pod("instance-manager-old")
+	fresh := e.Pod("instance-manager-new")
 	s1 := add(t, n, gone)
 
 	rig.StopAPIServer()
@@ -34,11 +38,11 @@ func TestAPIServerOutage(t *testing.T) {
 	require.ErrorAs(t, err, &ce, "ADD with the API server down must fail")
 	assert.NotZero(t, ce.Exit)
 	assert.Contains(t, ce.Stderr, "connection refused", "the error says why")
-	assert.Contains(t, ce.Stderr, "release earlier sandboxes of longhorn-system/instance-manager-new from pool "+n.PoolName())
+	assert.Contains(t, ce.Stderr, "release earlier sandboxes of "+fresh.Ref()+" from pool "+n.PoolName())
 
 	err = s1.Del(ctx(t))
 	require.ErrorAs(t, err, &ce, "DEL with the API server down must fail, so that the runtime retries")
-	assert.Contains(t, ce.Stderr, "read pool kube-system/"+n.PoolName())
+	assert.Contains(t, ce.Stderr, "read pool "+e.PoolNamespace+"/"+n.PoolName())
 	assert.Contains(t, ce.Stderr, "connection refused")
 
 	require.NoError(t, rig.StartAPIServer(ctx(t)))
@@ -55,14 +59,18 @@ func TestAPIServerOutage(t *testing.T) {
 // each pod holds one address, none is held twice, and whereabouts'
 // reservations agree with the pool.
 func TestStorm(t *testing.T) {
+	onEachDelegate(t, testStorm)
+}
+
+func testStorm(t *testing.T, e *env) {
 	const pods, restarts = 12, 3
-	n := network(t, testcni.Network{})
+	n := e.network(t, testcni.Network{})
 	live := make([]*testcni.Sandbox, pods)
 	var all []testcni.Pod
 	var wg sync.WaitGroup
 	errs := make(chan error, pods)
 	for i := 0; i < pods; i++ {
-		pod := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("instance-manager-%02d", i)}
+		pod := e.Pod(fmt.Sprintf("instance-manager-%02d", i))
 		all = append(all, pod)
 		wg.Add(1)
 		go func(i int, pod testcni.Pod) {

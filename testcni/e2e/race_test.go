@@ -136,20 +136,25 @@ func retryDel(ctx context.Context, s *testcni.Sandbox) error {
 
 var retriedRE = regexp.MustCompile(`(\d+) writes retried after conflicts`)
 
-// Racing writers on one pool for a minute: harvester-ipam ADDs and DELs,
-// whereabouts' own ADDs and DELs, and the reconciler, with random sandbox
-// deaths. At the end the invariants hold for every pod.
+// Racing writers on one pool for 40 seconds (HARVESTER_IPAM_RACE_SECONDS):
+// harvester-ipam ADDs and DELs, whereabouts' own ADDs and DELs, and the
+// reconciler, with random sandbox deaths. At the end the invariants hold for
+// every pod.
 func TestRacingWriters(t *testing.T) {
-	seconds := 60
+	onEachDelegate(t, testRacingWriters)
+}
+
+func testRacingWriters(t *testing.T, e *env) {
+	seconds := 40
 	if v, err := strconv.Atoi(os.Getenv("HARVESTER_IPAM_RACE_SECONDS")); err == nil && v > 0 {
 		seconds = v
 	}
 	c, cancel := context.WithTimeout(context.Background(), time.Duration(seconds)*time.Second+3*time.Minute)
 	defer cancel()
 	rng := fmt.Sprintf("10.99.%d.0/24", subnet.Add(1))
-	logFile := filepath.Join(rig.Dir, "race.log")
-	shimmed := network(t, testcni.Network{Name: "race-shim", Range: rng, LogFile: logFile, LogLevel: "verbose"})
-	alone := network(t, testcni.Network{Name: "race-alone", Range: rng, IPAM: "whereabouts", LogFile: logFile, LogLevel: "verbose"})
+	logFile := filepath.Join(rig.Dir, "race-"+e.Name+".log")
+	shimmed := e.network(t, testcni.Network{Name: "race-shim-" + e.Name, Range: rng, LogFile: logFile, LogLevel: "verbose"})
+	alone := e.network(t, testcni.Network{Name: "race-alone-" + e.Name, Range: rng, IPAM: "whereabouts", LogFile: logFile, LogLevel: "verbose"})
 	require.Equal(t, shimmed.PoolName(), alone.PoolName(), "one pool")
 
 	var workers []*worker
@@ -159,9 +164,14 @@ func TestRacingWriters(t *testing.T) {
 		if i%3 == 2 {
 			n = alone
 		}
-		pod := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("race-%s-%02d", n.Name, i)}
+		pod := e.Pod(fmt.Sprintf("race-%s-%02d", n.Name, i))
 		require.NoError(t, rig.CreatePod(c, pod, testcni.PodState{Phase: corev1.PodPending}))
-		pods = append(pods, pod)
+		if n == shimmed {
+			// whereabouts v0.7.0 alone leaks the addresses of sandboxes
+			// that die without DEL: that is its business, not what this
+			// test holds harvester-ipam to.
+			pods = append(pods, pod)
+		}
 		workers = append(workers, &worker{n: n, pod: pod, rnd: rand.New(rand.NewSource(int64(i)))})
 	}
 	cr := start(c, workers)
@@ -173,7 +183,7 @@ func TestRacingWriters(t *testing.T) {
 				return nil
 			case <-time.After(time.Second):
 			}
-			res, err := rig.Reconciler(c, "--grace", "2s")
+			res, err := e.Reconciler(c, "--grace", "2s")
 			if err != nil || res.Exit != 0 {
 				return fmt.Errorf("reconciler: %v %s %s", err, res.Stdout, res.Stderr)
 			}
@@ -192,22 +202,28 @@ func TestRacingWriters(t *testing.T) {
 		n, _ := strconv.Atoi(m[1])
 		retried += n
 	}
-	t.Logf("%ds: %d sandbox rounds over %d pods (7 harvester-ipam, 3 whereabouts alone), %d reconciler passes; harvester-ipam retried %d writes after conflicts",
-		seconds, rounds, len(workers), passes, retried)
+	t.Logf("whereabouts %s, %ds: %d sandbox rounds over %d pods (7 harvester-ipam, 3 whereabouts alone), %d reconciler passes; harvester-ipam retried %d writes after conflicts",
+		e.WB, seconds, rounds, len(workers), passes, retried)
 	assert.Greater(t, rounds, len(workers), "every pod went round more than once")
+	// Every live sandbox (whereabouts' own too) holds its one address, none
+	// twice; harvester-ipam's pods hold nothing more.
 	verify(t, shimmed, live, pods...)
 }
 
 // The API server restarts in the middle of a storm; once it is back and the
 // runtime has retried what failed, the invariants hold.
 func TestAPIServerRestartDuringAStorm(t *testing.T) {
+	inTurn(t, testAPIServerRestartDuringAStorm)
+}
+
+func testAPIServerRestartDuringAStorm(t *testing.T, e *env) {
 	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	n := network(t, testcni.Network{})
+	n := e.network(t, testcni.Network{})
 	var workers []*worker
 	var pods []testcni.Pod
 	for i := 0; i < 8; i++ {
-		pod := testcni.Pod{Namespace: "longhorn-system", Name: fmt.Sprintf("restart-storm-%02d", i)}
+		pod := e.Pod(fmt.Sprintf("restart-storm-%02d", i))
 		pods = append(pods, pod)
 		workers = append(workers, &worker{n: n, pod: pod, rnd: rand.New(rand.NewSource(int64(100 + i)))})
 	}

@@ -20,10 +20,11 @@ import (
 
 const grace = 3 * time.Second
 
-// reconcile runs one pass of the reconciler and requires it to succeed.
-func reconcile(t *testing.T, args ...string) string {
+// reconcile runs one pass of the reconciler on the tenant's pools and
+// requires it to succeed.
+func (e *env) reconcile(t *testing.T, args ...string) string {
 	t.Helper()
-	res, err := rig.Reconciler(ctx(t), append([]string{"--grace", grace.String()}, args...)...)
+	res, err := e.Reconciler(ctx(t), append([]string{"--grace", grace.String()}, args...)...)
 	require.NoError(t, err)
 	require.Zero(t, res.Exit, "reconciler failed:\n%s%s", res.Stdout, res.Stderr)
 	return res.Stdout
@@ -48,38 +49,42 @@ func live(t *testing.T, n *testcni.Network, pod testcni.Pod, node string, phase 
 // keep theirs. No NAD exists anywhere, and the network's config has lost its
 // ipam fields: the reconciler needs neither.
 func TestReconcilerReleasesANodeRemovalLeak(t *testing.T) {
+	onEachDelegate(t, testReconcilerReleasesANodeRemovalLeak)
+}
+
+func testReconcilerReleasesANodeRemovalLeak(t *testing.T, e *env) {
 	c := ctx(t)
-	n := network(t, testcni.Network{})
-	require.NoError(t, rig.CreateNode(c, "node-a"))
-	require.NoError(t, rig.CreateNode(c, "node-b"))
-	ns := "longhorn-system"
-	lost := []testcni.Pod{{Namespace: ns, Name: "instance-manager-b1"}, {Namespace: ns, Name: "instance-manager-b2"}}
-	keeper := testcni.Pod{Namespace: ns, Name: "instance-manager-a1"}
-	pending := testcni.Pod{Namespace: ns, Name: "instance-manager-a2"}
+	n := e.network(t, testcni.Network{})
+	nodeA, nodeB := e.Node("node-a"), e.Node("node-b")
+	require.NoError(t, rig.CreateNode(c, nodeA))
+	require.NoError(t, rig.CreateNode(c, nodeB))
+	lost := []testcni.Pod{e.Pod("instance-manager-b1"), e.Pod("instance-manager-b2")}
+	keeper := e.Pod("instance-manager-a1")
+	pending := e.Pod("instance-manager-a2")
 	var lostSandboxes []*testcni.Sandbox
 	for _, p := range lost {
-		lostSandboxes = append(lostSandboxes, live(t, n, p, "node-b", corev1.PodRunning))
+		lostSandboxes = append(lostSandboxes, live(t, n, p, nodeB, corev1.PodRunning))
 	}
-	keep := []*testcni.Sandbox{live(t, n, keeper, "node-a", corev1.PodRunning), live(t, n, pending, "", corev1.PodPending)}
+	keep := []*testcni.Sandbox{live(t, n, keeper, nodeA, corev1.PodRunning), live(t, n, pending, "", corev1.PodPending)}
 
 	// node-b is gone: no DEL, pods force-deleted, node deleted; the NAD is gone too.
 	for i, p := range lost {
 		require.NoError(t, lostSandboxes[i].Kill())
 		require.NoError(t, rig.DeletePod(c, p))
 	}
-	require.NoError(t, rig.DeleteNode(c, "node-b"))
+	require.NoError(t, rig.DeleteNode(c, nodeB))
 	require.NoError(t, n.ForgetIPAM())
 
-	out := reconcile(t)
+	out := e.reconcile(t)
 	t.Logf("first pass:\n%s", out)
 	assert.Contains(t, out, "pod gone")
 	assert.Contains(t, out, "wait")
 	assert.Len(t, mustAllocs(t, n), 4, "nothing is released at first sight")
-	out = reconcile(t)
+	out = e.reconcile(t)
 	assert.Len(t, mustAllocs(t, n), 4, "nor within the grace period:\n%s", out)
 
 	time.Sleep(grace + 500*time.Millisecond)
-	out = reconcile(t)
+	out = e.reconcile(t)
 	t.Logf("pass after the grace period:\n%s", out)
 	assert.Contains(t, out, "release")
 	allocs := mustAllocs(t, n)
@@ -89,9 +94,9 @@ func TestReconcilerReleasesANodeRemovalLeak(t *testing.T) {
 
 	// Another pass finds nothing more to do, and the pending pod still holds its address.
 	time.Sleep(grace + 500*time.Millisecond)
-	reconcile(t)
+	e.reconcile(t)
 	verify(t, n, keep, append(lost, keeper, pending)...)
-	evs, err := rig.Kube.CoreV1().Events(testcni.PoolNamespace).List(c, metav1.ListOptions{FieldSelector: "involvedObject.name=" + n.PoolName()})
+	evs, err := rig.Kube.CoreV1().Events(e.PoolNamespace).List(c, metav1.ListOptions{FieldSelector: "involvedObject.name=" + n.PoolName()})
 	require.NoError(t, err)
 	assert.Len(t, evs.Items, 2, "one Event per release")
 }
@@ -99,22 +104,26 @@ func TestReconcilerReleasesANodeRemovalLeak(t *testing.T) {
 // A leftover ORIP (no allocation holds its address for its pod) blocks the
 // address for overlapping ranges; it is deleted after the grace period.
 func TestReconcilerRemovesALeftoverORIP(t *testing.T) {
+	onEachDelegate(t, testReconcilerRemovesALeftoverORIP)
+}
+
+func testReconcilerRemovesALeftoverORIP(t *testing.T, e *env) {
 	c := ctx(t)
-	n := network(t, testcni.Network{})
-	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-orip"}
+	n := e.network(t, testcni.Network{})
+	pod := e.Pod("instance-manager-orip")
 	s := live(t, n, pod, "", corev1.PodRunning)
 	leftover := prefix(n) + "77"
-	_, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(testcni.PoolNamespace).Create(c,
+	_, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(e.PoolNamespace).Create(c,
 		&whereaboutsv1alpha1.OverlappingRangeIPReservation{ObjectMeta: metav1.ObjectMeta{Name: leftover},
-			Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: "longhorn-system/long-gone", IfName: "lhnet1"}}, metav1.CreateOptions{})
+			Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: e.Pod("long-gone").Ref(), IfName: "lhnet1"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 
-	out := reconcile(t)
+	out := e.reconcile(t)
 	assert.Contains(t, out, leftover)
 	assert.Contains(t, out, "no allocation holds its address for its pod")
 	assert.Len(t, mustORIPs(t, n), 2, "not at first sight")
 	time.Sleep(grace + 500*time.Millisecond)
-	reconcile(t)
+	e.reconcile(t)
 	orips := mustORIPs(t, n)
 	require.Len(t, orips, 1)
 	assert.Equal(t, pod.Ref(), orips[0].PodRef, "the live pod's reservation stays")
@@ -124,26 +133,30 @@ func TestReconcilerRemovesALeftoverORIP(t *testing.T) {
 // --dry-run prints what it would release and why, and changes nothing: not
 // the pools, not the reservations, not even its own bookkeeping.
 func TestReconcilerDryRunChangesNothing(t *testing.T) {
+	onEachDelegate(t, testReconcilerDryRunChangesNothing)
+}
+
+func testReconcilerDryRunChangesNothing(t *testing.T, e *env) {
 	c := ctx(t)
-	n := network(t, testcni.Network{})
-	gone := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-dry"}
+	n := e.network(t, testcni.Network{})
+	gone := e.Pod("instance-manager-dry")
 	s := add(t, n, gone) // no pod object: gone
 	require.NoError(t, s.Kill())
-	reconcile(t) // a real pass records the first sighting
+	e.reconcile(t) // a real pass records the first sighting
 	time.Sleep(grace + 500*time.Millisecond)
 
-	before := snapshot(t)
+	before := e.snapshot(t)
 	for i := 0; i < 2; i++ {
-		out := reconcile(t, "--dry-run")
+		out := e.reconcile(t, "--dry-run")
 		assert.Contains(t, out, "would release")
 		assert.Contains(t, out, gone.Ref())
 		assert.Contains(t, out, "pod gone")
 		assert.Contains(t, out, "dry run: nothing changed")
 	}
-	assert.Equal(t, before, snapshot(t), "the dry run wrote nothing")
+	assert.Equal(t, before, e.snapshot(t), "the dry run wrote nothing")
 	assert.Len(t, testcni.Of(mustAllocs(t, n), gone.Ref()), 1)
 
-	res, err := rig.Reconciler(c, "inspect")
+	res, err := e.Reconciler(c, "inspect")
 	require.NoError(t, err)
 	require.Zero(t, res.Exit, res.Stderr)
 	t.Logf("inspect:\n%s", res.Stdout)
@@ -151,16 +164,16 @@ func TestReconcilerDryRunChangesNothing(t *testing.T) {
 	assert.Contains(t, res.Stdout, "stale allocations")
 }
 
-// snapshot is every pool and reservation with its resourceVersion.
-func snapshot(t *testing.T) map[string]string {
+// snapshot is every pool and reservation of the tenant with its resourceVersion.
+func (e *env) snapshot(t *testing.T) map[string]string {
 	c := ctx(t)
 	out := map[string]string{}
-	pools, err := rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).List(c, metav1.ListOptions{})
+	pools, err := rig.WB.WhereaboutsV1alpha1().IPPools(e.PoolNamespace).List(c, metav1.ListOptions{})
 	require.NoError(t, err)
 	for _, p := range pools.Items {
 		out["pool/"+p.Name] = p.ResourceVersion
 	}
-	orips, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(testcni.PoolNamespace).List(c, metav1.ListOptions{})
+	orips, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(e.PoolNamespace).List(c, metav1.ListOptions{})
 	require.NoError(t, err)
 	for _, o := range orips.Items {
 		out["orip/"+o.Name] = o.ResourceVersion

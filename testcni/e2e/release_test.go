@@ -18,7 +18,7 @@ import (
 func plant(t *testing.T, n *testcni.Network, entries map[string]whereaboutsv1alpha1.IPAllocation, orips map[string]string) {
 	t.Helper()
 	c := ctx(t)
-	pools := rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace)
+	pools := rig.WB.WhereaboutsV1alpha1().IPPools(n.Tenant.PoolNamespace)
 	p, err := pools.Get(c, n.PoolName(), metav1.GetOptions{})
 	require.NoError(t, err)
 	for off, a := range entries {
@@ -27,7 +27,7 @@ func plant(t *testing.T, n *testcni.Network, entries map[string]whereaboutsv1alp
 	_, err = pools.Update(c, p, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	for name, podRef := range orips {
-		_, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(testcni.PoolNamespace).Create(c,
+		_, err := rig.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(n.Tenant.PoolNamespace).Create(c,
 			&whereaboutsv1alpha1.OverlappingRangeIPReservation{
 				ObjectMeta: metav1.ObjectMeta{Name: name},
 				Spec:       whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef},
@@ -41,9 +41,13 @@ func prefix(n *testcni.Network) string { return strings.TrimSuffix(n.Range, "0/2
 // Allocations written before whereabouts v0.8 (no ifname) and under another
 // ifname are released by the pod's next ADD; other pods' stay as they were.
 func TestLegacyAndRenamedAllocationsAreReleased(t *testing.T) {
-	n := network(t, testcni.Network{})
-	a := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-a"}
-	b := testcni.Pod{Namespace: "longhorn-system", Name: "backing-image-manager-b"}
+	onEachDelegate(t, testLegacyAndRenamedAllocationsAreReleased)
+}
+
+func testLegacyAndRenamedAllocationsAreReleased(t *testing.T, e *env) {
+	n := e.network(t, testcni.Network{})
+	a := e.Pod("instance-manager-a")
+	b := e.Pod("backing-image-manager-b")
 	first := add(t, n, a)
 	other := add(t, n, b)
 	pre := prefix(n)
@@ -64,7 +68,9 @@ func TestLegacyAndRenamedAllocationsAreReleased(t *testing.T) {
 	held := testcni.Of(allocs, a.Ref())
 	require.Len(t, held, 1, "one allocation for the pod")
 	assert.Equal(t, now.ContainerID, held[0].ContainerID)
-	assert.Equal(t, "lhnet1", held[0].IfName)
+	if e.WB != testcni.V070 {
+		assert.Equal(t, "lhnet1", held[0].IfName)
+	}
 	assert.Equal(t, beforeB, testcni.Of(allocs, b.Ref()), "the other pod's allocations are unchanged")
 	assert.Equal(t, beforeORIPs, oripsOf(t, n, b.Ref()), "the other pod's reservations are unchanged")
 	for _, o := range mustORIPs(t, n) {
@@ -100,9 +106,13 @@ func oripsOf(t *testing.T, n *testcni.Network, podRef string) []testcni.ORIP {
 // DEL after the NAD is gone: the network config keeps only the ipam type, and
 // the checkpoint tells DEL where the allocation is.
 func TestDelAfterTheNADIsGone(t *testing.T) {
-	n := network(t, testcni.Network{})
-	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-gone"}
-	keep := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-keep"}
+	onEachDelegate(t, testDelAfterTheNADIsGone)
+}
+
+func testDelAfterTheNADIsGone(t *testing.T, e *env) {
+	n := e.network(t, testcni.Network{})
+	pod := e.Pod("instance-manager-gone")
+	keep := e.Pod("instance-manager-keep")
 	s := add(t, n, pod)
 	k := add(t, n, keep)
 	require.NoError(t, n.ForgetIPAM())
@@ -115,11 +125,11 @@ func TestDelAfterTheNADIsGone(t *testing.T) {
 	require.NoError(t, s.Del(ctx(t)), "DEL again is success")
 
 	// The pool itself deleted (the storage network reconfigured): DEL is success.
-	require.NoError(t, rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Delete(ctx(t), n.PoolName(), metav1.DeleteOptions{}))
+	require.NoError(t, rig.WB.WhereaboutsV1alpha1().IPPools(n.Tenant.PoolNamespace).Delete(ctx(t), n.PoolName(), metav1.DeleteOptions{}))
 	require.NoError(t, k.Del(ctx(t)), "DEL when the pool was deleted")
 
 	// A sandbox never seen: nothing to release, success.
-	never, err := rig.NewSandbox(n, testcni.Pod{Namespace: "longhorn-system", Name: "never"}, "lhnet1")
+	never, err := rig.NewSandbox(n, e.Pod("never"), "lhnet1")
 	require.NoError(t, err)
 	require.NoError(t, never.Del(ctx(t)), "DEL of a sandbox never seen")
 }
@@ -127,13 +137,17 @@ func TestDelAfterTheNADIsGone(t *testing.T) {
 // CHECK passes for a live sandbox, and fails once its allocation is removed
 // from the pool by hand.
 func TestCheck(t *testing.T) {
-	n := network(t, testcni.Network{CNIVersion: "1.0.0"})
-	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-check"}
+	onEachDelegate(t, testCheck)
+}
+
+func testCheck(t *testing.T, e *env) {
+	n := e.network(t, testcni.Network{CNIVersion: "1.0.0"})
+	pod := e.Pod("instance-manager-check")
 	s := add(t, n, pod)
 	require.NoError(t, s.Check(ctx(t)))
 
 	c := ctx(t)
-	pools := rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace)
+	pools := rig.WB.WhereaboutsV1alpha1().IPPools(n.Tenant.PoolNamespace)
 	p, err := pools.Get(c, n.PoolName(), metav1.GetOptions{})
 	require.NoError(t, err)
 	for off, a := range p.Spec.Allocations {
