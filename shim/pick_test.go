@@ -1,41 +1,79 @@
-package shim
+package shim_test
 
 import (
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/harvester/harvester-ipam/shim"
 )
 
-func TestPickers(t *testing.T) {
-	allocs := map[string]alloc{
-		"1": {ContainerID: "new", PodRef: "ns/a", IfName: "lhnet1"},
-		"2": {ContainerID: "old", PodRef: "ns/a", IfName: "lhnet1"},
-		"3": {ContainerID: "old", PodRef: "ns/a"},
-		"4": {ContainerID: "older", PodRef: "ns/a", IfName: "eth7"},
-		"5": {ContainerID: "x", PodRef: "ns/b", IfName: "lhnet1"},
-		"6": {ContainerID: "legacy", PodRef: "ns/c"},
+func TestFindAttachment(t *testing.T) {
+	twice := pool("p", "10.0.0.0/24", map[string]alloc{
+		"1": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet1"},
+		"2": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet2"},
+		"3": {ContainerID: "d", PodRef: "ns/q", IfName: "lhnet1"},
+	})
+	legacyTwice := pool("p", "10.0.0.0/24", map[string]alloc{ // whereabouts v0.7.0: no ifnames
+		"1": {ContainerID: "c", PodRef: "ns/p"},
+		"2": {ContainerID: "c", PodRef: "ns/p"},
+	})
+	legacyOnce := pool("p", "10.0.0.0/24", map[string]alloc{
+		"1": {ContainerID: "c", PodRef: "ns/p"},
+		"5": {ContainerID: "x", PodRef: "ns/x"},
+	})
+	legacyBeside := pool("p", "10.0.0.0/24", map[string]alloc{
+		"1": {ContainerID: "c", PodRef: "ns/p"},
+		"2": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet2"},
+	})
+	ips := func(s ...string) []net.IP {
+		var out []net.IP
+		for _, x := range s {
+			out = append(out, net.ParseIP(x))
+		}
+		return out
 	}
-	tests := []struct {
-		name string
-		pick Picker
-		want []string
+	for _, tt := range []struct {
+		name   string
+		p      *shim.Pool
+		id, if_ string
+		ips    []net.IP
+		want   shim.Found
 	}{
-		{"earlier sandboxes of a", EarlierSandboxes("ns/a", "new"), []string{"2", "3", "4"}},
-		{"no pod ref picks nothing", EarlierSandboxes("", "new"), nil},
-		{"no container ID picks nothing", EarlierSandboxes("ns/a", ""), nil},
-		{"pod of another namespace", EarlierSandboxes("other/a", "new"), nil},
-		{"exact ifname wins over legacy", Attachment("old", "lhnet1"), []string{"2"}},
-		{"legacy entry when no exact one", Attachment("old", "lhnet2"), []string{"3"}},
-		{"legacy-only container", Attachment("legacy", "lhnet1"), []string{"6"}},
-		{"another ifname is another attachment", Attachment("older", "lhnet1"), nil},
-		{"unknown container", Attachment("nope", "lhnet1"), nil},
-		{"empty container ID", Attachment("", "lhnet1"), nil},
-		{"exactly what was seen", Exactly(map[string]alloc{"2": allocs["2"], "5": allocs["5"]}), []string{"2", "5"}},
-		{"not what changed since", Exactly(map[string]alloc{"2": {ContainerID: "old", PodRef: "ns/a", IfName: "eth0"}, "9": {}}), nil},
-	}
-	for _, tt := range tests {
+		{"by ifname, beside a sibling", twice, "c", "lhnet2", nil, shim.Found{Offsets: []string{"2"}, Others: 1}},
+		{"by recorded address", twice, "c", "lhnet2", ips("10.0.0.1"), shim.Found{Offsets: []string{"1"}, Others: 1}},
+		{"recorded address no longer held", twice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Others: 2}},
+		{"no entry of that ifname", twice, "c", "lhnet3", nil, shim.Found{Others: 2}},
+		{"another container", twice, "z", "lhnet1", nil, shim.Found{}},
+		{"no container id", twice, "", "lhnet1", nil, shim.Found{}},
+		{"two entries without ifname: cannot tell", legacyTwice, "c", "lhnet2", nil, shim.Found{Others: 2, Ambiguous: true}},
+		{"two entries without ifname, by recorded address", legacyTwice, "c", "lhnet2", ips("10.0.0.2"), shim.Found{Offsets: []string{"2"}, Others: 1}},
+		{"the container's only entry, without ifname", legacyOnce, "c", "lhnet1", nil, shim.Found{Offsets: []string{"1"}}},
+		{"an entry without ifname beside a named sibling", legacyBeside, "c", "lhnet1", nil, shim.Found{Others: 2, Ambiguous: true}},
+		{"a bad range: by ifname still", pool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}}), "c", "e", ips("10.0.0.1"), shim.Found{Others: 1}},
+	} {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, tt.pick(allocs))
+			got := shim.FindAttachment(tt.p, tt.id, tt.if_, tt.ips)
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.want.Offsets, shim.Attachment(tt.id, tt.if_, tt.ips)(tt.p))
 		})
 	}
+}
+
+func TestEarlierSandboxes(t *testing.T) {
+	p := storageNetwork()[0].(*shim.Pool)
+	assert.Equal(t, []string{"4", "5", "6"}, shim.EarlierSandboxes("longhorn-system/im-a", "current")(p))
+	assert.Empty(t, shim.EarlierSandboxes("", "current")(p))
+	assert.Empty(t, shim.EarlierSandboxes("longhorn-system/im-a", "")(p))
+}
+
+func TestExactly(t *testing.T) {
+	p := storageNetwork()[0].(*shim.Pool)
+	want := map[string]alloc{
+		"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+		"5": {ContainerID: "changed", PodRef: "longhorn-system/im-a"},
+		"9": {ContainerID: "gone", PodRef: "longhorn-system/im-a"},
+	}
+	assert.Equal(t, []string{"4"}, shim.Exactly(want)(p))
 }

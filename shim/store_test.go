@@ -1,52 +1,52 @@
-package shim
+package shim_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"sort"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
-	"github.com/k8snetworkplumbingwg/whereabouts/pkg/client/clientset/versioned/fake"
-	wbkube "github.com/k8snetworkplumbingwg/whereabouts/pkg/storage/kubernetes"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
-	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 const ns = "kube-system"
 
 type alloc = whereaboutsv1alpha1.IPAllocation
 
-func pool(name, rng string, allocs map[string]alloc) *whereaboutsv1alpha1.IPPool {
-	return &whereaboutsv1alpha1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, ResourceVersion: "1"},
+func pool(name, rng string, allocs map[string]alloc) *shim.Pool {
+	return &shim.Pool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec:       whereaboutsv1alpha1.IPPoolSpec{Range: rng, Allocations: allocs},
 	}
 }
 
-func orip(name, podRef string) *whereaboutsv1alpha1.OverlappingRangeIPReservation {
-	return &whereaboutsv1alpha1.OverlappingRangeIPReservation{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), ResourceVersion: "1"},
+func orip(name, podRef string) *shim.Reservation {
+	return &shim.Reservation{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec:       whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef},
 	}
 }
 
+const storage = "192.168.50.0-24"
+
 // storageNetwork is a pool as Longhorn pods leave it after crash loops.
-func storageNetwork() []runtime.Object {
-	return []runtime.Object{
-		pool("192.168.50.0-24", "192.168.50.0/24", map[string]alloc{
+func storageNetwork() []any {
+	return []any{
+		pool(storage, "192.168.50.0/24", map[string]alloc{
 			"3": {ContainerID: "current", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
 			"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
 			"5": {ContainerID: "old2", PodRef: "longhorn-system/im-a"},                   // written before v0.8: no ifname
@@ -63,247 +63,708 @@ func storageNetwork() []runtime.Object {
 	}
 }
 
-func newStore(objs ...runtime.Object) (*Store, *fake.Clientset) {
-	cs := fake.NewSimpleClientset(objs...)
-	s := New(cs.WhereaboutsV1alpha1(), ns)
-	s.Backoff = wait.Backoff{Steps: 4, Duration: time.Millisecond}
-	return s, cs
+// clock is a test clock: Sleep moves it on at once.
+type clock struct{ now time.Time }
+
+func (c *clock) Now() time.Time { return c.now }
+func (c *clock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.now = c.now.Add(d)
+	return nil
 }
 
-func poolOffsets(t *testing.T, cs *fake.Clientset, name string) []string {
+func newStore(objs ...any) (*shim.Store, *fake.API, *clock) {
+	api := fake.New()
+	api.Put(objs...)
+	c := &clock{now: time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)}
+	s := shim.New(api, ns, shim.Options{
+		Backoff: shim.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 2, Jitter: 1}, Clock: c,
+		Random: func() float64 { return 0.5 }, Identity: "harvester-ipam/test",
+	})
+	return s, api, c
+}
+
+func offsets(t *testing.T, api *fake.API, name string) []string {
 	t.Helper()
-	p, err := cs.WhereaboutsV1alpha1().IPPools(ns).Get(context.Background(), name, metav1.GetOptions{})
-	require.NoError(t, err)
+	p := api.Pool(ns, name)
+	require.NotNil(t, p)
 	require.NotNil(t, p.Spec.Allocations, "spec.allocations must never be written as null")
-	var offs []string
+	var out []string
 	for off := range p.Spec.Allocations {
-		offs = append(offs, off)
+		out = append(out, off)
 	}
-	sort.Strings(offs)
-	return offs
+	sort.Strings(out)
+	return out
 }
 
-func oripNames(t *testing.T, cs *fake.Clientset) []string {
+func reservations(api *fake.API) []string {
+	var out []string
+	for _, o := range api.AllReservations(ns) {
+		out = append(out, o.Name)
+	}
+	return out
+}
+
+func ipsOf(as []shim.Allocation) []string {
+	var out []string
+	for _, a := range as {
+		out = append(out, a.IP.String())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// release runs the three steps as the plugin does.
+func release(t *testing.T, s *shim.Store, poolName, network string, pick shim.Picker) ([]shim.Allocation, []string) {
 	t.Helper()
-	l, err := cs.WhereaboutsV1alpha1().OverlappingRangeIPReservations(ns).List(context.Background(), metav1.ListOptions{})
+	ctx := context.Background()
+	plan, err := s.Plan(ctx, poolName, network, pick)
 	require.NoError(t, err)
-	var names []string
-	for _, o := range l.Items {
-		names = append(names, o.Name)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func releasedIPs(rs []Release) []string {
-	var ips []string
-	for _, r := range rs {
-		ips = append(ips, r.IP.String())
-	}
-	sort.Strings(ips)
-	return ips
+	deleted, err := s.ReleaseReservations(ctx, plan)
+	require.NoError(t, err)
+	removed, err := s.RemoveAllocations(ctx, plan)
+	require.NoError(t, err)
+	return removed, deleted
 }
 
 func TestRelease(t *testing.T) {
-	tests := []struct {
-		name      string
-		pick      Picker
-		wantIPs   []string
-		wantPool  []string
-		wantORIPs []string
+	ip := func(s string) []net.IP { return []net.IP{net.ParseIP(s)} }
+	for _, tt := range []struct {
+		name        string
+		pick        shim.Picker
+		wantRemoved []string
+		wantDeleted []string
+		wantPool    []string
 	}{{
 		name: "earlier sandboxes of the pod, any ifname, an empty one too",
-		pick: EarlierSandboxes("longhorn-system/im-a", "current"),
-		// .3 is the current sandbox's; .7 and .8 are another pod's, even with the ID old1.
-		wantIPs:   []string{"192.168.50.4", "192.168.50.5", "192.168.50.6"},
-		wantPool:  []string{"3", "7", "8"},
-		wantORIPs: []string{"192.168.50.3", "192.168.50.6", "192.168.50.7", "192.168.50.8"},
+		pick: shim.EarlierSandboxes("longhorn-system/im-a", "current"),
+		// .3 is the current sandbox's; .7 and .8 are another pod's, even with the ID old1;
+		// .6's reservation is another pod's.
+		wantRemoved: []string{"192.168.50.4", "192.168.50.5", "192.168.50.6"},
+		wantDeleted: []string{"192.168.50.4", "192.168.50.5"},
+		wantPool:    []string{"3", "7", "8"},
 	}, {
-		name:      "the current sandbox is never its own earlier sandbox",
-		pick:      EarlierSandboxes("longhorn-system/im-c", "current"),
-		wantPool:  []string{"3", "4", "5", "6", "7", "8"},
-		wantORIPs: []string{"192.168.50.3", "192.168.50.4", "192.168.50.5", "192.168.50.6", "192.168.50.7", "192.168.50.8"},
+		name:     "the current sandbox is never its own earlier sandbox",
+		pick:     shim.EarlierSandboxes("longhorn-system/im-c", "current"),
+		wantPool: []string{"3", "4", "5", "6", "7", "8"},
 	}, {
-		name:      "one attachment, exact ifname",
-		pick:      Attachment("old1", "lhnet1"),
-		wantIPs:   []string{"192.168.50.4", "192.168.50.8"},
-		wantPool:  []string{"3", "5", "6", "7"},
-		wantORIPs: []string{"192.168.50.3", "192.168.50.5", "192.168.50.6", "192.168.50.7"},
+		name:        "one attachment, by ifname",
+		pick:        shim.Attachment("old1", "lhnet1", nil),
+		wantRemoved: []string{"192.168.50.4", "192.168.50.8"},
+		wantDeleted: []string{"192.168.50.4", "192.168.50.8"},
+		wantPool:    []string{"3", "5", "6", "7"},
 	}, {
-		name:      "one attachment recorded without ifname",
-		pick:      Attachment("old2", "lhnet1"),
-		wantIPs:   []string{"192.168.50.5"},
-		wantPool:  []string{"3", "4", "6", "7", "8"},
-		wantORIPs: []string{"192.168.50.3", "192.168.50.4", "192.168.50.6", "192.168.50.7", "192.168.50.8"},
+		name:        "one attachment, by the addresses its checkpoint recorded",
+		pick:        shim.Attachment("old1", "lhnet1", ip("192.168.50.8")),
+		wantRemoved: []string{"192.168.50.8"},
+		wantDeleted: []string{"192.168.50.8"},
+		wantPool:    []string{"3", "4", "5", "6", "7"},
 	}, {
-		name:      "an attachment never seen releases nothing",
-		pick:      Attachment("never", "lhnet1"),
-		wantPool:  []string{"3", "4", "5", "6", "7", "8"},
-		wantORIPs: []string{"192.168.50.3", "192.168.50.4", "192.168.50.5", "192.168.50.6", "192.168.50.7", "192.168.50.8"},
-	}}
-	for _, tt := range tests {
+		name:        "one attachment recorded without ifname, the container's only entry",
+		pick:        shim.Attachment("old2", "lhnet1", nil),
+		wantRemoved: []string{"192.168.50.5"},
+		wantDeleted: []string{"192.168.50.5"},
+		wantPool:    []string{"3", "4", "6", "7", "8"},
+	}, {
+		name:     "an attachment never seen releases nothing",
+		pick:     shim.Attachment("never", "lhnet1", nil),
+		wantPool: []string{"3", "4", "5", "6", "7", "8"},
+	}} {
 		t.Run(tt.name, func(t *testing.T) {
-			s, cs := newStore(storageNetwork()...)
-			rs, err := s.Release(context.Background(), "192.168.50.0-24", "", tt.pick)
-			require.NoError(t, err)
-			assert.Equal(t, tt.wantIPs, releasedIPs(rs))
-			assert.Equal(t, tt.wantPool, poolOffsets(t, cs, "192.168.50.0-24"))
-			assert.Equal(t, tt.wantORIPs, oripNames(t, cs))
+			s, api, _ := newStore(storageNetwork()...)
+			removed, deleted := release(t, s, storage, "", tt.pick)
+			assert.Equal(t, tt.wantRemoved, ipsOf(removed))
+			assert.Equal(t, tt.wantDeleted, deleted)
+			assert.Equal(t, tt.wantPool, offsets(t, api, storage))
+			for _, name := range tt.wantDeleted {
+				assert.NotContains(t, reservations(api), name)
+			}
+			assert.Len(t, reservations(api), 6-len(tt.wantDeleted), "nothing else deleted")
 		})
 	}
 }
 
 func TestReleaseEverythingLeavesAnEmptyMap(t *testing.T) {
-	s, cs := newStore(pool("10.0.0.0-30", "10.0.0.0/30", map[string]alloc{
-		"1": {ContainerID: "a", PodRef: "ns/p", IfName: "eth1"},
-	}))
-	rs, err := s.Release(context.Background(), "10.0.0.0-30", "", EarlierSandboxes("ns/p", "b"))
-	require.NoError(t, err)
-	assert.Equal(t, []string{"10.0.0.1"}, releasedIPs(rs))
-	assert.Empty(t, poolOffsets(t, cs, "10.0.0.0-30")) // and not null: checked inside
+	s, api, _ := newStore(pool("10.0.0.0-30", "10.0.0.0/30", map[string]alloc{"1": {ContainerID: "a", PodRef: "ns/p", IfName: "eth1"}}))
+	removed, _ := release(t, s, "10.0.0.0-30", "", shim.EarlierSandboxes("ns/p", "b"))
+	assert.Equal(t, []string{"10.0.0.1"}, ipsOf(removed))
+	assert.Empty(t, offsets(t, api, "10.0.0.0-30")) // and not null: checked inside
 }
 
-func TestReleaseSendsAGuardedPatch(t *testing.T) {
-	s, cs := newStore(storageNetwork()...)
-	var patch string
-	cs.PrependReactor("patch", "ippools", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		pa := a.(k8stesting.PatchAction)
-		assert.Equal(t, "application/json-patch+json", string(pa.GetPatchType()))
-		patch = string(pa.GetPatch())
-		return false, nil, nil
-	})
-	_, err := s.Release(context.Background(), "192.168.50.0-24", "", Attachment("old1", "lhnet1"))
-	require.NoError(t, err)
-	assert.JSONEq(t, `[{"op":"test","path":"/metadata/resourceVersion","value":"1"},
-		{"op":"remove","path":"/spec/allocations/4"},{"op":"remove","path":"/spec/allocations/8"}]`, patch)
+func TestPoolWritesAreGuardedPatches(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	var sent []shim.Patch
+	var rvs []string
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" {
+			sent = append(sent, c.Patch)
+			rvs = append(rvs, api.Pool(ns, storage).ResourceVersion)
+		}
+		return nil
+	}
+	release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+	require.NoError(t, s.SetPoolAnnotation(context.Background(), storage, "a/b", func(*shim.Pool) string { return "c" }))
+	require.Len(t, sent, 2)
+	assert.Equal(t, []shim.PatchOp{
+		{Op: "test", Path: "/metadata/resourceVersion", Value: rvs[0]},
+		{Op: "remove", Path: "/spec/allocations/4"}, {Op: "remove", Path: "/spec/allocations/8"},
+	}, sent[0].Ops())
+	assert.Equal(t, []shim.PatchOp{
+		{Op: "test", Path: "/metadata/resourceVersion", Value: rvs[1]},
+		{Op: "add", Path: "/metadata/annotations", Value: map[string]string{"a/b": "c"}},
+	}, sent[1].Ops())
+	assert.Equal(t, []string{"3", "5", "6", "7"}, offsets(t, api, storage))
 }
 
-func TestReleaseRetriesConflicts(t *testing.T) {
+func TestGuardedPatchJSON(t *testing.T) {
+	p := shim.Guarded("7", shim.PatchOp{Op: "remove", Path: "/spec/allocations/4"})
+	b, err := p.MarshalJSON()
+	require.NoError(t, err)
+	assert.JSONEq(t, `[{"op":"test","path":"/metadata/resourceVersion","value":"7"},{"op":"remove","path":"/spec/allocations/4"}]`, string(b))
+	assert.Equal(t, "7", p.ResourceVersion())
+	assert.Equal(t, 1, p.Removals())
+	assert.Equal(t, "", shim.Patch{}.ResourceVersion())
+}
+
+// Another writer changes the pool between our read and our write: the patch's
+// test fails (422) or the server says 409; we read again and retry, bounded.
+func TestRemoveRetriesConflicts(t *testing.T) {
 	gr := schema.GroupResource{Group: "whereabouts.cni.cncf.io", Resource: "ippools"}
 	for _, tt := range []struct {
 		name string
 		err  error
 	}{
-		{"409 conflict", apierrors.NewConflict(gr, "192.168.50.0-24", errors.New("the object has been modified"))},
-		{"422 failed resourceVersion test", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "IPPool"}, "192.168.50.0-24", nil)},
+		{"409 conflict", apierrors.NewConflict(gr, storage, errors.New("the object has been modified"))},
+		{"422 failed resourceVersion test", apierrors.NewInvalid(schema.GroupKind{Group: gr.Group, Kind: "IPPool"}, storage, nil)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s, cs := newStore(storageNetwork()...)
+			s, api, _ := newStore(storageNetwork()...)
 			gets, patches := 0, 0
-			cs.PrependReactor("get", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
-				gets++
-				return false, nil, nil
-			})
-			cs.PrependReactor("patch", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
-				patches++
-				if patches <= 2 {
-					// Another writer got there first; it took nothing of ours.
-					return true, nil, tt.err
+			api.Hook = func(c *fake.Call) error {
+				if c.Resource != fake.Pools {
+					return nil
 				}
-				return false, nil, nil
-			})
-			rs, err := s.Release(context.Background(), "192.168.50.0-24", "", EarlierSandboxes("longhorn-system/im-a", "current"))
+				switch c.Verb {
+				case "get":
+					gets++
+				case "patch":
+					patches++
+					if patches <= 2 {
+						return tt.err
+					}
+				}
+				return nil
+			}
+			plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
 			require.NoError(t, err)
-			assert.Equal(t, []string{"192.168.50.4", "192.168.50.5", "192.168.50.6"}, releasedIPs(rs))
-			assert.Equal(t, []string{"3", "7", "8"}, poolOffsets(t, cs, "192.168.50.0-24"))
+			removed, err := s.RemoveAllocations(context.Background(), plan)
+			require.NoError(t, err)
+			assert.Equal(t, []string{"192.168.50.4", "192.168.50.5", "192.168.50.6"}, ipsOf(removed))
+			assert.Equal(t, []string{"3", "7", "8"}, offsets(t, api, storage))
 			assert.Equal(t, 3, patches)
-			assert.GreaterOrEqual(t, gets, 3, "every attempt reads the pool fresh")
-			assert.EqualValues(t, 2, s.Retried.Load())
+			assert.Equal(t, 4, gets, "the plan's read, then a fresh read for every attempt")
+			assert.EqualValues(t, 2, s.Retried())
 		})
 	}
 }
 
-func TestReleaseRereadsWhatChangedUnderIt(t *testing.T) {
-	// Between our read and our write, the old sandbox's entry is replaced by
-	// the current one (whereabouts v0.8 reuses a podref+ifname's address).
-	s, cs := newStore(storageNetwork()...)
-	patches := 0
-	cs.PrependReactor("patch", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
-		patches++
-		if patches == 1 {
-			p, _ := cs.Tracker().Get(schema.GroupVersionResource{Group: "whereabouts.cni.cncf.io", Version: "v1alpha1", Resource: "ippools"}, ns, "192.168.50.0-24")
-			pp := p.(*whereaboutsv1alpha1.IPPool).DeepCopy()
-			pp.Spec.Allocations["4"] = alloc{ContainerID: "current", PodRef: "longhorn-system/im-a", IfName: "lhnet2"}
-			pp.ResourceVersion = "2"
-			require.NoError(t, cs.Tracker().Update(schema.GroupVersionResource{Group: "whereabouts.cni.cncf.io", Version: "v1alpha1", Resource: "ippools"}, pp, ns))
-			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "ippools"}, "192.168.50.0-24", errors.New("modified"))
-		}
-		return false, nil, nil
-	})
-	rs, err := s.Release(context.Background(), "192.168.50.0-24", "", EarlierSandboxes("longhorn-system/im-a", "current"))
+// Between the plan and the write, whereabouts v0.8 hands the old sandbox's
+// entry to a new sandbox of the pod: that entry is the new sandbox's now.
+func TestRemoveKeepsAnEntryThatChangedHands(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
 	require.NoError(t, err)
-	assert.Equal(t, []string{"192.168.50.5", "192.168.50.6"}, releasedIPs(rs), "the entry now held by the current sandbox stays")
-	assert.Equal(t, []string{"3", "4", "7", "8"}, poolOffsets(t, cs, "192.168.50.0-24"))
+	p := api.Pool(ns, storage)
+	p.Spec.Allocations["4"] = alloc{ContainerID: "newer", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+	_, err = api.UpdatePool(ns, p)
+	require.NoError(t, err)
+	removed, err := s.RemoveAllocations(context.Background(), plan)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"192.168.50.5", "192.168.50.6"}, ipsOf(removed))
+	assert.Equal(t, []string{"3", "4", "7", "8"}, offsets(t, api, storage))
 }
 
-func TestReleaseGivesUpAfterBoundedRetries(t *testing.T) {
-	s, cs := newStore(storageNetwork()...)
+func TestRemoveGivesUpAfterBoundedRetries(t *testing.T) {
+	s, api, c := newStore(storageNetwork()...)
+	start := c.now
 	patches := 0
-	cs.PrependReactor("patch", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
-		patches++
-		return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "ippools"}, "192.168.50.0-24", errors.New("modified"))
-	})
-	_, err := s.Release(context.Background(), "192.168.50.0-24", "", EarlierSandboxes("longhorn-system/im-a", "current"))
+	api.Hook = func(call *fake.Call) error {
+		if call.Verb == "patch" {
+			patches++
+			return apierrors.NewConflict(schema.GroupResource{Resource: "ippools"}, storage, errors.New("modified"))
+		}
+		return nil
+	}
+	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
+	require.NoError(t, err)
+	_, err = s.RemoveAllocations(context.Background(), plan)
 	require.Error(t, err)
 	assert.True(t, apierrors.IsConflict(err), "the last error is returned: %v", err)
 	assert.Contains(t, err.Error(), "release 192.168.50.4, 192.168.50.5, 192.168.50.6 from pool kube-system/192.168.50.0-24")
 	assert.Equal(t, 4, patches)
-	assert.Equal(t, []string{"3", "4", "5", "6", "7", "8"}, poolOffsets(t, cs, "192.168.50.0-24"))
+	assert.Equal(t, 1500*time.Microsecond+3*time.Millisecond+6*time.Millisecond, c.now.Sub(start), "backoff 1, 2, 4 ms, each stretched by a jitter of half itself")
+	assert.Equal(t, []string{"3", "4", "5", "6", "7", "8"}, offsets(t, api, storage))
 }
 
-func TestReleaseOfAMissingPoolIsNothing(t *testing.T) {
-	s, _ := newStore()
-	rs, err := s.Release(context.Background(), "192.168.50.0-24", "", Attachment("a", "eth1"))
+func TestAPoolThatDoesNotExistHoldsNothing(t *testing.T) {
+	s, _, _ := newStore()
+	removed, deleted := release(t, s, storage, "", shim.Attachment("a", "eth1", nil))
+	assert.Empty(t, removed)
+	assert.Empty(t, deleted)
+	p, err := s.Pool(context.Background(), storage)
 	require.NoError(t, err)
-	assert.Empty(t, rs)
+	assert.Nil(t, p)
 }
 
-func TestReleaseReportsAnUnreachableStore(t *testing.T) {
-	s, cs := newStore(storageNetwork()...)
-	cs.PrependReactor("get", "ippools", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
-	})
-	_, err := s.Release(context.Background(), "192.168.50.0-24", "", Attachment("old1", "lhnet1"))
+func TestPoolDeletedUnderTheWrite(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+	require.NoError(t, err)
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" {
+			api.Remove(fake.Pools, ns, storage)
+		}
+		return nil
+	}
+	removed, err := s.RemoveAllocations(context.Background(), plan)
+	require.NoError(t, err)
+	assert.Empty(t, removed)
+}
+
+func TestAnUnreachableStoreSaysSo(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	api.Hook = func(*fake.Call) error { return errors.New("dial tcp 127.0.0.1:6443: connect: connection refused") }
+	_, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "get pool kube-system/192.168.50.0-24")
 	assert.Contains(t, err.Error(), "connection refused")
-}
-
-func TestORIPKeptWhenThePodHoldsTheAddressAgain(t *testing.T) {
-	// The reservation of a released address stays when the same pod holds the
-	// address again by the time we reach it (a new sandbox took it).
-	s, cs := newStore(storageNetwork()...)
-	cs.PrependReactor("get", "overlappingrangeipreservations", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		gvr := schema.GroupVersionResource{Group: "whereabouts.cni.cncf.io", Version: "v1alpha1", Resource: "ippools"}
-		p, _ := cs.Tracker().Get(gvr, ns, "192.168.50.0-24")
-		pp := p.(*whereaboutsv1alpha1.IPPool).DeepCopy()
-		if _, ok := pp.Spec.Allocations["4"]; !ok {
-			pp.Spec.Allocations["4"] = alloc{ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
-			require.NoError(t, cs.Tracker().Update(gvr, pp, ns))
-		}
-		return false, nil, nil
-	})
-	rs, err := s.Release(context.Background(), "192.168.50.0-24", "", Attachment("old1", "lhnet1"))
-	require.NoError(t, err)
-	require.Len(t, rs, 2)
-	assert.Contains(t, oripNames(t, cs), "192.168.50.4")
-}
-
-func TestNamesMatchWhereabouts(t *testing.T) {
-	for _, tt := range []struct{ ip, network string }{
-		{"192.168.50.4", ""},
-		{"192.168.50.4", "storage"},
-		{"fd00:10::5", ""},
-		{"fd00:10::", "blue"},
-		{"2001:db8::1:0", ""},
+	for _, f := range []func() error{
+		func() error { _, err := s.Pools(context.Background()); return err },
+		func() error { _, err := s.Reservations(context.Background()); return err },
+		func() error { _, err := s.Reservation(context.Background(), "x"); return err },
+		func() error { _, err := s.CachedPool(context.Background(), storage); return err },
+		func() error { return s.Ping(context.Background()) },
 	} {
-		ip := net.ParseIP(tt.ip)
-		assert.Equal(t, wbkube.NormalizeIP(ip, tt.network), ORIPName(ip, tt.network), "%s %q", tt.ip, tt.network)
+		assert.ErrorContains(t, f(), "connection refused")
 	}
 }
 
+// The reservation of a released address stays while another entry gives the
+// address to the same pod: a new sandbox took it again, or another attachment
+// in an overlapping range of the same network (hole 3). Judged again, whole,
+// when it changed under the delete.
+func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		extra      []any
+		network    string
+		meanwhile  func(t *testing.T, api *fake.API)
+		underDel   func(t *testing.T, api *fake.API) // runs at the first delete of .4, which then fails with 409
+		wantKept   bool
+		wantDelete int
+	}{{
+		name: "a new sandbox of the pod took the address before the judgement",
+		meanwhile: func(t *testing.T, api *fake.API) {
+			p := api.Pool(ns, storage)
+			p.Spec.Allocations["4"] = alloc{ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+			_, err := api.UpdatePool(ns, p)
+			require.NoError(t, err)
+		},
+		wantKept: true,
+	}, {
+		name: "recreated for the same pod under the delete: judged again",
+		underDel: func(t *testing.T, api *fake.API) {
+			p := api.Pool(ns, storage)
+			p.Spec.Allocations["4"] = alloc{ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+			_, err := api.UpdatePool(ns, p)
+			require.NoError(t, err)
+			api.Remove(fake.Reservations, ns, "192.168.50.4")
+			_, err = api.CreateReservation(ns, orip("192.168.50.4", "longhorn-system/im-a"))
+			require.NoError(t, err)
+		},
+		wantKept: true, wantDelete: 1,
+	}, {
+		name: "recreated for another pod under the delete: not ours any more",
+		underDel: func(t *testing.T, api *fake.API) {
+			api.Remove(fake.Reservations, ns, "192.168.50.4")
+			_, err := api.CreateReservation(ns, orip("192.168.50.4", "longhorn-system/im-z"))
+			require.NoError(t, err)
+		},
+		wantKept: true, wantDelete: 1,
+	}, {
+		name: "held for the pod in another pool of the network (an overlapping range)",
+		extra: []any{pool("192.168.50.0-25", "192.168.50.0/25", map[string]alloc{
+			"4": {ContainerID: "other-attachment", PodRef: "longhorn-system/im-a", IfName: "lhnet2"},
+		})},
+		wantKept: true,
+	}, {
+		name:    "held for the pod in a node slice of the network",
+		network: "blue",
+		extra: []any{
+			pool("blue-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			pool("blue-node-1-192.168.50.0-26", "192.168.50.0/26", map[string]alloc{"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			orip("blue-192.168.50.4", "longhorn-system/im-a"),
+		},
+		wantKept: true,
+	}, {
+		name:    "held in a pool of another network: not the same reservation",
+		network: "blue",
+		extra: []any{
+			pool("blue-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			pool("green-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			orip("blue-192.168.50.4", "longhorn-system/im-a"),
+		},
+		wantKept: false, wantDelete: 1,
+	}, {
+		name: "held for the pod in a pool of a node slice of an unnamed network: in doubt, kept",
+		extra: []any{pool("node-1-192.168.50.0-26", "192.168.50.0/26", map[string]alloc{
+			"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+		})},
+		wantKept: true,
+	}, {
+		name:     "held for another pod elsewhere: the reservation is still ours to free",
+		extra:    []any{pool("192.168.50.0-25", "192.168.50.0/25", map[string]alloc{"4": {ContainerID: "y", PodRef: "longhorn-system/im-z"}})},
+		wantKept: false, wantDelete: 1,
+	}} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, api, _ := newStore(append(storageNetwork(), tt.extra...)...)
+			poolName, reservation := storage, "192.168.50.4"
+			if tt.network != "" {
+				poolName, reservation = tt.network+"-"+storage, tt.network+"-192.168.50.4"
+			}
+			plan, err := s.Plan(context.Background(), poolName, tt.network, shim.Attachment("old1", "lhnet1", []net.IP{net.ParseIP("192.168.50.4")}))
+			require.NoError(t, err)
+			require.Len(t, plan.Entries, 1)
+			if tt.meanwhile != nil {
+				tt.meanwhile(t, api)
+			}
+			deletes := 0
+			api.Hook = func(c *fake.Call) error {
+				if c.Verb == "delete" && c.Name == reservation {
+					deletes++
+					if deletes == 1 && tt.underDel != nil {
+						tt.underDel(t, api)
+					}
+				}
+				return nil
+			}
+			_, err = s.ReleaseReservations(context.Background(), plan)
+			require.NoError(t, err)
+			if tt.wantKept {
+				assert.Contains(t, reservations(api), reservation)
+			} else {
+				assert.NotContains(t, reservations(api), reservation)
+			}
+			assert.Equal(t, tt.wantDelete, deletes, "deletes sent")
+		})
+	}
+}
+
+// Whereabouts' own DEL deleted the reservation already: nothing to judge, and
+// no Lease is taken (whereabouts waits for nobody).
+func TestNoLeaseWithoutAReservationToJudge(t *testing.T) {
+	s, api, _ := newStore(pool(storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "ns/p", IfName: "eth1"}}))
+	var calls []string
+	api.Hook = func(c *fake.Call) error { calls = append(calls, c.Verb+" "+c.Resource+" "+c.Name); return nil }
+	removed, deleted := release(t, s, storage, "", shim.Attachment("old1", "eth1", nil))
+	assert.Len(t, removed, 1)
+	assert.Empty(t, deleted)
+	assert.Equal(t, []string{
+		"get ippools " + storage, "get overlappingrangeipreservations 192.168.50.4",
+		"get ippools " + storage, "patch ippools " + storage,
+	}, calls)
+	assert.Nil(t, api.Lease(ns, names.Lease))
+}
+
+// The judgement and the delete happen under whereabouts' Lease, taken as
+// client-go's elector takes it and handed back as it hands it back.
+func TestReservationsAreReleasedUnderWhereaboutsLease(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	var holders []string
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "delete" {
+			l := api.Lease(ns, names.Lease)
+			require.NotNil(t, l, "the Lease exists when we delete")
+			holders = append(holders, *l.Spec.HolderIdentity)
+		}
+		return nil
+	}
+	_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+	assert.Len(t, deleted, 2)
+	assert.Equal(t, []string{"harvester-ipam/test", "harvester-ipam/test"}, holders)
+	l := api.Lease(ns, names.Lease)
+	assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back")
+	assert.EqualValues(t, 1, *l.Spec.LeaseDurationSeconds)
+	assert.EqualValues(t, 0, *l.Spec.LeaseTransitions, "created: no transition yet")
+}
+
+func lease(holder string, seconds int32, transitions int32) *shim.Lease {
+	now := metav1.NewMicroTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
+	return &shim.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: names.Lease, Namespace: ns},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds,
+			LeaseTransitions: &transitions, AcquireTime: &now, RenewTime: &now},
+	}
+}
+
+func TestTheLeaseProtocol(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		held     *shim.Lease
+		renew    int // how many times whereabouts renews while we wait
+		wantWait time.Duration
+	}{
+		{"no Lease yet: created", nil, 0, 0},
+		{"handed back by whereabouts: taken at once", lease("", 1, 3), 0, 0},
+		{"held by whereabouts that died: taken once its record is a second old", lease("kube-system/whereabouts-node1", 1, 3), 0, time.Second},
+		{"held by whereabouts that renews it: we wait out each renewal", lease("kube-system/whereabouts-node1", 1, 3), 2, 2 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := storageNetwork()
+			if tt.held != nil {
+				objs = append(objs, tt.held)
+			}
+			s, api, c := newStore(objs...)
+			start := c.now
+			renewed := 0
+			var lastRenewal time.Time
+			api.Hook = func(call *fake.Call) error {
+				// whereabouts renews every half second while it works.
+				if call.Resource == fake.Leases && call.Verb == "get" && renewed < tt.renew && c.now.Sub(lastRenewal) >= 500*time.Millisecond && c.now.Sub(start) >= time.Duration(renewed)*time.Second {
+					l := api.Lease(ns, names.Lease)
+					if l != nil && *l.Spec.HolderIdentity != "harvester-ipam/test" && c.now.Sub(start) > 0 {
+						l.Spec.RenewTime = &metav1.MicroTime{Time: c.now}
+						_, err := api.UpdateLease(context.Background(), l)
+						require.NoError(t, err)
+						renewed++
+						lastRenewal = c.now
+					}
+				}
+				return nil
+			}
+			_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+			assert.Len(t, deleted, 2)
+			waited := c.now.Sub(start)
+			assert.GreaterOrEqual(t, waited, tt.wantWait)
+			assert.Less(t, waited, tt.wantWait+500*time.Millisecond)
+			l := api.Lease(ns, names.Lease)
+			assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back")
+			want := int32(0)
+			if tt.held != nil {
+				want = *tt.held.Spec.LeaseTransitions + 1
+			}
+			assert.Equal(t, want, *l.Spec.LeaseTransitions)
+		})
+	}
+}
+
+// A long critical section renews the Lease; one taken from us ends it before
+// the next delete.
+func TestTheLeaseIsRenewedAndItsLossStopsTheDeletes(t *testing.T) {
+	allocs := map[string]alloc{}
+	var objs []any
+	for i := 10; i < 40; i++ {
+		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old", PodRef: "ns/p", IfName: "eth1"}
+		objs = append(objs, orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
+	}
+	objs = append(objs, pool("10.0.0.0-24", "10.0.0.0/24", allocs))
+
+	t.Run("renewed", func(t *testing.T) {
+		s, api, c := newStore(objs...)
+		renewals := 0
+		api.Hook = func(call *fake.Call) error {
+			if call.Verb == "delete" {
+				c.now = c.now.Add(200 * time.Millisecond) // a slow API server
+			}
+			if call.Resource == fake.Leases && (call.Verb == "update" || call.Verb == "create") {
+				renewals++
+			}
+			return nil
+		}
+		_, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
+		assert.Len(t, deleted, 30)
+		assert.GreaterOrEqual(t, renewals, 1+3+1, "taken, renewed at least every 1.5 s of 6 s, handed back")
+	})
+	t.Run("lost", func(t *testing.T) {
+		s, api, c := newStore(objs...)
+		deletes := 0
+		api.Hook = func(call *fake.Call) error {
+			if call.Verb == "delete" {
+				deletes++
+				c.now = c.now.Add(200 * time.Millisecond)
+				if deletes == 5 {
+					l := api.Lease(ns, names.Lease)
+					other := "kube-system/whereabouts-node2"
+					l.Spec.HolderIdentity = &other
+					_, err := api.UpdateLease(context.Background(), l)
+					require.NoError(t, err)
+				}
+			}
+			return nil
+		}
+		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
+		require.NoError(t, err)
+		deleted, err := s.ReleaseReservations(context.Background(), plan)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "renew lease kube-system/whereabouts")
+		assert.Len(t, deleted, 8, "those deleted before its loss was seen, at the first renewal")
+		assert.Equal(t, 8, deletes, "no delete once the Lease is seen lost")
+		assert.Equal(t, "kube-system/whereabouts-node2", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "not handed back: it is not ours")
+	})
+}
+
+// Many releases: the reservations are listed once, not read one by one, and
+// the pool is written in patches the API server takes.
+func TestManyReleases(t *testing.T) {
+	allocs := map[string]alloc{"1": {ContainerID: "current", PodRef: "ns/p", IfName: "eth1"}}
+	var objs []any
+	for i := 2; i < 2502; i++ {
+		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old-" + strconv.Itoa(i), PodRef: "ns/p", IfName: "eth1"}
+		if i%100 == 0 {
+			ip, _ := shim.OffsetIP(net.ParseIP("10.0.0.0"), strconv.Itoa(i))
+			objs = append(objs, orip(names.Reservation(ip, ""), "ns/p"))
+		}
+	}
+	objs = append(objs, pool("10.0.0.0-16", "10.0.0.0/16", allocs))
+	s, api, _ := newStore(objs...)
+	var sizes []int
+	gets := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" {
+			p := api.Pool(ns, "10.0.0.0-16")
+			sizes = append(sizes, len(p.Spec.Allocations))
+		}
+		if c.Verb == "get" && c.Resource == fake.Reservations {
+			gets++
+		}
+		return nil
+	}
+	removed, deleted := release(t, s, "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "current"))
+	assert.Len(t, removed, 2500)
+	assert.Len(t, deleted, 25)
+	assert.Equal(t, []int{2501, 1501, 501}, sizes, "patches of at most 1000 removals")
+	assert.Equal(t, []string{"1"}, offsets(t, api, "10.0.0.0-16"))
+	assert.Equal(t, 25, gets, "listed once before the Lease; each read again under it")
+}
+
+func TestSetPoolAnnotation(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	ctx := context.Background()
+	set := func(v string) { require.NoError(t, s.SetPoolAnnotation(ctx, storage, "x/y", func(*shim.Pool) string { return v })) }
+	set("1")
+	assert.Equal(t, "1", api.Pool(ns, storage).Annotations["x/y"])
+	rv := api.Pool(ns, storage).ResourceVersion
+	set("1")
+	assert.Equal(t, rv, api.Pool(ns, storage).ResourceVersion, "no write when nothing changes")
+	set("2")
+	assert.Equal(t, "2", api.Pool(ns, storage).Annotations["x/y"])
+	set("")
+	assert.NotContains(t, api.Pool(ns, storage).Annotations, "x/y")
+	set("")
+
+	// Raced: the value is computed again from the fresh read.
+	races := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" && races == 0 {
+			races++
+			p := api.Pool(ns, storage)
+			p.Spec.Allocations["9"] = alloc{ContainerID: "z", PodRef: "ns/z"}
+			_, err := api.UpdatePool(ns, p)
+			require.NoError(t, err)
+		}
+		return nil
+	}
+	require.NoError(t, s.SetPoolAnnotation(ctx, storage, "x/n", func(p *shim.Pool) string { return strconv.Itoa(len(p.Spec.Allocations)) }))
+	assert.Equal(t, "7", api.Pool(ns, storage).Annotations["x/n"])
+	assert.EqualValues(t, 1, s.Retried())
+	require.NoError(t, s.SetPoolAnnotation(ctx, "missing", "x/n", func(*shim.Pool) string { return "1" }))
+}
+
+func TestMarkReservationIsGuarded(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	ctx := context.Background()
+	o, err := s.Reservation(ctx, "192.168.50.4")
+	require.NoError(t, err)
+	ok, err := s.MarkReservation(ctx, o, "x/since", "t0")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	ok, err = s.MarkReservation(ctx, o, "x/since", "t1")
+	require.NoError(t, err)
+	assert.False(t, ok, "changed since it was read: left alone")
+	o, _ = s.Reservation(ctx, "192.168.50.4")
+	assert.Equal(t, "t0", o.Annotations["x/since"])
+	ok, err = s.MarkReservation(ctx, o, "x/since", "")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	o, _ = s.Reservation(ctx, "192.168.50.4")
+	assert.NotContains(t, o.Annotations, "x/since")
+	ok, err = s.MarkReservation(ctx, o, "x/since", "")
+	require.NoError(t, err)
+	assert.True(t, ok, "nothing to remove")
+	api.Remove(fake.Reservations, ns, "192.168.50.4")
+	ok, err = s.MarkReservation(ctx, o, "x/since", "t2")
+	require.NoError(t, err)
+	assert.False(t, ok, "gone")
+}
+
+func TestReadsArePaged(t *testing.T) {
+	var objs []any
+	for i := 0; i < 7; i++ {
+		objs = append(objs, pool(fmt.Sprintf("p%d", i), "10.0.0.0/24", map[string]alloc{}), orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
+	}
+	api := fake.New()
+	api.Put(objs...)
+	s := shim.New(api, ns, shim.Options{PageSize: 3})
+	lists := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "list" {
+			lists++
+		}
+		return nil
+	}
+	ps, err := s.Pools(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, ps, 7)
+	os, err := s.Reservations(context.Background())
+	require.NoError(t, err)
+	assert.Len(t, os, 7)
+	assert.Equal(t, 6, lists, "three pages each")
+
+	_, err = shim.ListAll(context.Background(), 1, func(_ context.Context, p shim.Page) ([]int, string, error) {
+		return []int{1}, "stuck", nil
+	})
+	assert.ErrorContains(t, err, "did not advance")
+}
+
+func TestInSharesOptionsAndCounts(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	assert.Same(t, s, s.In(""))
+	assert.Same(t, s, s.In(ns))
+	o := s.In("harvester-system")
+	assert.Equal(t, "harvester-system", o.Namespace())
+	api.Put(pool(storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "a", PodRef: "ns/p"}}))
+	other := api.Pool(ns, storage)
+	other.Namespace = "harvester-system"
+	api.Put(other)
+	patches := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" {
+			patches++
+			if patches == 1 {
+				return apierrors.NewConflict(schema.GroupResource{Resource: "ippools"}, storage, errors.New("x"))
+			}
+		}
+		return nil
+	}
+	_, err := o.RemoveAllocations(context.Background(), shim.Plan{Pool: storage, Entries: []shim.Allocation{{Pool: storage, Offset: "4", IP: net.ParseIP("192.168.50.4"), IPAllocation: alloc{ContainerID: "a", PodRef: "ns/p"}}}})
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, s.Retried(), "a retry in another namespace counts in the store's log")
+}
+
 func TestAllocationsAddresses(t *testing.T) {
-	tests := []struct {
+	for _, tt := range []struct {
 		rng, off, want string
 		wantErr        bool
 	}{
@@ -313,10 +774,9 @@ func TestAllocationsAddresses(t *testing.T) {
 		{"fd00:10::/64", "17", "fd00:10::11", false},
 		{"192.168.50.0/24", "x", "", true},
 		{"192.168.50.0/24", "-1", "", true},
-	}
-	for _, tt := range tests {
-		p := pool("p", tt.rng, map[string]alloc{tt.off: {ContainerID: "c", PodRef: "ns/p"}})
-		as, err := Allocations(p)
+		{"bad", "1", "", true},
+	} {
+		as, err := shim.Allocations(pool("p", tt.rng, map[string]alloc{tt.off: {ContainerID: "c", PodRef: "ns/p"}}))
 		if tt.wantErr {
 			assert.Error(t, err, "%s + %s", tt.rng, tt.off)
 			continue
@@ -324,101 +784,6 @@ func TestAllocationsAddresses(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, as, 1)
 		assert.Equal(t, tt.want, as[0].IP.String())
+		assert.Contains(t, as[0].String(), tt.want+" (pool p, container c, pod ns/p")
 	}
-}
-
-func TestReleaseOfManyGoesInBoundedPatches(t *testing.T) {
-	allocs := map[string]alloc{"1": {ContainerID: "current", PodRef: "ns/p", IfName: "eth1"}}
-	for i := 2; i < 2502; i++ {
-		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old-" + strconv.Itoa(i), PodRef: "ns/p", IfName: "eth1"}
-	}
-	s, cs := newStore(pool("10.0.0.0-16", "10.0.0.0/16", allocs))
-	var sizes []int
-	cs.PrependReactor("patch", "ippools", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		var ops []map[string]any
-		require.NoError(t, json.Unmarshal(a.(k8stesting.PatchAction).GetPatch(), &ops))
-		sizes = append(sizes, len(ops)-1)
-		// Each patch makes a new resourceVersion, as the API server does.
-		gvr := schema.GroupVersionResource{Group: "whereabouts.cni.cncf.io", Version: "v1alpha1", Resource: "ippools"}
-		obj, _ := cs.Tracker().Get(gvr, ns, "10.0.0.0-16")
-		p := obj.(*whereaboutsv1alpha1.IPPool).DeepCopy()
-		for _, op := range ops[1:] {
-			delete(p.Spec.Allocations, strings.TrimPrefix(op["path"].(string), "/spec/allocations/"))
-		}
-		p.ResourceVersion = strconv.Itoa(len(sizes) + 1)
-		require.NoError(t, cs.Tracker().Update(gvr, p, ns))
-		return true, p, nil
-	})
-	rs, err := s.Release(context.Background(), "10.0.0.0-16", "", EarlierSandboxes("ns/p", "current"))
-	require.NoError(t, err)
-	assert.Len(t, rs, 2500)
-	assert.Equal(t, []int{1000, 1000, 500}, sizes, "the API server takes at most 10,000 operations a patch")
-	assert.Equal(t, []string{"1"}, poolOffsets(t, cs, "10.0.0.0-16"))
-}
-
-func TestORIPChangedUnderTheDeleteIsJudgedAgain(t *testing.T) {
-	s, cs := newStore(storageNetwork()...)
-	deletes := 0
-	cs.PrependReactor("delete", "overlappingrangeipreservations", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.DeleteAction).GetName() != "192.168.50.4" {
-			return false, nil, nil
-		}
-		deletes++
-		if deletes == 1 {
-			// Recreated for another pod between our read and our delete.
-			gvr := schema.GroupVersionResource{Group: "whereabouts.cni.cncf.io", Version: "v1alpha1", Resource: "overlappingrangeipreservations"}
-			o := orip("192.168.50.4", "longhorn-system/im-b")
-			o.ResourceVersion = "2"
-			require.NoError(t, cs.Tracker().Update(gvr, o, ns))
-			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "overlappingrangeipreservations"}, "192.168.50.4", errors.New("precondition failed"))
-		}
-		return false, nil, nil
-	})
-	rs, err := s.Release(context.Background(), "192.168.50.0-24", "", Attachment("old1", "lhnet1"))
-	require.NoError(t, err)
-	require.Len(t, rs, 2)
-	assert.Contains(t, oripNames(t, cs), "192.168.50.4", "another pod's reservation now: kept")
-	assert.Equal(t, 1, deletes, "no second delete of the other pod's reservation")
-}
-
-func TestReleaseReservation(t *testing.T) {
-	tests := []struct {
-		name, ip, podRef string
-		wantDeleted      string
-	}{
-		{"left behind: the pool no longer gives it to the pod", "192.168.50.9", "longhorn-system/leftover", "192.168.50.9"},
-		{"the pod holds the address again", "192.168.50.4", "longhorn-system/im-a", ""},
-		{"another pod's reservation", "192.168.50.7", "longhorn-system/im-a", ""},
-		{"no reservation at all", "192.168.50.77", "longhorn-system/im-a", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			objs := append(storageNetwork(), orip("192.168.50.9", "longhorn-system/leftover"))
-			s, cs := newStore(objs...)
-			got, err := s.ReleaseReservation(context.Background(), "192.168.50.0-24", "", net.ParseIP(tt.ip), tt.podRef, "c")
-			require.NoError(t, err)
-			assert.Equal(t, tt.wantDeleted, got)
-			names := oripNames(t, cs)
-			if tt.wantDeleted != "" {
-				assert.NotContains(t, names, tt.wantDeleted)
-			} else {
-				assert.Len(t, names, 7, "nothing deleted")
-			}
-		})
-	}
-}
-
-func TestInCarriesSettingsToAnotherNamespace(t *testing.T) {
-	s, _ := newStore()
-	var hooked []string
-	s.Hook = func(p string) { hooked = append(hooked, p) }
-	assert.Same(t, s, s.In(""), "no namespace: the same store")
-	assert.Same(t, s, s.In(ns), "its own namespace: the same store")
-	o := s.In("harvester-system")
-	assert.Equal(t, "harvester-system", o.Namespace())
-	assert.Equal(t, s.Backoff, o.Backoff)
-	assert.Equal(t, s.CallTimeout, o.CallTimeout)
-	require.NotNil(t, o.Hook, "a crash-test hook follows the store")
-	o.Hook("x")
-	assert.Equal(t, []string{"x"}, hooked)
 }

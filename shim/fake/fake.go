@@ -1,0 +1,580 @@
+// Package fake is an in-memory API server for shim.API with the semantics
+// harvester-ipam relies on: resourceVersions and UIDs, fresh reads and a
+// watch cache that may lag, paged lists, JSON patches whose test operation
+// fails with 422, deletes with preconditions that fail with 409, Leases
+// updated only at their current resourceVersion, and the API server's limits
+// (10,000 operations a patch, 256 KiB of annotations). Tests and the
+// simulation reach in with Hook, and write as whereabouts does with the
+// methods beyond shim.API.
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+
+	jsonpatch "github.com/evanphx/json-patch"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// The resources, as the API server names them.
+const (
+	Pools        = "ippools"
+	Reservations = "overlappingrangeipreservations"
+	Leases       = "leases"
+)
+
+var groups = map[string]schema.GroupResource{
+	Pools:        {Group: "whereabouts.cni.cncf.io", Resource: Pools},
+	Reservations: {Group: "whereabouts.cni.cncf.io", Resource: Reservations},
+	Leases:       {Group: "coordination.k8s.io", Resource: Leases},
+}
+
+// Call is one request, as Hook sees it.
+type Call struct {
+	Verb      string // get, list, create, update, patch, delete
+	Resource  string // Pools, Reservations, Leases
+	Namespace string
+	Name      string
+	From      shim.Source // for get
+	Patch     shim.Patch  // for patch
+	// LoseResponse, set by Hook, applies the request and then fails it as a
+	// timeout does: the caller cannot tell that it happened.
+	LoseResponse bool
+}
+
+// API is the in-memory server. The zero value is not usable: call New.
+type API struct {
+	// Hook, when set, runs before every request, outside the server's lock
+	// (it may change the objects): an error fails the request unapplied.
+	Hook func(c *Call) error
+	// CacheLag, when set, is how many revisions behind the latest a read
+	// from the watch cache is served; zero serves the latest.
+	CacheLag func() int
+
+	mu      sync.Mutex
+	rev     int
+	uids    int
+	objects map[key]*entry
+}
+
+type key struct{ resource, namespace, name string }
+
+// entry is an object's history, newest last; a nil object is its deletion.
+type entry struct {
+	revs []revision
+}
+
+type revision struct {
+	rev int
+	obj any // *shim.Pool, *shim.Reservation, *shim.Lease, or nil
+}
+
+// New is an empty server.
+func New() *API { return &API{objects: map[key]*entry{}} }
+
+func (a *API) hook(c *Call) error {
+	if a.Hook == nil {
+		return nil
+	}
+	return a.Hook(c)
+}
+
+// lost is the error of a request whose response never came back.
+func lost(c *Call) error {
+	return apierrors.NewTimeoutError(fmt.Sprintf("%s %s %s/%s: the response was lost", c.Verb, c.Resource, c.Namespace, c.Name), 0)
+}
+
+// current is the latest object at k, nil when there is none.
+func (a *API) current(k key) any {
+	e := a.objects[k]
+	if e == nil || len(e.revs) == 0 {
+		return nil
+	}
+	return e.revs[len(e.revs)-1].obj
+}
+
+// cached is the object at k as a watch cache lagging lag revisions sees it.
+func (a *API) cached(k key, lag int) any {
+	e := a.objects[k]
+	if e == nil {
+		return nil
+	}
+	upTo := a.rev - lag
+	for i := len(e.revs) - 1; i >= 0; i-- {
+		if e.revs[i].rev <= upTo {
+			return e.revs[i].obj
+		}
+	}
+	return nil
+}
+
+func (a *API) put(k key, obj any) {
+	if obj != nil {
+		obj = roundTrip(obj)
+	}
+	e := a.objects[k]
+	if e == nil {
+		e = &entry{}
+		a.objects[k] = e
+	}
+	e.revs = append(e.revs, revision{rev: a.rev, obj: obj})
+	// A short history is all a lagging cache needs.
+	if len(e.revs) > 64 {
+		e.revs = append([]revision(nil), e.revs[len(e.revs)-32:]...)
+	}
+}
+
+// roundTrip stores an object as the API server does: as JSON, so that what
+// JSON cannot tell apart (an empty map and none) is not told apart here.
+func roundTrip(obj any) any {
+	b, err := json.Marshal(obj)
+	if err != nil {
+		panic(fmt.Sprintf("fake: encode %T: %v", obj, err))
+	}
+	var out any
+	switch obj.(type) {
+	case *shim.Pool:
+		out = &shim.Pool{}
+	case *shim.Reservation:
+		out = &shim.Reservation{}
+	case *shim.Lease:
+		out = &shim.Lease{}
+	default:
+		panic(fmt.Sprintf("fake: cannot store a %T", obj))
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		panic(fmt.Sprintf("fake: decode %T: %v", obj, err))
+	}
+	return out
+}
+
+func notFound(k key) error { return apierrors.NewNotFound(groups[k.resource], k.name) }
+
+func conflict(k key, msg string) error { return apierrors.NewConflict(groups[k.resource], k.name, fmt.Errorf("%s", msg)) }
+
+func invalid(k key, msg string) error {
+	gk := schema.GroupKind{Group: groups[k.resource].Group, Kind: k.resource}
+	return apierrors.NewInvalid(gk, k.name, field.ErrorList{field.Invalid(field.NewPath("patch"), nil, msg)})
+}
+
+// stamp gives an object its next resourceVersion (and, when new, a UID).
+func (a *API) stamp(meta metaObject, isNew bool) {
+	a.rev++
+	meta.SetResourceVersion(strconv.Itoa(a.rev))
+	if isNew {
+		a.uids++
+		meta.SetUID(types.UID(fmt.Sprintf("uid-%d", a.uids)))
+	}
+}
+
+type metaObject interface {
+	SetResourceVersion(string)
+	GetResourceVersion() string
+	SetUID(types.UID)
+	GetUID() types.UID
+	GetAnnotations() map[string]string
+}
+
+// do runs one request: the hook, then apply under the lock.
+func (a *API) do(c Call, apply func() error) error {
+	if err := a.hook(&c); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	err := apply()
+	a.mu.Unlock()
+	if err == nil && c.LoseResponse {
+		return lost(&c)
+	}
+	return err
+}
+
+// ---- pools
+
+func (a *API) GetPool(_ context.Context, ns, name string, from shim.Source) (*shim.Pool, error) {
+	var out *shim.Pool
+	k := key{Pools, ns, name}
+	err := a.do(Call{Verb: "get", Resource: Pools, Namespace: ns, Name: name, From: from}, func() error {
+		obj := a.current(k)
+		if from == shim.Cache && a.CacheLag != nil {
+			obj = a.cached(k, a.CacheLag())
+		}
+		if obj == nil {
+			return notFound(k)
+		}
+		out = obj.(*shim.Pool).DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+func (a *API) ListPools(_ context.Context, ns string, page shim.Page) ([]shim.Pool, string, error) {
+	var out []shim.Pool
+	var next string
+	err := a.do(Call{Verb: "list", Resource: Pools, Namespace: ns}, func() error {
+		objs, cont := a.list(Pools, ns, page)
+		for _, o := range objs {
+			out = append(out, *o.(*shim.Pool).DeepCopy())
+		}
+		next = cont
+		return nil
+	})
+	return out, next, err
+}
+
+// list is one page of the objects of a resource in ns, by name.
+func (a *API) list(resource, ns string, page shim.Page) ([]any, string) {
+	var names []string
+	for k := range a.objects {
+		if k.resource == resource && k.namespace == ns && a.current(k) != nil && k.name > page.Continue {
+			names = append(names, k.name)
+		}
+	}
+	sort.Strings(names)
+	next := ""
+	if page.Limit > 0 && int64(len(names)) > page.Limit {
+		names = names[:page.Limit]
+		next = names[len(names)-1]
+	}
+	out := make([]any, len(names))
+	for i, n := range names {
+		out[i] = a.current(key{resource, ns, n})
+	}
+	return out, next
+}
+
+// maxPatchOps is the API server's limit on the operations of a JSON patch.
+const maxPatchOps = 10000
+
+// maxAnnotations is the API server's limit on an object's annotations.
+const maxAnnotations = 256 * 1024
+
+func (a *API) PatchPool(_ context.Context, ns, name string, patch shim.Patch) (*shim.Pool, error) {
+	var out *shim.Pool
+	k := key{Pools, ns, name}
+	err := a.do(Call{Verb: "patch", Resource: Pools, Namespace: ns, Name: name, Patch: patch}, func() error {
+		cur, _ := a.current(k).(*shim.Pool)
+		if cur == nil {
+			return notFound(k)
+		}
+		next := &shim.Pool{}
+		if err := applyPatch(k, cur, patch, next); err != nil {
+			return err
+		}
+		a.stamp(next, false)
+		a.put(k, next)
+		out = next.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+// applyPatch applies a JSON patch to cur into next, as the API server does.
+func applyPatch(k key, cur any, patch shim.Patch, next any) error {
+	if len(patch.Ops()) > maxPatchOps {
+		return invalid(k, fmt.Sprintf("the allowed maximum operations in a JSON patch is %d, got %d", maxPatchOps, len(patch.Ops())))
+	}
+	doc, err := json.Marshal(cur)
+	if err != nil {
+		return err
+	}
+	body, err := patch.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	p, err := jsonpatch.DecodePatch(body)
+	if err != nil {
+		return apierrors.NewBadRequest(err.Error())
+	}
+	patched, err := p.Apply(doc)
+	if err != nil {
+		return invalid(k, err.Error())
+	}
+	if err := json.Unmarshal(patched, next); err != nil {
+		return invalid(k, err.Error())
+	}
+	if m, ok := next.(metaObject); ok {
+		size := 0
+		for key, v := range m.GetAnnotations() {
+			size += len(key) + len(v)
+		}
+		if size > maxAnnotations {
+			return invalid(k, fmt.Sprintf("metadata.annotations: Too long: must have at most %d bytes", maxAnnotations))
+		}
+	}
+	return nil
+}
+
+// CreatePool creates a pool, as whereabouts does on its first ADD in a range.
+func (a *API) CreatePool(ns string, p *shim.Pool) (*shim.Pool, error) {
+	var out *shim.Pool
+	k := key{Pools, ns, p.Name}
+	err := a.do(Call{Verb: "create", Resource: Pools, Namespace: ns, Name: p.Name}, func() error {
+		if a.current(k) != nil {
+			return apierrors.NewAlreadyExists(groups[Pools], p.Name)
+		}
+		obj := p.DeepCopy()
+		obj.Namespace = ns
+		a.stamp(obj, true)
+		a.put(k, obj)
+		out = obj.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+// UpdatePool writes a pool at its resourceVersion: 409 when it changed.
+func (a *API) UpdatePool(ns string, p *shim.Pool) (*shim.Pool, error) {
+	var out *shim.Pool
+	k := key{Pools, ns, p.Name}
+	err := a.do(Call{Verb: "update", Resource: Pools, Namespace: ns, Name: p.Name}, func() error {
+		cur, _ := a.current(k).(*shim.Pool)
+		if cur == nil {
+			return notFound(k)
+		}
+		if cur.ResourceVersion != p.ResourceVersion {
+			return conflict(k, "the object has been modified")
+		}
+		obj := p.DeepCopy()
+		obj.UID = cur.UID
+		a.stamp(obj, false)
+		a.put(k, obj)
+		out = obj.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+// ---- reservations
+
+func (a *API) GetReservation(_ context.Context, ns, name string) (*shim.Reservation, error) {
+	var out *shim.Reservation
+	k := key{Reservations, ns, name}
+	err := a.do(Call{Verb: "get", Resource: Reservations, Namespace: ns, Name: name}, func() error {
+		o, _ := a.current(k).(*shim.Reservation)
+		if o == nil {
+			return notFound(k)
+		}
+		out = o.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+func (a *API) ListReservations(_ context.Context, ns string, page shim.Page) ([]shim.Reservation, string, error) {
+	var out []shim.Reservation
+	var next string
+	err := a.do(Call{Verb: "list", Resource: Reservations, Namespace: ns}, func() error {
+		objs, cont := a.list(Reservations, ns, page)
+		for _, o := range objs {
+			out = append(out, *o.(*shim.Reservation).DeepCopy())
+		}
+		next = cont
+		return nil
+	})
+	return out, next, err
+}
+
+func (a *API) PatchReservation(_ context.Context, ns, name string, patch shim.Patch) (*shim.Reservation, error) {
+	var out *shim.Reservation
+	k := key{Reservations, ns, name}
+	err := a.do(Call{Verb: "patch", Resource: Reservations, Namespace: ns, Name: name, Patch: patch}, func() error {
+		cur, _ := a.current(k).(*shim.Reservation)
+		if cur == nil {
+			return notFound(k)
+		}
+		next := &shim.Reservation{}
+		if err := applyPatch(k, cur, patch, next); err != nil {
+			return err
+		}
+		a.stamp(next, false)
+		a.put(k, next)
+		out = next.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+func (a *API) DeleteReservation(_ context.Context, ns, name string, pre shim.Preconditions) error {
+	k := key{Reservations, ns, name}
+	return a.do(Call{Verb: "delete", Resource: Reservations, Namespace: ns, Name: name}, func() error {
+		cur, _ := a.current(k).(*shim.Reservation)
+		if cur == nil {
+			return notFound(k)
+		}
+		if pre.UID != "" && pre.UID != cur.UID {
+			return conflict(k, fmt.Sprintf("Precondition failed: UID in precondition: %s, UID in object meta: %s", pre.UID, cur.UID))
+		}
+		if pre.ResourceVersion != "" && pre.ResourceVersion != cur.ResourceVersion {
+			return conflict(k, fmt.Sprintf("Precondition failed: ResourceVersion in precondition: %s, ResourceVersion in object meta: %s", pre.ResourceVersion, cur.ResourceVersion))
+		}
+		a.rev++
+		a.put(k, nil)
+		return nil
+	})
+}
+
+// CreateReservation creates a reservation, as whereabouts does.
+func (a *API) CreateReservation(ns string, o *shim.Reservation) (*shim.Reservation, error) {
+	var out *shim.Reservation
+	k := key{Reservations, ns, o.Name}
+	err := a.do(Call{Verb: "create", Resource: Reservations, Namespace: ns, Name: o.Name}, func() error {
+		if a.current(k) != nil {
+			return apierrors.NewAlreadyExists(groups[Reservations], o.Name)
+		}
+		obj := o.DeepCopy()
+		obj.Namespace = ns
+		a.stamp(obj, true)
+		a.put(k, obj)
+		out = obj.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+// ---- leases
+
+func (a *API) GetLease(_ context.Context, ns, name string) (*shim.Lease, error) {
+	var out *shim.Lease
+	k := key{Leases, ns, name}
+	err := a.do(Call{Verb: "get", Resource: Leases, Namespace: ns, Name: name}, func() error {
+		l, _ := a.current(k).(*shim.Lease)
+		if l == nil {
+			return notFound(k)
+		}
+		out = l.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+func (a *API) CreateLease(_ context.Context, l *shim.Lease) (*shim.Lease, error) {
+	var out *shim.Lease
+	k := key{Leases, l.Namespace, l.Name}
+	err := a.do(Call{Verb: "create", Resource: Leases, Namespace: l.Namespace, Name: l.Name}, func() error {
+		if a.current(k) != nil {
+			return apierrors.NewAlreadyExists(groups[Leases], l.Name)
+		}
+		obj := l.DeepCopy()
+		a.stamp(obj, true)
+		a.put(k, obj)
+		out = obj.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+func (a *API) UpdateLease(_ context.Context, l *shim.Lease) (*shim.Lease, error) {
+	var out *shim.Lease
+	k := key{Leases, l.Namespace, l.Name}
+	err := a.do(Call{Verb: "update", Resource: Leases, Namespace: l.Namespace, Name: l.Name}, func() error {
+		cur, _ := a.current(k).(*shim.Lease)
+		if cur == nil {
+			return notFound(k)
+		}
+		if cur.ResourceVersion != l.ResourceVersion {
+			return conflict(k, "the object has been modified; please apply your changes to the latest version and try again")
+		}
+		obj := l.DeepCopy()
+		obj.UID = cur.UID
+		a.stamp(obj, false)
+		a.put(k, obj)
+		out = obj.DeepCopy()
+		return nil
+	})
+	return out, err
+}
+
+// ---- direct access, for tests and the simulation's checker: no hook.
+
+// Pool is a pool as it is now; nil when there is none.
+func (a *API) Pool(ns, name string) *shim.Pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p, _ := a.current(key{Pools, ns, name}).(*shim.Pool)
+	if p == nil {
+		return nil
+	}
+	return p.DeepCopy()
+}
+
+// AllPools are the pools of ns as they are now, by name.
+func (a *API) AllPools(ns string) []shim.Pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	objs, _ := a.list(Pools, ns, shim.Page{})
+	out := make([]shim.Pool, len(objs))
+	for i, o := range objs {
+		out[i] = *o.(*shim.Pool).DeepCopy()
+	}
+	return out
+}
+
+// AllReservations are the reservations of ns as they are now, by name.
+func (a *API) AllReservations(ns string) []shim.Reservation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	objs, _ := a.list(Reservations, ns, shim.Page{})
+	out := make([]shim.Reservation, len(objs))
+	for i, o := range objs {
+		out[i] = *o.(*shim.Reservation).DeepCopy()
+	}
+	return out
+}
+
+// Lease is a Lease as it is now; nil when there is none.
+func (a *API) Lease(ns, name string) *shim.Lease {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l, _ := a.current(key{Leases, ns, name}).(*shim.Lease)
+	if l == nil {
+		return nil
+	}
+	return l.DeepCopy()
+}
+
+// Put stores objects as they are (a *shim.Pool, *shim.Reservation or
+// *shim.Lease, each with its namespace), as a test's starting state.
+func (a *API) Put(objs ...any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, obj := range objs {
+		switch o := obj.(type) {
+		case *shim.Pool:
+			c := o.DeepCopy()
+			a.stamp(c, true)
+			a.put(key{Pools, c.Namespace, c.Name}, c)
+		case *shim.Reservation:
+			c := o.DeepCopy()
+			a.stamp(c, true)
+			a.put(key{Reservations, c.Namespace, c.Name}, c)
+		case *shim.Lease:
+			c := o.DeepCopy()
+			a.stamp(c, true)
+			a.put(key{Leases, c.Namespace, c.Name}, c)
+		default:
+			panic(fmt.Sprintf("fake: cannot store a %T", obj))
+		}
+	}
+}
+
+// Remove deletes an object whatever it is, as a test or an operator would.
+func (a *API) Remove(resource, ns, name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.current(key{resource, ns, name}) != nil {
+		a.rev++
+		a.put(key{resource, ns, name}, nil)
+	}
+}
+
+var _ shim.API = (*API)(nil)

@@ -1,0 +1,89 @@
+package fake_test
+
+import (
+	"context"
+	"testing"
+
+	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+// The semantics the store and the simulation rely on, as the API server has them.
+func TestTheFakeServesAsTheAPIServerDoes(t *testing.T) {
+	ctx := context.Background()
+	api := fake.New()
+	api.Put(&shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"},
+		Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "10.0.0.0/24", Allocations: map[string]whereaboutsv1alpha1.IPAllocation{"1": {ContainerID: "c"}}}})
+	p, err := api.GetPool(ctx, "ns", "p", shim.Fresh)
+	require.NoError(t, err)
+	rv := p.ResourceVersion
+
+	// A patch whose test fails is 422 and changes nothing.
+	_, err = api.PatchPool(ctx, "ns", "p", shim.Guarded("999", shim.PatchOp{Op: "remove", Path: "/spec/allocations/1"}))
+	assert.True(t, apierrors.IsInvalid(err), "%v", err)
+	// One whose test holds applies, with a new resourceVersion.
+	got, err := api.PatchPool(ctx, "ns", "p", shim.Guarded(rv, shim.PatchOp{Op: "remove", Path: "/spec/allocations/1"}))
+	require.NoError(t, err)
+	assert.NotEqual(t, rv, got.ResourceVersion)
+	assert.Empty(t, got.Spec.Allocations)
+
+	// The watch cache lags as told.
+	api.CacheLag = func() int { return 1 }
+	cached, err := api.GetPool(ctx, "ns", "p", shim.Cache)
+	require.NoError(t, err)
+	assert.Len(t, cached.Spec.Allocations, 1, "one revision behind")
+	fresh, err := api.GetPool(ctx, "ns", "p", shim.Fresh)
+	require.NoError(t, err)
+	assert.Empty(t, fresh.Spec.Allocations)
+
+	// A delete with stale preconditions is 409; with current ones it applies.
+	o, err := api.CreateReservation("ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.1"}})
+	require.NoError(t, err)
+	err = api.DeleteReservation(ctx, "ns", o.Name, shim.Preconditions{UID: o.UID, ResourceVersion: "1"})
+	assert.True(t, apierrors.IsConflict(err), "%v", err)
+	err = api.DeleteReservation(ctx, "ns", o.Name, shim.Preconditions{UID: "other", ResourceVersion: o.ResourceVersion})
+	assert.True(t, apierrors.IsConflict(err), "%v", err)
+	require.NoError(t, api.DeleteReservation(ctx, "ns", o.Name, shim.Preconditions{UID: o.UID, ResourceVersion: o.ResourceVersion}))
+	err = api.DeleteReservation(ctx, "ns", o.Name, shim.Preconditions{})
+	assert.True(t, apierrors.IsNotFound(err))
+
+	// A lost response: applied, and the caller told it timed out.
+	api.Hook = func(c *fake.Call) error { c.LoseResponse = c.Verb == "create"; return nil }
+	_, err = api.CreateReservation("ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.2"}})
+	assert.True(t, apierrors.IsTimeout(err), "%v", err)
+	_, err = api.GetReservation(ctx, "ns", "10.0.0.2")
+	assert.NoError(t, err, "it happened all the same")
+	api.Hook = nil
+
+	// Leases update only at their current version.
+	l, err := api.CreateLease(ctx, &shim.Lease{ObjectMeta: metav1.ObjectMeta{Name: "whereabouts", Namespace: "ns"}})
+	require.NoError(t, err)
+	_, err = api.CreateLease(ctx, l)
+	assert.True(t, apierrors.IsAlreadyExists(err))
+	l2, err := api.UpdateLease(ctx, l)
+	require.NoError(t, err)
+	_, err = api.UpdateLease(ctx, l)
+	assert.True(t, apierrors.IsConflict(err))
+	assert.NotEqual(t, l.ResourceVersion, l2.ResourceVersion)
+
+	// Limits: annotations, operations.
+	big := make([]byte, 300*1024)
+	for i := range big {
+		big[i] = 'x'
+	}
+	_, err = api.PatchPool(ctx, "ns", "p", shim.Guarded(fresh.ResourceVersion, shim.PatchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{"a": string(big)}}))
+	assert.True(t, apierrors.IsInvalid(err))
+	assert.Contains(t, err.Error(), "Too long")
+	ops := make([]shim.PatchOp, 10001)
+	for i := range ops {
+		ops[i] = shim.PatchOp{Op: "test", Path: "/metadata/name", Value: "p"}
+	}
+	_, err = api.PatchPool(ctx, "ns", "p", shim.Guarded(fresh.ResourceVersion, ops...))
+	assert.ErrorContains(t, err, "maximum operations")
+}

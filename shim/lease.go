@@ -1,0 +1,240 @@
+package shim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/shim/names"
+)
+
+// Whereabouts serialises every ADD and DEL on a coordination.k8s.io Lease
+// (client-go's leader election: a holder keeps the Lease by renewing it; an
+// observer takes it over once its holder is empty, or once the record has
+// not changed for its leaseDurationSeconds). harvester-ipam holds the same
+// Lease, with the same protocol, while it judges and deletes reservations:
+// whereabouts reuses a reservation whose podref is the pod's without
+// changing it, so no precondition could tell that it became live again.
+const (
+	// leaseSeconds is the leaseDurationSeconds of our record: how long
+	// whereabouts waits when we die holding the Lease.
+	leaseSeconds = 5
+	// leaseRenewAfter is how long we hold the Lease before renewing it
+	// within a long critical section; leaseValidFor is how long after our
+	// last write we still act under it.
+	leaseRenewAfter = 1500 * time.Millisecond
+	leaseValidFor   = 3 * time.Second
+	// leaseCallTimeout bounds each request made under the Lease, well within
+	// leaseSeconds: a request must not land after we lost it.
+	leaseCallTimeout = 2 * time.Second
+	// leaseRetry is how often we look again at a Lease someone else holds
+	// (whereabouts looks every 500 ms).
+	leaseRetry = 50 * time.Millisecond
+)
+
+func defaultIdentity() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("harvester-ipam/%s/%d", host, os.Getpid())
+}
+
+// Locked is the store while whereabouts' Lease is held: whereabouts
+// allocates and deallocates nothing meanwhile.
+type Locked struct {
+	s       *Store
+	lease   *Lease
+	written time.Time // our last successful write of the Lease
+}
+
+// Locked runs fn while holding whereabouts' Lease of the namespace, and
+// releases it after, whatever fn returns.
+func (s *Store) Locked(ctx context.Context, fn func(context.Context, *Locked) error) error {
+	l, err := s.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer l.release(ctx)
+	return fn(ctx, l)
+}
+
+func (s *Store) acquire(ctx context.Context) (*Locked, error) {
+	// The holder's record as we first saw it, and when: an elector judges a
+	// Lease expired when its record has not changed for its duration.
+	var seen string
+	var seenAt time.Time
+	for {
+		cctx, cancel := s.call(ctx)
+		cur, err := s.api.GetLease(cctx, s.namespace, names.Lease)
+		cancel()
+		now := s.Now()
+		switch {
+		case apierrors.IsNotFound(err):
+			zero := int32(0)
+			l := &Lease{ObjectMeta: metav1.ObjectMeta{Name: names.Lease, Namespace: s.namespace}}
+			l.Spec.LeaseTransitions = &zero
+			s.hold(l, now)
+			cctx, cancel := s.call(ctx)
+			got, err := s.api.CreateLease(cctx, l)
+			cancel()
+			if err == nil {
+				return &Locked{s: s, lease: got, written: now}, nil
+			}
+			if !apierrors.IsAlreadyExists(err) {
+				return nil, fmt.Errorf("create lease %s/%s: %w", s.namespace, names.Lease, err)
+			}
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("get lease %s/%s: %w", s.namespace, names.Lease, err)
+		}
+		holder := ""
+		if cur.Spec.HolderIdentity != nil {
+			holder = *cur.Spec.HolderIdentity
+		}
+		if cur.ResourceVersion != seen {
+			// The record changed (a holder renewed it, or took it): its
+			// duration counts from now, as every client-go elector counts it.
+			seen, seenAt = cur.ResourceVersion, now
+		}
+		duration := time.Duration(0)
+		if cur.Spec.LeaseDurationSeconds != nil {
+			duration = time.Duration(*cur.Spec.LeaseDurationSeconds) * time.Second
+		}
+		if holder == "" || holder == s.o.Identity || !now.Before(seenAt.Add(duration)) {
+			l := cur.DeepCopy()
+			if holder != s.o.Identity {
+				transitions := int32(0)
+				if l.Spec.LeaseTransitions != nil {
+					transitions = *l.Spec.LeaseTransitions
+				}
+				transitions++
+				l.Spec.LeaseTransitions = &transitions
+			}
+			s.hold(l, now)
+			cctx, cancel := s.call(ctx)
+			got, err := s.api.UpdateLease(cctx, l)
+			cancel()
+			if err == nil {
+				return &Locked{s: s, lease: got, written: now}, nil
+			}
+			if !apierrors.IsConflict(err) {
+				return nil, fmt.Errorf("take lease %s/%s: %w", s.namespace, names.Lease, err)
+			}
+			continue // someone else took it first: look again
+		}
+		if err := s.o.Clock.Sleep(ctx, leaseRetry+time.Duration(float64(leaseRetry)*s.o.Random())); err != nil {
+			return nil, fmt.Errorf("wait for lease %s/%s held by %s: %w", s.namespace, names.Lease, holder, err)
+		}
+	}
+}
+
+// hold makes l's record ours, acquired or renewed at now.
+func (s *Store) hold(l *Lease, now time.Time) {
+	id, secs := s.o.Identity, int32(leaseSeconds)
+	t := metav1.NewMicroTime(now)
+	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &id, &secs
+	l.Spec.AcquireTime, l.Spec.RenewTime = &t, &t
+}
+
+// keep makes sure the Lease is still ours for the next request, renewing it
+// when it has been held a while; it fails when it is lost.
+func (l *Locked) keep(ctx context.Context) error {
+	now := l.s.Now()
+	if now.Sub(l.written) < leaseRenewAfter {
+		return nil
+	}
+	next := l.lease.DeepCopy()
+	t := metav1.NewMicroTime(now)
+	next.Spec.RenewTime = &t
+	cctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	got, err := l.s.api.UpdateLease(cctx, next)
+	cancel()
+	if err != nil {
+		if now.Sub(l.written) < leaseValidFor && !apierrors.IsConflict(err) {
+			return nil // a failed renewal within validity: still ours this once
+		}
+		return fmt.Errorf("renew lease %s/%s: %w", l.s.namespace, names.Lease, err)
+	}
+	l.lease, l.written = got, now
+	return nil
+}
+
+// release hands the Lease back as client-go's elector does: no holder, a
+// duration of one second; a Lease that changed meanwhile is not ours to touch.
+func (l *Locked) release(ctx context.Context) {
+	next := l.lease.DeepCopy()
+	empty, one := "", int32(1)
+	t := metav1.NewMicroTime(l.s.Now())
+	next.Spec.HolderIdentity, next.Spec.LeaseDurationSeconds = &empty, &one
+	next.Spec.RenewTime, next.Spec.AcquireTime = &t, &t
+	// A cancelled verb still hands the Lease back, or whereabouts would wait
+	// leaseSeconds for it.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseCallTimeout)
+	defer cancel()
+	_, _ = l.s.api.UpdateLease(cctx, next)
+}
+
+// Pools lists every pool of the namespace, fresh.
+func (l *Locked) Pools(ctx context.Context) ([]Pool, error) {
+	if err := l.keep(ctx); err != nil {
+		return nil, err
+	}
+	return l.s.Pools(ctx)
+}
+
+// Reservation reads one reservation fresh; nil, nil when it does not exist.
+func (l *Locked) Reservation(ctx context.Context, name string) (*Reservation, error) {
+	if err := l.keep(ctx); err != nil {
+		return nil, err
+	}
+	return l.s.Reservation(ctx, name)
+}
+
+// DeleteReservation deletes o if it is unchanged since it was read (UID and
+// resourceVersion preconditions). deleted is false when it changed (409) or
+// is gone already.
+func (l *Locked) DeleteReservation(ctx context.Context, o *Reservation) (deleted bool, err error) {
+	if err := l.keep(ctx); err != nil {
+		return false, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	defer cancel()
+	err = l.s.api.DeleteReservation(cctx, l.s.namespace, o.Name, Preconditions{UID: o.UID, ResourceVersion: o.ResourceVersion})
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("delete reservation %s/%s: %w", l.s.namespace, o.Name, err)
+}
+
+// releaseReservation deletes the reservation of c while it is c's and held
+// reports no other holder; a reservation that changed under the delete is
+// read and judged again, whole (held on the pools as they are then), up to
+// Backoff.Steps times. It returns the name deleted, "" when it was not (or no
+// longer) c's to delete.
+func (l *Locked) releaseReservation(ctx context.Context, c candidate, held func(ctx context.Context, o *Reservation, fresh bool) (bool, error)) (string, error) {
+	for attempt := 1; ; attempt++ {
+		o, err := l.Reservation(ctx, c.name)
+		if err != nil || o == nil || !Owns(o, c.Allocation) {
+			return "", err
+		}
+		if h, err := held(ctx, o, attempt > 1); err != nil || h {
+			return "", err
+		}
+		deleted, err := l.DeleteReservation(ctx, o)
+		if err != nil || deleted {
+			if deleted {
+				return c.name, nil
+			}
+			return "", err
+		}
+		if attempt >= l.s.o.Backoff.Steps {
+			return "", fmt.Errorf("delete reservation %s/%s: it kept changing under %d attempts", l.s.namespace, c.name, attempt)
+		}
+		l.s.retried.Add(1)
+	}
+}
