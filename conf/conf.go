@@ -21,6 +21,8 @@ import (
 	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 const (
@@ -44,10 +46,11 @@ type Options struct {
 	CheckpointDir string `json:"checkpoint_dir,omitempty"`
 }
 
-// Pool is one IPPool this config allocates from: one per range.
+// Pool is one IPPool this config allocates from: one per range, named as
+// whereabouts names it.
 type Pool struct {
-	Name  string `json:"name"`
-	Range string `json:"range"`
+	Name  string
+	Range string
 }
 
 // Config is a parsed network config as harvester-ipam sees it.
@@ -66,6 +69,21 @@ type Config struct {
 	PrevResult json.RawMessage
 	// ValidAttachments is GC's cni.dev/valid-attachments: what must be kept.
 	ValidAttachments []cnitypes.GCAttachment
+	// NodeSliceSize is whereabouts v0.9's node_slice_size ("fast IPAM"):
+	// allocations in per-node pools, which harvester-ipam does not manage.
+	NodeSliceSize string
+}
+
+// RefuseNodeSlices is the check of ADD: with node_slice_size, whereabouts
+// allocates from per-node pools that harvester-ipam neither reclaims nor
+// releases, so it would be silently wrong.
+func (c *Config) RefuseNodeSlices() error {
+	if c.NodeSliceSize == "" {
+		return nil
+	}
+	return cnitypes.NewError(cnitypes.ErrUnsupportedField,
+		fmt.Sprintf("ipam.node_slice_size %q is not supported by %s", c.NodeSliceSize, PluginType),
+		"whereabouts' fast IPAM allocates from per-node pools that harvester-ipam does not manage: remove node_slice_size, or name whereabouts itself as ipam.type")
 }
 
 // Kubeconfig is the path of the kubeconfig whereabouts uses, "" when unknown.
@@ -121,6 +139,11 @@ func Load(stdin []byte) (*Config, error) {
 	if raw, ok := ipam[OptionsKey]; ok && !isNull(raw) {
 		if err := decodeOptions(raw, &cfg.Options); err != nil {
 			return nil, err
+		}
+	}
+	if raw, ok := ipam["node_slice_size"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &cfg.NodeSliceSize); err != nil {
+			return nil, cnitypes.NewError(cnitypes.ErrDecodingFailure, "ipam.node_slice_size must be a string", err.Error())
 		}
 	}
 
@@ -183,7 +206,7 @@ func Load(stdin []byte) (*Config, error) {
 	// whereabouts names a range's IPPool after it; a name the API server
 	// refuses (an uppercase network_name, "::/0" -> "---0") can never hold it.
 	for _, r := range wb.IPRanges {
-		if name := PoolName(r.Range, wb.NetworkName); len(validation.IsDNS1123Subdomain(name)) > 0 {
+		if name := names.Pool(r.Range, wb.NetworkName); len(validation.IsDNS1123Subdomain(name)) > 0 {
 			return cfg, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig,
 				fmt.Sprintf("range %s makes the IPPool name %q, which Kubernetes refuses", r.Range, name),
 				"whereabouts names the pool [network_name-]range: network_name may hold only lowercase letters, digits, '-' and '.', and the name at most 253 of them")
@@ -191,7 +214,7 @@ func Load(stdin []byte) (*Config, error) {
 	}
 	cfg.IPAM = wb
 	for _, r := range wb.IPRanges {
-		cfg.Pools = append(cfg.Pools, Pool{Name: PoolName(r.Range, wb.NetworkName), Range: r.Range})
+		cfg.Pools = append(cfg.Pools, Pool{Name: names.Pool(r.Range, wb.NetworkName), Range: r.Range})
 	}
 	return cfg, nil
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
-	wbkube "github.com/k8snetworkplumbingwg/whereabouts/pkg/storage/kubernetes"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -188,20 +187,6 @@ func TestLoadValidAttachments(t *testing.T) {
 		"cni.dev/valid-attachments":[{"containerID":"a","ifname":"lhnet1"}]}`))
 	require.NoError(t, err)
 	assert.Equal(t, []cnitypes.GCAttachment{{ContainerID: "a", IfName: "lhnet1"}}, c.ValidAttachments)
-}
-
-func TestPoolNameMatchesWhereabouts(t *testing.T) {
-	for _, tt := range []struct{ rng, network string }{
-		{"192.168.50.0/24", ""},
-		{"192.168.50.0/24", "blue"},
-		{"fd00:10::/64", ""},
-		{"fd00:10::/64", "storage"},
-		{"2001:db8:1::/48", ""},
-		{"10.0.0.0/8", ""},
-	} {
-		want := wbkube.IPPoolName(wbkube.PoolIdentifier{IpRange: tt.rng, NetworkName: tt.network})
-		assert.Equal(t, want, PoolName(tt.rng, tt.network), "%s %q", tt.rng, tt.network)
-	}
 }
 
 func TestLoadRefusesFilesThatAreNotFiles(t *testing.T) {

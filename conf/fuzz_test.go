@@ -3,6 +3,7 @@ package conf
 import (
 	"bytes"
 	"encoding/json"
+	wbkube "github.com/k8snetworkplumbingwg/whereabouts/pkg/storage/kubernetes"
 	"net"
 	"os"
 	"path/filepath"
@@ -122,7 +123,7 @@ current-context: w
 			t.Fatalf("%d pools for %d ranges", len(cfg.Pools), len(cfg.IPAM.IPRanges))
 		}
 		for _, p := range cfg.Pools {
-			if want := PoolName(p.Range, cfg.IPAM.NetworkName); p.Name != want {
+			if want := wbkube.IPPoolName(wbkube.PoolIdentifier{IpRange: p.Range, NetworkName: cfg.IPAM.NetworkName}); p.Name != want {
 				t.Fatalf("pool %q of range %q: whereabouts names it %q", p.Name, p.Range, want)
 			}
 			_, ipnet, err := net.ParseCIDR(p.Range)

@@ -30,7 +30,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	defer log.close()
 	ph.mark("config")
 
-	store, err := p.store(cfg.Kubeconfig(), "add")
+	store, err := p.store(cfg.Kubeconfig())
 	if err != nil {
 		return err
 	}
@@ -46,7 +46,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	rec := checkpoint.Record{
 		ContainerID: args.ContainerID, IfName: args.IfName, PodRef: pod.Ref(),
 		Network: cfg.Network, NetworkName: cfg.IPAM.NetworkName,
-		Kubeconfig: cfg.Kubeconfig(), Namespace: store.Namespace(), Pools: cfg.Pools,
+		Kubeconfig: cfg.Kubeconfig(), Namespace: store.Namespace(),
+	}
+	for _, pl := range cfg.Pools {
+		rec.Pools = append(rec.Pools, checkpoint.Pool{Name: pl.Name, Range: pl.Range})
 	}
 	if err := cp.Write(rec); err != nil {
 		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), "the checkpoint directory must be writable by root ("+conf.OptionsKey+".checkpoint_dir)")
@@ -54,10 +57,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	p.at("add-after-checkpoint")
 	ph.mark("checkpoint")
 
+	earlier := shim.EarlierSandboxes(pod.Ref(), args.ContainerID)
 	for _, pool := range cfg.Pools {
-		rs, err := store.Release(ctx, pool.Name, cfg.IPAM.NetworkName, shim.EarlierSandboxes(pod.Ref(), args.ContainerID))
-		log.released("earlier sandbox of "+pod.Ref(), rs)
-		if err != nil {
+		if err := p.reclaim(ctx, store, pool.Name, cfg.IPAM.NetworkName, earlier, pod.Ref(), log); err != nil {
 			return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", pod.Ref(), pool.Name), err)
 		}
 	}
@@ -88,4 +90,25 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return cnitypes.NewError(cnitypes.ErrIncompatibleCNIVersion, fmt.Sprintf("%s returned a result that cannot be given as version %s", cfg.Options.Delegate, cfg.CNIVersion), err.Error())
 	}
 	return out.PrintTo(p.stdout())
+}
+
+// reclaim releases what earlier sandboxes of the pod hold in one pool. It
+// looks first in the API server's watch cache, which costs the server little
+// even for a pool of thousands of entries: when the cache shows no earlier
+// sandbox, there is nothing to do now (an entry the cache has not seen yet is
+// released by the next ADD or by the reconciler, never wrongly, since every
+// write reads fresh). Otherwise it plans on a fresh read and releases.
+func (p *Plugin) reclaim(ctx context.Context, store *shim.Store, pool, network string, earlier shim.Picker, podRef string, log *logger) error {
+	cached, err := store.CachedPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if cached == nil || len(earlier(cached)) == 0 {
+		return nil
+	}
+	plan, err := store.Plan(ctx, pool, network, earlier)
+	if err != nil {
+		return err
+	}
+	return p.release(ctx, store, plan, "add", "earlier sandbox of "+podRef, log)
 }

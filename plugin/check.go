@@ -35,7 +35,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if pod, err := conf.ParseArgs(args.Args); err == nil {
 		podRef = pod.Ref()
 	}
-	store, err := p.store(cfg.Kubeconfig(), "check")
+	store, err := p.store(cfg.Kubeconfig())
 	if err != nil {
 		return err
 	}
@@ -48,7 +48,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		if err != nil {
 			return cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, fmt.Sprintf("range %q", pl.Range), err.Error())
 		}
-		pool, err := store.GetPool(ctx, pl.Name)
+		pool, err := store.Pool(ctx, pl.Name)
 		if err != nil {
 			return storeError("read pool "+pl.Name, err)
 		}
@@ -61,7 +61,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 			return storeError("read pool "+pl.Name, err)
 		}
 		mine := map[string]bool{}
-		for _, off := range shim.Attachment(args.ContainerID, args.IfName)(pool.Spec.Allocations) {
+		for _, off := range shim.Attachment(args.ContainerID, args.IfName, prevIPs(prev))(pool) {
 			mine[off] = true
 		}
 		held := map[string]shim.Allocation{} // by address
@@ -99,6 +99,14 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 			"the attachment's allocation was released or changed; the runtime should recreate the sandbox")
 	}
 	return nil
+}
+
+func prevIPs(prev *current.Result) []net.IP {
+	var out []net.IP
+	for _, ip := range prev.IPs {
+		out = append(out, ip.Address.IP)
+	}
+	return out
 }
 
 func parsePrevResult(cfg *conf.Config) (*current.Result, error) {

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 
@@ -11,61 +12,74 @@ import (
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // poolRef is a pool in a namespace, under whereabouts' network_name.
 type poolRef struct {
-	namespace, name, networkName string
+	namespace, name, network string
 }
 
-// Del is idempotent. It looks in every pool the config or the checkpoint
-// names for what (CNI_CONTAINERID, CNI_IFNAME) holds; if anything, it
-// delegates DEL when the config still names ranges, then releases directly
-// whatever is still there. Nothing held is success; a store that cannot be
-// read or written is an error, so the runtime retries.
+// Del is idempotent. It finds what the attachment (CNI_CONTAINERID,
+// CNI_IFNAME) holds in every pool the config or the checkpoint names, hands
+// DEL to the delegate when the delegate cannot pick another entry than this
+// attachment's, then releases whatever is still there: whereabouts swallows
+// its own storage errors on DEL. Nothing held is success; a store that cannot
+// be read or written is an error, so that the runtime retries.
+//
+// DEL never fails for want of a config it can fully read (an option of a
+// newer release after a downgrade, a field of the wrong type, the NAD gone):
+// it goes by what it can read of it and by the checkpoint.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err := validateAttachment(args); err != nil {
 		return err
 	}
 	ph := newPhases()
 	cfg, cfgErr := conf.Load(args.StdinData)
+	salvage := conf.SalvageConfig(args.StdinData)
 	if cfg == nil {
-		return cfgErr // not JSON: nothing tells us where to look
+		cfg = &conf.Config{Network: salvage.Network, Options: conf.Options{Delegate: conf.DefaultDelegate, CheckpointDir: salvage.CheckpointDir}}
 	}
 	log := p.logger(cfg, "DEL", args.ContainerID)
 	defer log.close()
 	defer func() { log.Debugf("took %s", ph) }()
 	if cfgErr != nil {
-		log.Debugf("config has no usable whereabouts part (%v); going by the checkpoint", cfgErr)
+		log.Debugf("config has no usable whereabouts part (%s); going by the checkpoint", errText(cfgErr))
+	}
+	usable := cfgErr == nil && len(cfg.Pools) > 0
+
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	defer cancel()
+
+	if usable && cfg.NodeSliceSize != "" {
+		// ADD refuses node slices, so nothing of this attachment is ours; what
+		// whereabouts allocated before harvester-ipam was named is its own.
+		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
+			return delegateError(cfg.Options.Delegate, "DEL", err)
+		}
+		return nil
 	}
 
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
 	rec, haveRec, err := cp.Read(args.ContainerID, args.IfName)
 	if err != nil {
-		// A damaged record must not block DEL forever; the config may suffice.
+		// A record this binary cannot read must not block DEL forever: the
+		// config's pools, or a search by container, may still find it.
 		log.Errorf("ignoring unreadable checkpoint: %v", err)
 	}
-
-	kubeconfig := cfg.Kubeconfig()
-	if kubeconfig == "" && haveRec {
-		kubeconfig = rec.Kubeconfig
-	}
-	usable := cfgErr == nil && len(cfg.Pools) > 0
-	if !usable && !haveRec {
-		log.Debugf("no pools in the config and no checkpoint: nothing to release")
-		return nil
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
-	defer cancel()
-
 	ph.mark("config")
-	store, err := p.store(kubeconfig, "del")
+
+	store, err := p.storeOf(cfg.Kubeconfig(), rec.Kubeconfig, salvage.Kubeconfig)
 	if err != nil {
+		if !usable && !haveRec {
+			log.Debugf("no pools, no checkpoint and no store (%s): nothing to release", errText(err))
+			return nil
+		}
 		return err
 	}
 	defer log.retried(store)
 	ph.mark("client")
+
 	var pools []poolRef
 	seen := map[poolRef]bool{}
 	add := func(r poolRef) {
@@ -80,45 +94,75 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 	}
 	if haveRec {
-		ns := rec.Namespace
-		if ns == "" {
-			ns = store.Namespace()
-		}
 		for _, pl := range rec.Pools {
-			add(poolRef{ns, pl.Name, rec.NetworkName})
+			add(poolRef{rec.Namespace, pl.Name, rec.NetworkName})
+		}
+	}
+	var recorded []net.IP
+	for _, s := range rec.IPs {
+		if ip, _, err := net.ParseCIDR(s); err == nil {
+			recorded = append(recorded, ip)
 		}
 	}
 
 	// Look first: a store that does not answer fails DEL at once (whereabouts
-	// would wait a minute for its lease, then swallow the error), and an
+	// would wait a minute for its Lease, then swallow the error), and an
 	// attachment that holds nothing needs no delegate.
-	held := false
+	var plans []nsPlan
+	var ambiguous []string
+	delegate := usable
+	if len(pools) == 0 {
+		// Neither the config nor a readable checkpoint names a pool: a
+		// container ID names one sandbox, so look for it everywhere.
+		var err error
+		if plans, err = p.searchAttachment(ctx, store, args); err != nil {
+			return storeError("find "+args.ContainerID+"/"+args.IfName+" in the pools of "+store.Namespace(), err)
+		}
+	}
 	for _, pr := range pools {
-		pool, err := store.In(pr.namespace).GetPool(ctx, pr.name)
+		pool, err := store.In(pr.namespace).Pool(ctx, pr.name)
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 		}
-		if pool != nil && len(shim.Attachment(args.ContainerID, args.IfName)(pool.Spec.Allocations)) > 0 {
-			held = true
+		if pool == nil {
+			continue
+		}
+		found := shim.FindAttachment(pool, args.ContainerID, args.IfName, recorded)
+		if found.Others > 0 || found.Ambiguous {
+			// whereabouts v0.8.0 and before deallocate the first entry of the
+			// container they find: perhaps another interface's.
+			delegate = false
+		}
+		if found.Ambiguous {
+			ambiguous = append(ambiguous, pr.namespace+"/"+pr.name)
+		}
+		plan, err := shim.PlanOf(pool, pr.network, shim.Exactly(entriesAt(pool, found.Offsets)))
+		if err != nil {
+			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
+		}
+		if !plan.Empty() {
+			plans = append(plans, withNamespace(plan, pr.namespace))
 		}
 	}
 	ph.mark("look")
-	if !held {
-		log.Debugf("nothing held in %d pool(s): nothing to release", len(pools))
-		if haveRec {
-			// An earlier DEL may have died between its pool write and its
-			// reservation delete: finish its work.
-			if err := p.releaseReservations(ctx, store, rec, log); err != nil {
+	for _, pool := range ambiguous {
+		log.Errorf("pool %s holds several entries of container %s without an ifname, and nothing tells which is %s's: released none of them (the pod's next ADD, or the reconciler once the pod is gone, releases them)", pool, args.ContainerID, args.IfName)
+	}
+
+	if len(plans) == 0 {
+		log.Debugf("nothing held in %d pool(s)", len(pools))
+		if haveRec && len(recorded) > 0 {
+			// An earlier DEL, or whereabouts' own, may have removed the entry
+			// and died before its reservation: judge those reservations.
+			if err := p.releaseRecorded(ctx, store, rec, recorded, log); err != nil {
 				return storeError("release the reservations of "+args.ContainerID, err)
 			}
 		}
-		if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
-			log.Errorf("%v", err)
-		}
+		p.forget(cp, args, log)
 		return nil
 	}
 
-	if usable {
+	if delegate {
 		// whereabouts swallows its own storage errors on DEL, so whatever it
 		// says, the pools are checked again below.
 		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
@@ -128,47 +172,120 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		ph.mark(cfg.Options.Delegate)
 	}
 
-	for _, pr := range pools {
-		rs, err := store.In(pr.namespace).Release(ctx, pr.name, pr.networkName, shim.Attachment(args.ContainerID, args.IfName))
-		log.released(fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), rs)
-		if err != nil {
-			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, pr.namespace, pr.name), err)
+	for _, plan := range plans {
+		s := store.In(plan.namespace)
+		if err := p.release(ctx, s, plan.Plan, "del", fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), log); err != nil {
+			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, plan.namespace, plan.Pool), err)
 		}
 	}
 	p.at("del-after-release")
 	ph.mark("release")
-
-	if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
-		// Left behind, the record only makes a later DEL or GC look again.
-		log.Errorf("%v", err)
-	}
+	p.forget(cp, args, log)
 	return nil
 }
 
-// releaseReservations deletes the reservations of a checkpoint's addresses
-// that its pod no longer holds in their pool.
-func (p *Plugin) releaseReservations(ctx context.Context, store *shim.Store, rec checkpoint.Record, log *logger) error {
+// nsPlan is a plan in a namespace.
+type nsPlan struct {
+	shim.Plan
+	namespace string
+}
+
+func withNamespace(p shim.Plan, ns string) nsPlan { return nsPlan{Plan: p, namespace: ns} }
+
+// entriesAt are the allocations of pool at offsets, as Exactly wants them.
+func entriesAt(pool *shim.Pool, offsets []string) map[string]shim.IPAllocation {
+	out := make(map[string]shim.IPAllocation, len(offsets))
+	for _, off := range offsets {
+		out[off] = pool.Spec.Allocations[off]
+	}
+	return out
+}
+
+// storeOf reaches the first of the kubeconfigs that loads: the config's,
+// the checkpoint's, the one the flat file names.
+func (p *Plugin) storeOf(kubeconfigs ...string) (*shim.Store, error) {
+	var errs []error
+	for _, kc := range kubeconfigs {
+		if kc == "" {
+			continue
+		}
+		s, err := p.store(kc)
+		if err == nil {
+			return s, nil
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no kubeconfig: neither the config, the checkpoint nor the whereabouts flat file names one")
+	}
+	return nil, errs[0]
+}
+
+// searchAttachment plans the release of the attachment's entries from every
+// pool of the store's namespace: only those that name the ifname, since
+// without a record nothing tells an unnamed entry's interface.
+func (p *Plugin) searchAttachment(ctx context.Context, store *shim.Store, args *skel.CmdArgs) ([]nsPlan, error) {
+	pools, err := store.Pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []nsPlan
+	for i := range pools {
+		pool := &pools[i]
+		var offs []string
+		for off, a := range pool.Spec.Allocations {
+			if a.ContainerID == args.ContainerID && a.IfName == args.IfName {
+				offs = append(offs, off)
+			}
+		}
+		if len(offs) == 0 {
+			continue
+		}
+		network, _ := names.PoolPrefix(pool.Name, pool.Spec.Range)
+		plan, err := shim.PlanOf(pool, network, shim.Exactly(entriesAt(pool, offs)))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, withNamespace(plan, store.Namespace()))
+	}
+	return out, nil
+}
+
+// releaseRecorded judges (and deletes, when they are still the attachment's
+// and no entry of the pod holds them) the reservations of the addresses a
+// checkpoint recorded, in the pools whose range holds them.
+func (p *Plugin) releaseRecorded(ctx context.Context, store *shim.Store, rec checkpoint.Record, recorded []net.IP, log *logger) error {
 	if rec.PodRef == "" {
 		return nil
 	}
 	s := store.In(rec.Namespace)
-	for _, cidr := range rec.IPs {
-		ip, _, err := net.ParseCIDR(cidr)
+	for _, pl := range rec.Pools {
+		_, rng, err := net.ParseCIDR(pl.Range)
 		if err != nil {
 			continue
 		}
-		for _, pl := range rec.Pools {
-			if _, rng, err := net.ParseCIDR(pl.Range); err != nil || !rng.Contains(ip) {
-				continue
+		plan := shim.Plan{Pool: pl.Name, Network: rec.NetworkName}
+		for _, ip := range recorded {
+			if rng.Contains(ip) {
+				plan.Entries = append(plan.Entries, shim.Allocation{Pool: pl.Name, IP: ip,
+					IPAllocation: shim.IPAllocation{ContainerID: rec.ContainerID, PodRef: rec.PodRef, IfName: rec.IfName}})
 			}
-			name, err := s.ReleaseReservation(ctx, pl.Name, rec.NetworkName, ip, rec.PodRef, rec.ContainerID)
-			if err != nil {
-				return err
-			}
-			if name != "" {
-				log.Verbosef("deleted reservation %s of %s, left by an earlier DEL of %s/%s", name, rec.PodRef, rec.ContainerID, rec.IfName)
-			}
+		}
+		deleted, err := s.ReleaseReservations(ctx, plan)
+		for _, name := range deleted {
+			log.Verbosef("deleted reservation %s of %s, left by an earlier DEL of %s/%s", name, rec.PodRef, rec.ContainerID, rec.IfName)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// forget removes the attachment's checkpoint; one left behind only makes a
+// later DEL or GC look again.
+func (p *Plugin) forget(cp checkpoint.Dir, args *skel.CmdArgs, log *logger) {
+	if err := cp.Remove(args.ContainerID, args.IfName); err != nil {
+		log.Errorf("%v", err)
+	}
 }

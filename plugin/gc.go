@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -16,8 +17,13 @@ import (
 
 // GC releases this node's checkpointed attachments of this network that
 // cni.dev/valid-attachments does not name, then forwards GC to the delegate.
-// It releases only what a checkpoint proves this node served: an allocation it
-// never recorded is the reconciler's to judge, cluster-wide.
+// It releases only what a checkpoint proves this node served for this very
+// network (its name, whereabouts' network_name, and a pool of its in the
+// same namespace: two NADs in different namespaces often share a name): an
+// allocation it never recorded is the reconciler's to judge, cluster-wide.
+// It reaches the store with the config's kubeconfig, not the one a record
+// names (an upgrade may have moved it), and one record that cannot be
+// released stops none of the others.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	cfg, cfgErr := conf.Load(args.StdinData)
 	if cfg == nil {
@@ -25,6 +31,17 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	log := p.logger(cfg, "GC", cfg.Network)
 	defer log.close()
+	if cfgErr != nil || len(cfg.Pools) == 0 {
+		// Without the network's pools nothing tells its records from
+		// another network's of the same name.
+		log.Errorf("config names no pools (%s): released nothing", errText(orNoRange(cfgErr)))
+		return nil
+	}
+	store, err := p.store(cfg.Kubeconfig())
+	if err != nil {
+		return err
+	}
+	defer log.retried(store)
 
 	valid := make(map[cnitypes.GCAttachment]bool, len(cfg.ValidAttachments))
 	for _, a := range cfg.ValidAttachments {
@@ -35,54 +52,73 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	for _, err := range errs {
 		log.Errorf("skipping: %v", err)
 	}
-
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
 	defer cancel()
 
-	stores := map[string]*shim.Store{}
 	var failures []string
 	for _, rec := range recs {
-		if rec.Network != cfg.Network || valid[cnitypes.GCAttachment{ContainerID: rec.ContainerID, IfName: rec.IfName}] {
+		if !ofNetwork(rec, cfg, store.Namespace()) || valid[cnitypes.GCAttachment{ContainerID: rec.ContainerID, IfName: rec.IfName}] {
 			continue
 		}
-		kubeconfig := rec.Kubeconfig
-		if kubeconfig == "" {
-			kubeconfig = cfg.Kubeconfig()
+		if err := p.collect(ctx, store, rec, log); err != nil {
+			failures = append(failures, fmt.Sprintf("%s/%s: %v", rec.ContainerID, rec.IfName, err))
+			continue
 		}
-		store, ok := stores[kubeconfig]
-		if !ok {
-			s, err := p.store(kubeconfig, "gc")
-			if err != nil {
-				failures = append(failures, fmt.Sprintf("%s/%s: %s", rec.ContainerID, rec.IfName, errText(err)))
-				continue
-			}
-			stores[kubeconfig], store = s, s
-		}
-		store = store.In(rec.Namespace)
-		done := true
-		for _, pl := range rec.Pools {
-			rs, err := store.Release(ctx, pl.Name, rec.NetworkName, shim.Attachment(rec.ContainerID, rec.IfName))
-			log.released(fmt.Sprintf("GC: %s/%s is not a valid attachment", rec.ContainerID, rec.IfName), rs)
-			if err != nil {
-				failures = append(failures, fmt.Sprintf("release %s/%s from pool %s: %v", rec.ContainerID, rec.IfName, pl.Name, err))
-				done = false
-			}
-		}
-		if done {
-			if err := cp.Remove(rec.ContainerID, rec.IfName); err != nil {
-				log.Errorf("%v", err)
-			}
+		if err := cp.Remove(rec.ContainerID, rec.IfName); err != nil {
+			log.Errorf("%v", err)
 		}
 	}
 
-	if cfgErr == nil && len(cfg.Pools) > 0 {
-		if err := invoke.DelegateGC(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
-			failures = append(failures, errText(delegateError(cfg.Options.Delegate, "GC", err)))
-		}
+	if err := invoke.DelegateGC(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
+		failures = append(failures, errText(delegateError(cfg.Options.Delegate, "GC", err)))
 	}
 	if len(failures) > 0 {
 		return cnitypes.NewError(cnitypes.ErrTryAgainLater, "GC left work undone: "+strings.Join(failures, "; "),
 			"the attachments stay recorded; the next GC or the reconciler releases them")
 	}
 	return nil
+}
+
+// ofNetwork says whether a record is an attachment of the network cfg
+// describes, in the store's namespace.
+func ofNetwork(rec checkpoint.Record, cfg *conf.Config, namespace string) bool {
+	if rec.Network != cfg.Network || rec.NetworkName != cfg.IPAM.NetworkName || rec.Namespace != namespace {
+		return false
+	}
+	for _, rp := range rec.Pools {
+		for _, cp := range cfg.Pools {
+			if rp.Name == cp.Name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// collect releases one recorded attachment from each of its pools.
+func (p *Plugin) collect(ctx context.Context, store *shim.Store, rec checkpoint.Record, log *logger) error {
+	var recorded []net.IP
+	for _, s := range rec.IPs {
+		if ip, _, err := net.ParseCIDR(s); err == nil {
+			recorded = append(recorded, ip)
+		}
+	}
+	for _, pl := range rec.Pools {
+		plan, err := store.Plan(ctx, pl.Name, rec.NetworkName, shim.Attachment(rec.ContainerID, rec.IfName, recorded))
+		if err != nil {
+			return err
+		}
+		why := fmt.Sprintf("GC: %s/%s is not a valid attachment", rec.ContainerID, rec.IfName)
+		if err := p.release(ctx, store, plan, "gc", why, log); err != nil {
+			return fmt.Errorf("release from pool %s: %w", pl.Name, err)
+		}
+	}
+	return nil
+}
+
+func orNoRange(err error) error {
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("no range")
 }

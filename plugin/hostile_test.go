@@ -1,8 +1,6 @@
 package plugin
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -17,15 +15,10 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
-	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/harvester/harvester-ipam/conf"
-	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim"
 )
 
 // hostileAttachments are CNI_CONTAINERID / CNI_IFNAME pairs a checkpoint path
@@ -75,13 +68,10 @@ func TestHostileAttachmentsAreRefused(t *testing.T) {
 				// earlier sandboxes of the pod: a DEL or ADD that went on would
 				// release one or the other.
 				objs := crashLoopedPool()
-				pool := objs[0].(*whereaboutsv1alpha1.IPPool)
+				pool := objs[0].(*shim.Pool)
 				pool.Spec.Allocations["9"] = alloc{ContainerID: tt.id, PodRef: "longhorn-system/im-a", IfName: tt.ifname}
-				want := map[string]alloc{}
-				for k, v := range pool.Spec.Allocations {
-					want[k] = v
-				}
 				r := newRig(t, objs...)
+				want := r.pool() // as the API server stores it
 				dir := filepath.Dir(r.cpDir)
 				before := tree(t, dir)
 
@@ -97,7 +87,7 @@ func TestHostileAttachmentsAreRefused(t *testing.T) {
 				ce := err.(*cnitypes.Error)
 				assert.Contains(t, ce.Msg, tt.want)
 				assert.NotEmpty(t, ce.Details, "the error says what to fix")
-				assert.Empty(t, r.calls, "nothing delegated")
+				assert.Empty(t, r.calls(), "nothing delegated")
 				assert.Equal(t, want, r.pool(), "nothing released")
 				assert.Len(t, r.orips(), 3, "no reservation deleted")
 				assert.Empty(t, r.out.String(), "no result")
@@ -126,7 +116,7 @@ func TestAddRefusesWhatNoCheckpointCanRecord(t *testing.T) {
 			err := r.p.Add(hostileArgs("new", "lhnet1", tt.cniArgs, r.config("0.3.1", tt.ipamExtra)))
 			assert.Equal(t, tt.wantCode, cniCode(t, err), "%v", err)
 			assert.Contains(t, err.Error(), tt.wantMsg)
-			assert.Empty(t, r.calls, "nothing delegated")
+			assert.Empty(t, r.calls(), "nothing delegated")
 			assert.Len(t, r.pool(), 3, "nothing released")
 			_, statErr := os.Stat(r.cpDir)
 			assert.True(t, os.IsNotExist(statErr), "no checkpoint")
@@ -224,41 +214,6 @@ var tokenScenarios = []struct {
 		r.breakKubeconfig(t)
 		return r.p.GC(args(t, "", "", "", cfg("1.1.0")))
 	}},
-}
-
-func (r *rig) storeDown() {
-	for _, verb := range []string{"get", "list", "update", "patch", "delete"} {
-		r.cs.PrependReactor(verb, "*", func(k8stesting.Action) (bool, runtime.Object, error) {
-			return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
-		})
-	}
-}
-
-func (r *rig) fillPool(t *testing.T) {
-	pools := r.cs.WhereaboutsV1alpha1().IPPools("kube-system")
-	p, err := pools.Get(context.Background(), poolName, metav1.GetOptions{})
-	require.NoError(t, err)
-	for i := 0; i < 256; i++ {
-		if _, ok := p.Spec.Allocations[fmt.Sprint(i)]; !ok {
-			p.Spec.Allocations[fmt.Sprint(i)] = alloc{ContainerID: fmt.Sprint("c", i), PodRef: fmt.Sprint("ns/p", i)}
-		}
-	}
-	_, err = pools.Update(context.Background(), p, metav1.UpdateOptions{})
-	require.NoError(t, err)
-}
-
-// breakKubeconfig leaves the token in a kubeconfig that no longer parses.
-func (r *rig) breakKubeconfig(t *testing.T) {
-	require.NoError(t, os.WriteFile(r.kubeconfig(), []byte("apiVersion: v1\nusers: [{name: u, user: {token: "+bearer+"}}]\ncontexts: [\n"), 0o600))
-}
-
-func (r *rig) record(t *testing.T, id string) {
-	require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: id, IfName: "lhnet1", Network: "storagenetwork",
-		Kubeconfig: r.kubeconfig(), Namespace: "kube-system", Pools: []conf.Pool{{Name: poolName, Range: "192.168.50.0/24"}}}))
-}
-
-func withPrevResult(c []byte, ip string) []byte {
-	return append(c[:len(c)-1], []byte(`,"prevResult":{"cniVersion":"1.0.0","ips":[{"address":"`+ip+`/24"}]}}`)...)
 }
 
 // TestLogsNeverHoldTheToken runs every verb, succeeding and failing, with the

@@ -6,6 +6,7 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -20,14 +21,16 @@ import (
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // Plugin carries what the verbs share. The zero value is ready for use.
 type Plugin struct {
 	// Exec runs delegates; nil runs the binary found on CNI_PATH.
 	Exec invoke.Exec
-	// NewStore reaches the IPPool store; nil builds a client from the kubeconfig.
-	NewStore func(*conf.Kube) (*shim.Store, error)
+	// NewStore reaches the IPPool store a kubeconfig names; nil loads the
+	// kubeconfig and talks to its API server.
+	NewStore func(kubeconfig string) (*shim.Store, error)
 	// Stdout receives the CNI result; nil is os.Stdout.
 	Stdout io.Writer
 	// Stderr receives the log when whereabouts' log_file is unset; nil is os.Stderr.
@@ -75,35 +78,34 @@ func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
 	return newLogger(cfg.LogFile(), cfg.LogLevel(), p.stderr(), verb, containerID)
 }
 
-// store reaches the IPPool store named by a kubeconfig; verb names its step
-// boundaries for the crash hook.
-func (p *Plugin) store(path, verb string) (*shim.Store, error) {
+// store reaches the IPPool store a kubeconfig names.
+func (p *Plugin) store(path string) (*shim.Store, error) {
+	if p.NewStore != nil {
+		return p.NewStore(path)
+	}
 	kube, err := conf.LoadKubeconfig(path)
 	if err != nil {
 		return nil, err
 	}
-	newStore := p.NewStore
-	if newStore == nil {
-		newStore = func(k *conf.Kube) (*shim.Store, error) { return shim.NewForConfig(k.Rest, k.Namespace) }
-	}
-	s, err := newStore(kube)
+	api, err := shim.NewKubeAPI(kube.Rest)
 	if err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, fmt.Sprintf("cannot build a client from kubeconfig %s", path), err.Error())
 	}
-	if p.crash != nil {
-		s.Hook = func(point string) { p.at(verb + "-" + point) }
-	}
-	return s, nil
+	return shim.New(api, kube.Namespace, shim.Options{}), nil
 }
 
-// loadForAttachment is the config of ADD and CHECK: usable, with ranges, for
-// an attachment whose IDs a checkpoint path can be built from.
+// loadForAttachment is the config of ADD and CHECK: usable, with ranges and
+// no node slices, for an attachment whose IDs a checkpoint path can be built
+// from.
 func loadForAttachment(args *skel.CmdArgs) (*conf.Config, error) {
 	cfg, err := conf.Load(args.StdinData)
 	if err != nil {
 		return nil, err
 	}
 	if err := cfg.RequirePools(); err != nil {
+		return nil, err
+	}
+	if err := cfg.RefuseNodeSlices(); err != nil {
 		return nil, err
 	}
 	if err := validateAttachment(args); err != nil {
@@ -159,18 +161,50 @@ func (ph *phases) String() string { return strings.Join(ph.parts, ", ") }
 // retried logs how many writes had to be retried after conflicts: racing
 // writers are normal, and the count tells how hard they raced.
 func (l *logger) retried(s *shim.Store) {
-	if s != nil && s.Retried.Load() > 0 {
-		l.Verbosef("%d writes retried after conflicts", s.Retried.Load())
+	if s != nil && s.Retried() > 0 {
+		l.Verbosef("%d writes retried after conflicts", s.Retried())
 	}
 }
 
-func (l *logger) released(why string, rs []shim.Release) {
-	for _, r := range rs {
-		orip := "no reservation"
-		if r.ORIP != "" {
-			orip = "reservation " + r.ORIP + " deleted"
+// release frees what a plan holds, in the store's three steps: the
+// reservations (judged under whereabouts' Lease), then the pool entries still
+// as planned. A crash between the two leaves the entries, which the next
+// ADD, DEL or reconciler pass releases; verb names the boundary for the
+// crash hook.
+func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger) error {
+	if plan.Empty() {
+		return nil
+	}
+	deleted, err := store.ReleaseReservations(ctx, plan)
+	if err != nil {
+		return fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
+	}
+	p.at(verb + "-after-reservations")
+	removed, err := store.RemoveAllocations(ctx, plan)
+	log.released(why, plan, removed, deleted)
+	return err
+}
+
+func (l *logger) released(why string, plan shim.Plan, removed []shim.Allocation, reservations []string) {
+	deleted := map[string]bool{}
+	for _, r := range reservations {
+		deleted[r] = true
+	}
+	for _, a := range removed {
+		orip := "no reservation of its own"
+		if name := names.Reservation(a.IP, plan.Network); deleted[name] {
+			orip = "reservation " + name + " deleted"
 		}
 		l.Verbosef("released %s from pool %s (%s): was container %s, pod %s, ifname %q; %s",
-			r.IP, r.Pool, why, r.ContainerID, r.PodRef, r.IfName, orip)
+			a.IP, plan.Pool, why, a.ContainerID, a.PodRef, a.IfName, orip)
 	}
+}
+
+// ips names the addresses of entries.
+func ips(as []shim.Allocation) string {
+	var out []string
+	for _, a := range as {
+		out = append(out, a.IP.String())
+	}
+	return strings.Join(out, ", ")
 }

@@ -36,7 +36,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err := cfg.RequirePools(); err != nil {
 		return notReady(errText(err), "set ipam.range or ipam.ipRanges")
 	}
-	store, err := p.store(cfg.Kubeconfig(), "status")
+	store, err := p.store(cfg.Kubeconfig())
 	if err != nil {
 		return notReady(errText(err), "the whereabouts kubeconfig must be readable")
 	}

@@ -10,6 +10,9 @@ import (
 	"github.com/k8snetworkplumbingwg/whereabouts/pkg/iphelpers"
 )
 
+// IPAllocation is an entry of spec.allocations as whereabouts writes it.
+type IPAllocation = whereaboutsv1alpha1.IPAllocation
+
 // Allocation is one entry of an IPPool's spec.allocations, with its address.
 type Allocation struct {
 	Pool   string

@@ -124,7 +124,7 @@ func (s *Store) acquire(ctx context.Context) (*Locked, error) {
 			}
 			continue // someone else took it first: look again
 		}
-		if err := s.o.Clock.Sleep(ctx, leaseRetry+time.Duration(float64(leaseRetry)*s.o.Random())); err != nil {
+		if err := s.o.Clock.Sleep(ctx, s.o.LeaseRetry+time.Duration(float64(s.o.LeaseRetry)*s.o.Random())); err != nil {
 			return nil, fmt.Errorf("wait for lease %s/%s held by %s: %w", s.namespace, names.Lease, holder, err)
 		}
 	}
@@ -132,7 +132,7 @@ func (s *Store) acquire(ctx context.Context) (*Locked, error) {
 
 // hold makes l's record ours, acquired or renewed at now.
 func (s *Store) hold(l *Lease, now time.Time) {
-	id, secs := s.o.Identity, int32(leaseSeconds)
+	id, secs := s.o.Identity, s.o.LeaseSeconds
 	t := metav1.NewMicroTime(now)
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &id, &secs
 	l.Spec.AcquireTime, l.Spec.RenewTime = &t, &t

@@ -44,12 +44,13 @@ type Found struct {
 }
 
 // FindAttachment finds the entries of the attachment (containerID, ifName)
-// in p. With the addresses a checkpoint recorded at ADD (ips), they are the
-// container's entries at those addresses. Otherwise they are the entries
-// that name the ifname; failing that, an entry of the container without an
-// ifname (whereabouts before v0.8 writes none) when it is the container's
-// only entry in the pool. With two of those, which one is this attachment's
-// cannot be told: none is picked, and Ambiguous says so.
+// in p: the container's entries that name the ifname, and those without an
+// ifname (whereabouts before v0.8 writes none) at the addresses a checkpoint
+// recorded at ADD (ips). An entry naming another ifname is another
+// interface's, never this one's. Without recorded addresses, an entry of the
+// container without an ifname is the attachment's when it is the
+// container's only entry in the pool; with two, which one is this
+// attachment's cannot be told: none is picked, and Ambiguous says so.
 func FindAttachment(p *Pool, containerID, ifName string, ips []net.IP) Found {
 	var f Found
 	if containerID == "" {
@@ -59,34 +60,35 @@ func FindAttachment(p *Pool, containerID, ifName string, ips []net.IP) Found {
 	if err != nil {
 		first = nil // no address can be matched; ifnames still can
 	}
-	var mine, byIfName, unnamed []string
+	var mine, unnamed []string
 	total := 0
 	for off, a := range p.Spec.Allocations {
 		if a.ContainerID != containerID {
 			continue
 		}
 		total++
-		if len(ips) > 0 && first != nil {
+		switch {
+		case a.IfName == ifName:
+			mine = append(mine, off)
+		case a.IfName != "":
+			// another interface of the sandbox
+		case len(ips) > 0:
+			if first == nil {
+				continue
+			}
 			if ip, err := OffsetIP(first, off); err == nil && containsIP(ips, ip) {
 				mine = append(mine, off)
 			}
-			continue
-		}
-		switch a.IfName {
-		case ifName:
-			byIfName = append(byIfName, off)
-		case "":
+		default:
 			unnamed = append(unnamed, off)
 		}
 	}
-	switch {
-	case len(ips) > 0:
-	case len(byIfName) > 0:
-		mine = byIfName
-	case len(unnamed) == 1 && total == 1:
-		mine = unnamed
-	case len(unnamed) > 0:
-		f.Ambiguous = true
+	if len(mine) == 0 && len(unnamed) > 0 {
+		if len(unnamed) == 1 && total == 1 {
+			mine = unnamed
+		} else {
+			f.Ambiguous = true
+		}
 	}
 	sort.Strings(mine)
 	f.Offsets, f.Others = mine, total-len(mine)

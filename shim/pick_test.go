@@ -42,8 +42,9 @@ func TestFindAttachment(t *testing.T) {
 		want   shim.Found
 	}{
 		{"by ifname, beside a sibling", twice, "c", "lhnet2", nil, shim.Found{Offsets: []string{"2"}, Others: 1}},
-		{"by recorded address", twice, "c", "lhnet2", ips("10.0.0.1"), shim.Found{Offsets: []string{"1"}, Others: 1}},
-		{"recorded address no longer held", twice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Others: 2}},
+		{"a recorded address held under another ifname is not ours", twice, "c", "lhnet2", ips("10.0.0.1"), shim.Found{Offsets: []string{"2"}, Others: 1}},
+		{"recorded address no longer held: by ifname", twice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Offsets: []string{"1"}, Others: 1}},
+		{"recorded addresses, none held", legacyTwice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Others: 2}},
 		{"no entry of that ifname", twice, "c", "lhnet3", nil, shim.Found{Others: 2}},
 		{"another container", twice, "z", "lhnet1", nil, shim.Found{}},
 		{"no container id", twice, "", "lhnet1", nil, shim.Found{}},
@@ -51,7 +52,7 @@ func TestFindAttachment(t *testing.T) {
 		{"two entries without ifname, by recorded address", legacyTwice, "c", "lhnet2", ips("10.0.0.2"), shim.Found{Offsets: []string{"2"}, Others: 1}},
 		{"the container's only entry, without ifname", legacyOnce, "c", "lhnet1", nil, shim.Found{Offsets: []string{"1"}}},
 		{"an entry without ifname beside a named sibling", legacyBeside, "c", "lhnet1", nil, shim.Found{Others: 2, Ambiguous: true}},
-		{"a bad range: by ifname still", pool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}}), "c", "e", ips("10.0.0.1"), shim.Found{Others: 1}},
+		{"a bad range: by ifname still", pool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}, "2": {ContainerID: "c"}}), "c", "e", ips("10.0.0.2"), shim.Found{Offsets: []string{"1"}, Others: 1}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := shim.FindAttachment(tt.p, tt.id, tt.if_, tt.ips)

@@ -42,6 +42,11 @@ type Options struct {
 	Identity string
 	// PageSize bounds each LIST (500).
 	PageSize int64
+	// LeaseSeconds is the leaseDurationSeconds of our record of whereabouts'
+	// Lease (5), and LeaseRetry how often we look again at a Lease someone
+	// else holds (50 ms): a model of whereabouts sets its own (1 s, 500 ms).
+	LeaseSeconds int32
+	LeaseRetry   time.Duration
 }
 
 // Store is the pools and reservations of one namespace. The stores of other
@@ -72,6 +77,12 @@ func New(api API, namespace string, o Options) *Store {
 	}
 	if o.PageSize <= 0 {
 		o.PageSize = 500
+	}
+	if o.LeaseSeconds <= 0 {
+		o.LeaseSeconds = leaseSeconds
+	}
+	if o.LeaseRetry <= 0 {
+		o.LeaseRetry = leaseRetry
 	}
 	return &Store{api: api, namespace: namespace, o: &o, retried: new(atomic.Int64)}
 }

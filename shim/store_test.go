@@ -156,11 +156,15 @@ func TestRelease(t *testing.T) {
 		wantDeleted: []string{"192.168.50.4", "192.168.50.8"},
 		wantPool:    []string{"3", "5", "6", "7"},
 	}, {
-		name:        "one attachment, by the addresses its checkpoint recorded",
-		pick:        shim.Attachment("old1", "lhnet1", ip("192.168.50.8")),
-		wantRemoved: []string{"192.168.50.8"},
-		wantDeleted: []string{"192.168.50.8"},
-		wantPool:    []string{"3", "4", "5", "6", "7"},
+		name:        "one attachment without ifname, by the address its checkpoint recorded",
+		pick:        shim.Attachment("old2", "lhnet1", ip("192.168.50.5")),
+		wantRemoved: []string{"192.168.50.5"},
+		wantDeleted: []string{"192.168.50.5"},
+		wantPool:    []string{"3", "4", "6", "7", "8"},
+	}, {
+		name:     "a recorded address the container no longer holds",
+		pick:     shim.Attachment("old2", "lhnet1", ip("192.168.50.9")),
+		wantPool: []string{"3", "4", "5", "6", "7", "8"},
 	}, {
 		name:        "one attachment recorded without ifname, the container's only entry",
 		pick:        shim.Attachment("old2", "lhnet1", nil),
@@ -434,7 +438,7 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 			if tt.network != "" {
 				poolName, reservation = tt.network+"-"+storage, tt.network+"-192.168.50.4"
 			}
-			plan, err := s.Plan(context.Background(), poolName, tt.network, shim.Attachment("old1", "lhnet1", []net.IP{net.ParseIP("192.168.50.4")}))
+			plan, err := s.Plan(context.Background(), poolName, tt.network, shim.Exactly(map[string]alloc{"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}))
 			require.NoError(t, err)
 			require.Len(t, plan.Entries, 1)
 			if tt.meanwhile != nil {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // PoolNamespace is where the rig's whereabouts keeps its pools.
@@ -260,7 +260,7 @@ func (r *Rig) Close() {
 }
 
 // PoolName is the IPPool of a network's range.
-func (n *Network) PoolName() string { return conf.PoolName(n.Range, n.NetworkName) }
+func (n *Network) PoolName() string { return names.Pool(n.Range, n.NetworkName) }
 
 func writeFile(path string, b []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

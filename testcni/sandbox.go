@@ -261,3 +261,18 @@ func lastLines(s string, n int) string {
 	}
 	return "\n  stderr: " + strings.Join(lines, "\n  stderr: ")
 }
+
+// Attach is another attachment of the same sandbox (same network namespace,
+// same container ID) on network n with interface ifName: the same network
+// attached twice, or two NADs that share a range.
+func (s *Sandbox) Attach(n *Network, ifName string) *Sandbox {
+	return &Sandbox{Net: n, Pod: s.Pod, IfName: ifName, NetNS: s.NetNS, Path: s.Path, ContainerID: s.ContainerID}
+}
+
+// CNIEnv is the CNI environment of one verb of this attachment, as a runtime
+// (or a main plugin delegating to its IPAM) sets it: for running a plugin
+// binary directly with Rig.Plugin.
+func (s *Sandbox) CNIEnv(verb string) []string {
+	return []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + s.ContainerID, "CNI_NETNS=" + s.Path,
+		"CNI_IFNAME=" + s.IfName, "CNI_ARGS=" + s.CNIArgs()}
+}

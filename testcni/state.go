@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // Allocations reads a network's pool from the API server, sorted by address;
@@ -141,7 +142,7 @@ func (n *Network) Verify(ctx context.Context, live []*Sandbox, pods []Pod) ([]st
 		oripByName[o.Name] = o
 	}
 	for _, a := range allocs {
-		name := shim.ORIPName(a.IP, n.NetworkName)
+		name := names.Reservation(a.IP, n.NetworkName)
 		o, ok := oripByName[name]
 		switch {
 		case !ok:

@@ -104,11 +104,15 @@ func newReconciler(o options, requests *atomic.Int64) (*reconcile.Reconciler, er
 	if err != nil {
 		return nil, err
 	}
-	store, err := shim.NewForConfig(rc, o.namespace)
+	api, err := shim.NewKubeAPI(rc)
 	if err != nil {
 		return nil, err
 	}
-	return &reconcile.Reconciler{Kube: kube, Store: store, Grace: o.grace, DryRun: o.dryRun}, nil
+	return &reconcile.Reconciler{
+		Store:   shim.New(api, o.namespace, shim.Options{Identity: "harvester-ipam-reconciler/" + hostname()}),
+		Cluster: reconcile.NewKubeCluster(kube, 10*time.Second, 500),
+		Grace:   o.grace, DryRun: o.dryRun,
+	}, nil
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)
@@ -132,14 +136,8 @@ func pass(ctx context.Context, r *reconcile.Reconciler, requests *atomic.Int64, 
 	if r.DryRun {
 		mode = " (dry run: nothing changed)"
 	}
-	withORIP := 0
-	for _, rel := range rep.Released {
-		if rel.ORIP != "" {
-			withORIP++
-		}
-	}
 	fmt.Printf("pass%s: %d pools, %d allocations, %d reservations; %d stale, %d allocations released (%d with their reservation), %d orphaned reservations deleted; %d API requests, %s\n",
-		mode, rep.Pools, rep.Allocations, rep.ORIPs, rep.Candidates(), len(rep.Released), withORIP, len(rep.DeletedORIPs), reqs, took.Round(time.Millisecond))
+		mode, rep.Pools, rep.Allocations, rep.ORIPs, rep.Candidates(), len(rep.Released), len(rep.ReleasedORIPs), len(rep.DeletedORIPs), reqs, took.Round(time.Millisecond))
 	if len(rep.Errors) > 0 {
 		return fmt.Errorf("pass left %d entries unhandled: %w", len(rep.Errors), errors.Join(rep.Errors...))
 	}
@@ -169,6 +167,11 @@ func loop(ctx context.Context, r *reconcile.Reconciler, o options, requests *ato
 		case <-t.C:
 		}
 	}
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
 }
 
 func fail(err error) {

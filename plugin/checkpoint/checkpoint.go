@@ -5,6 +5,12 @@
 //
 // One small file per (container ID, ifname), written atomically (temp file,
 // fsync, rename, fsync of the directory), readable by root only.
+//
+// Compatibility: a record's fields are only ever added, never renamed nor
+// given another meaning, so a binary reads the records of every release,
+// older or newer (a downgrade): it takes the fields it knows and ignores the
+// rest. Version says which release wrote a record; a change that older
+// binaries could not read safely must use another file name.
 package checkpoint
 
 import (
@@ -18,12 +24,16 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/harvester/harvester-ipam/conf"
 )
 
 // Version is the format of the files this package writes.
 const Version = 1
+
+// Pool is one IPPool an attachment allocates from.
+type Pool struct {
+	Name  string `json:"name"`
+	Range string `json:"range"`
+}
 
 // Record is what one attachment holds.
 type Record struct {
@@ -32,11 +42,11 @@ type Record struct {
 	IfName      string `json:"ifName"`
 	PodRef      string `json:"podRef,omitempty"`
 	// Network is the CNI network's name; NetworkName is whereabouts' network_name.
-	Network     string      `json:"network"`
-	NetworkName string      `json:"networkName,omitempty"`
-	Kubeconfig  string      `json:"kubeconfig"`
-	Namespace   string      `json:"namespace"`
-	Pools       []conf.Pool `json:"pools"`
+	Network     string `json:"network"`
+	NetworkName string `json:"networkName,omitempty"`
+	Kubeconfig  string `json:"kubeconfig"`
+	Namespace   string `json:"namespace"`
+	Pools       []Pool `json:"pools"`
 	// IPs are the addresses the delegate returned, empty until ADD completed.
 	IPs []string `json:"ips,omitempty"`
 }
@@ -103,15 +113,17 @@ func (d Dir) path(containerID, ifName string) (string, error) {
 	return p, nil
 }
 
-// Write stores r atomically, replacing any earlier record of the attachment.
-func (d Dir) Write(r Record) error { return d.write(r, true) }
+// Write stores r atomically and durably (file and directory fsynced),
+// replacing any earlier record of the attachment.
+func (d Dir) Write(r Record) error { return d.write(osFiles{}, r, true) }
 
-// Update replaces a record atomically, without waiting for the disk: for
-// details added to a record that Write already made durable, whose loss in a
-// power cut loses nothing DEL needs.
-func (d Dir) Update(r Record) error { return d.write(r, false) }
+// Update replaces a record atomically, without waiting for the directory:
+// for details added to a record that Write already made durable. The file is
+// fsynced before it is renamed into place, so a power cut leaves the old
+// record or the new one, never an empty one.
+func (d Dir) Update(r Record) error { return d.write(osFiles{}, r, false) }
 
-func (d Dir) write(r Record, durable bool) error {
+func (d Dir) write(fs files, r Record, durable bool) error {
 	p, err := d.path(r.ContainerID, r.IfName)
 	if err != nil {
 		return err
@@ -124,34 +136,68 @@ func (d Dir) write(r Record, durable bool) error {
 	if err != nil {
 		return fmt.Errorf("encode checkpoint %s: %w", p, err)
 	}
-	if err := os.MkdirAll(string(d), 0o700); err != nil {
+	if err := fs.MkdirAll(string(d), 0o700); err != nil {
 		return fmt.Errorf("create checkpoint dir %s: %w", d, err)
 	}
-	tmp, err := os.CreateTemp(string(d), ".tmp-*")
+	tmp, err := fs.CreateTemp(string(d), ".tmp-*")
 	if err != nil {
 		return fmt.Errorf("write checkpoint %s: %w", p, err)
 	}
-	defer os.Remove(tmp.Name()) // no-op once renamed
+	defer fs.Remove(tmp.Name()) // no-op once renamed
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return fmt.Errorf("write checkpoint %s: %w", p, err)
 	}
-	if durable {
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return fmt.Errorf("sync checkpoint %s: %w", p, err)
-		}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync checkpoint %s: %w", p, err)
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write checkpoint %s: %w", p, err)
 	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
+	if err := fs.Rename(tmp.Name(), p); err != nil {
 		return fmt.Errorf("commit checkpoint %s: %w", p, err)
 	}
 	if !durable {
 		return nil
 	}
-	return syncDir(string(d))
+	if err := fs.SyncDir(string(d)); err != nil {
+		return fmt.Errorf("sync checkpoint dir %s: %w", d, err)
+	}
+	return nil
+}
+
+// files is what write does to the file system: the real one, or a test's
+// record of the order of its steps.
+type files interface {
+	MkdirAll(dir string, perm os.FileMode) error
+	CreateTemp(dir, pattern string) (file, error)
+	Rename(from, to string) error
+	Remove(name string) error
+	SyncDir(dir string) error
+}
+
+type file interface {
+	Name() string
+	Write([]byte) (int, error)
+	Sync() error
+	Close() error
+}
+
+type osFiles struct{}
+
+func (osFiles) MkdirAll(dir string, perm os.FileMode) error  { return os.MkdirAll(dir, perm) }
+func (osFiles) CreateTemp(dir, pattern string) (file, error) { return os.CreateTemp(dir, pattern) }
+func (osFiles) Rename(from, to string) error                 { return os.Rename(from, to) }
+func (osFiles) Remove(name string) error                     { return os.Remove(name) }
+
+func (osFiles) SyncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // Read returns the record of an attachment; ok is false when there is none.
@@ -177,14 +223,15 @@ func (d Dir) Read(containerID, ifName string) (Record, bool, error) {
 	return r, true, nil
 }
 
-// Decode parses and validates a checkpoint file's contents.
+// Decode parses and validates a checkpoint file's contents, of any release
+// (see the package's compatibility rule).
 func Decode(data []byte) (Record, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
 		return Record{}, fmt.Errorf("not a checkpoint: %w", err)
 	}
-	if r.Version != Version {
-		return Record{}, fmt.Errorf("checkpoint version %d, this harvester-ipam reads %d", r.Version, Version)
+	if r.Version < 1 {
+		return Record{}, fmt.Errorf("not a checkpoint: no version")
 	}
 	if err := r.validate(); err != nil {
 		return Record{}, err
@@ -259,16 +306,4 @@ func (d Dir) List() ([]Record, []error) {
 		recs = append(recs, r)
 	}
 	return recs, errs
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync checkpoint dir %s: %w", dir, err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync checkpoint dir %s: %w", dir, err)
-	}
-	return nil
 }

@@ -8,15 +8,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/harvester/harvester-ipam/conf"
 )
 
 func record(id, ifname string) Record {
 	return Record{
 		ContainerID: id, IfName: ifname, PodRef: "longhorn-system/instance-manager-a",
 		Network: "storagenetwork-sg8d8", Kubeconfig: "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig",
-		Namespace: "kube-system", Pools: []conf.Pool{{Name: "192.168.50.0-24", Range: "192.168.50.0/24"}},
+		Namespace: "kube-system", Pools: []Pool{{Name: "192.168.50.0-24", Range: "192.168.50.0/24"}},
 		IPs: []string{"192.168.50.3/24"},
 	}
 }
@@ -116,7 +114,7 @@ func TestWriteRefusesWhatReadWouldNotReturn(t *testing.T) {
 func TestDecodeRefusesBadFiles(t *testing.T) {
 	tests := []struct{ name, data, want string }{
 		{"not JSON", "{", "not a checkpoint"},
-		{"another version", `{"version":2,"containerID":"a","ifName":"eth0"}`, "checkpoint version 2"},
+		{"no version", `{"containerID":"a","ifName":"eth0"}`, "no version"},
 		{"a hostile container ID", `{"version":1,"containerID":"../x","ifName":"eth0"}`, "may contain only letters"},
 		{"a hostile pool", `{"version":1,"containerID":"a","ifName":"eth0","pools":[{"name":"../x"}]}`, `names pool "../x"`},
 	}
@@ -154,4 +152,60 @@ func TestReadRefusesARecordOfAnotherAttachment(t *testing.T) {
 	_, _, err := d.Read("b", "lhnet1")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "records a/lhnet1, not b/lhnet1")
+}
+
+// A record of a newer release (after a downgrade) is read for what this one
+// knows; an older one too.
+func TestRecordsOfOtherReleasesAreRead(t *testing.T) {
+	for _, data := range []string{
+		`{"version":3,"containerID":"a","ifName":"eth0","namespace":"kube-system","pools":[{"name":"p","range":"10.0.0.0/24","nodeSlice":"x"}],"nodeName":"n1"}`,
+		`{"version":1,"containerID":"a","ifName":"eth0","namespace":"kube-system","pools":[{"name":"p","range":"10.0.0.0/24"}]}`,
+	} {
+		r, err := Decode([]byte(data))
+		require.NoError(t, err, data)
+		assert.Equal(t, []Pool{{Name: "p", Range: "10.0.0.0/24"}}, r.Pools)
+		assert.Equal(t, "kube-system", r.Namespace)
+	}
+}
+
+// steps records what write does, in order.
+type steps struct {
+	osFiles
+	log []string
+}
+
+type stepFile struct {
+	*os.File
+	s *steps
+}
+
+func (f stepFile) Sync() error  { f.s.log = append(f.s.log, "sync file"); return f.File.Sync() }
+func (f stepFile) Close() error { f.s.log = append(f.s.log, "close"); return f.File.Close() }
+
+func (s *steps) CreateTemp(dir, pattern string) (file, error) {
+	f, err := os.CreateTemp(dir, pattern)
+	s.log = append(s.log, "create temp")
+	return stepFile{f, s}, err
+}
+func (s *steps) Rename(a, b string) error { s.log = append(s.log, "rename"); return os.Rename(a, b) }
+func (s *steps) SyncDir(d string) error {
+	s.log = append(s.log, "sync dir")
+	return s.osFiles.SyncDir(d)
+}
+
+// Both Write and Update fsync the file before renaming it into place: after a
+// power cut, the record is the old one or the new one, never empty.
+func TestEveryRecordIsOnDiskBeforeItIsRenamedIntoPlace(t *testing.T) {
+	d := Dir(filepath.Join(t.TempDir(), "cp"))
+	for _, tt := range []struct {
+		durable bool
+		want    []string
+	}{
+		{true, []string{"create temp", "sync file", "close", "rename", "sync dir"}},
+		{false, []string{"create temp", "sync file", "close", "rename"}},
+	} {
+		s := &steps{}
+		require.NoError(t, d.write(s, record("a", "lhnet1"), tt.durable))
+		assert.Equal(t, tt.want, s.log, "durable=%v", tt.durable)
+	}
 }

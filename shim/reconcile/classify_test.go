@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/shim"
 )
 
 type alloc = whereaboutsv1alpha1.IPAllocation
@@ -38,16 +40,23 @@ func status(ips ...string) string {
 	return s + "]"
 }
 
+func ipPool(name, rng string, allocs map[string]alloc) *shim.Pool {
+	return &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"},
+		Spec: whereaboutsv1alpha1.IPPoolSpec{Range: rng, Allocations: allocs}}
+}
+
 func TestClassify(t *testing.T) {
+	running := func(st string) World { return world(true, pod(lh, "im-a", corev1.PodRunning, "node-a", st)) }
 	tests := []struct {
 		name   string
 		allocs map[string]alloc
+		other  map[string]alloc // entries of another pool (192.168.60.0/24)
 		world  World
 		want   map[string]Reason // offset -> reason
 	}{{
-		name:   "a running pod on a live node keeps its address",
+		name:   "a running pod on a live node, on its network-status, keeps its address",
 		allocs: map[string]alloc{"4": {ContainerID: "c1", PodRef: lh + "/im-a", IfName: "lhnet1"}},
-		world:  world(true, pod(lh, "im-a", corev1.PodRunning, "node-a", status("192.168.50.4"))),
+		world:  running(status("192.168.50.4")),
 		want:   map[string]Reason{"4": Live},
 	}, {
 		name:   "the pod is gone",
@@ -78,34 +87,61 @@ func TestClassify(t *testing.T) {
 			"4": {ContainerID: "old", PodRef: lh + "/im-a", IfName: "lhnet1"},
 			"7": {ContainerID: "new", PodRef: lh + "/im-a", IfName: "lhnet1"},
 		},
-		world: world(true, pod(lh, "im-a", corev1.PodRunning, "node-a", status("192.168.50.7"))),
+		world: running(status("192.168.50.7")),
 		want:  map[string]Reason{"4": Superseded, "7": Live},
+	}, {
+		// Hole 2: the sibling is the same sandbox's other interface.
+		name: "two interfaces of one sandbox, the status names one: the sibling is live",
+		allocs: map[string]alloc{
+			"4": {ContainerID: "c1", PodRef: lh + "/im-a", IfName: "lhnet1"},
+			"7": {ContainerID: "c1", PodRef: lh + "/im-a", IfName: "lhnet2"},
+		},
+		world: running(status("192.168.50.4")),
+		want:  map[string]Reason{"4": Live, "7": Live},
+	}, {
+		name:   "a sibling in another pool, on the status",
+		allocs: map[string]alloc{"7": {ContainerID: "c1", PodRef: lh + "/im-a", IfName: "lhnet2"}},
+		other:  map[string]alloc{"4": {ContainerID: "c1", PodRef: lh + "/im-a", IfName: "lhnet1"}},
+		world:  running(status("192.168.60.4")),
+		want:   map[string]Reason{"7": Live},
+	}, {
+		// Hole 7: the range changed; the pod runs on with a new pool's address.
+		name:   "a running pod whose status names another pool's address only",
+		allocs: map[string]alloc{"4": {ContainerID: "old", PodRef: lh + "/im-a", IfName: "lhnet1"}},
+		other:  map[string]alloc{"9": {ContainerID: "new", PodRef: lh + "/im-a", IfName: "lhnet1"}},
+		world:  running(status("192.168.60.9")),
+		want:   map[string]Reason{"4": NotOnStatus},
+	}, {
+		name: "two sandboxes, a status naming neither: both stale",
+		allocs: map[string]alloc{
+			"4": {ContainerID: "old", PodRef: lh + "/im-a"},
+			"7": {ContainerID: "new", PodRef: lh + "/im-a"},
+		},
+		world: running(status("10.9.9.9")),
+		want:  map[string]Reason{"4": NotOnStatus, "7": NotOnStatus},
 	}, {
 		name: "two sandboxes but no network-status yet: both live",
 		allocs: map[string]alloc{
 			"4": {ContainerID: "old", PodRef: lh + "/im-a"},
 			"7": {ContainerID: "new", PodRef: lh + "/im-a"},
 		},
-		world: world(true, pod(lh, "im-a", corev1.PodRunning, "node-a", "")),
+		world: running(""),
 		want:  map[string]Reason{"4": Live, "7": Live},
 	}, {
-		name: "two sandboxes, a status naming neither: both live",
+		name: "an unreadable status: live",
 		allocs: map[string]alloc{
 			"4": {ContainerID: "old", PodRef: lh + "/im-a"},
 			"7": {ContainerID: "new", PodRef: lh + "/im-a"},
 		},
-		world: world(true, pod(lh, "im-a", corev1.PodRunning, "node-a", status("10.9.9.9"))),
+		world: running("{not json"),
 		want:  map[string]Reason{"4": Live, "7": Live},
 	}, {
-		name: "two sandboxes, an unreadable status: both live",
-		allocs: map[string]alloc{
-			"4": {ContainerID: "old", PodRef: lh + "/im-a"},
-			"7": {ContainerID: "new", PodRef: lh + "/im-a"},
-		},
-		world: world(true, pod(lh, "im-a", corev1.PodRunning, "node-a", "{not json")),
-		want:  map[string]Reason{"4": Live, "7": Live},
+		name:   "an IPv6 address written another way on the status",
+		allocs: map[string]alloc{"4": {ContainerID: "c1", PodRef: lh + "/im-a"}},
+		world:  world(true, pod(lh, "im-a", corev1.PodRunning, "node-a", `[{"ips":[" 192.168.050.4", "fd00::1"]}]`)),
+		want:   map[string]Reason{"4": NotOnStatus},
 	}, {
-		name: "a pending pod with no network-status keeps everything",
+		name: "a pending pod keeps everything",
 		allocs: map[string]alloc{
 			"4": {ContainerID: "old", PodRef: lh + "/im-a"},
 			"7": {ContainerID: "new", PodRef: lh + "/im-a"},
@@ -120,36 +156,44 @@ func TestClassify(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := &whereaboutsv1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.0-24"},
-				Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "192.168.50.0/24", Allocations: tt.allocs}}
-			vs, err := Classify(p, tt.world)
+			p := ipPool("192.168.50.0-24", "192.168.50.0/24", tt.allocs)
+			pools := []shim.Pool{*p}
+			if tt.other != nil {
+				pools = append(pools, *ipPool("192.168.60.0-24", "192.168.60.0/24", tt.other))
+			}
+			vs, err := Classify(p, tt.world, SandboxesOf(pools))
 			require.NoError(t, err)
 			got := map[string]Reason{}
 			for _, v := range vs {
 				got[v.Offset] = v.Reason
+				if v.Reason == Live {
+					assert.NotEmpty(t, v.Why, "a live verdict says why")
+				}
 			}
 			assert.Equal(t, tt.want, got)
 		})
 	}
+	_, err := Classify(ipPool("bad", "nonsense", map[string]alloc{"1": {}}), World{}, nil)
+	assert.Error(t, err)
 }
 
 func TestClassifyORIPs(t *testing.T) {
-	pools := []whereaboutsv1alpha1.IPPool{
-		{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.0-24"}, Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "192.168.50.0/24",
-			Allocations: map[string]alloc{"4": {ContainerID: "c", PodRef: lh + "/a"}}}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "blue-fd00-10---64"}, Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "fd00:10::/64",
-			Allocations: map[string]alloc{"5": {ContainerID: "c", PodRef: lh + "/b"}}}},
+	pools := []shim.Pool{
+		*ipPool("192.168.50.0-24", "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "c", PodRef: lh + "/a"}}),
+		*ipPool("blue-fd00-10---64", "fd00:10::/64", map[string]alloc{"5": {ContainerID: "c", PodRef: lh + "/b"}}),
+		*ipPool("green-node-1-10.0.0.64-26", "10.0.0.64/26", map[string]alloc{"2": {ContainerID: "c", PodRef: lh + "/c"}}),
 	}
-	orip := func(name, podRef string) whereaboutsv1alpha1.OverlappingRangeIPReservation {
-		return whereaboutsv1alpha1.OverlappingRangeIPReservation{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef}}
+	orip := func(name, podRef string) shim.Reservation {
+		return shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef}}
 	}
-	vs, err := ClassifyORIPs(pools, []whereaboutsv1alpha1.OverlappingRangeIPReservation{
+	vs, err := ClassifyORIPs(pools, []shim.Reservation{
 		orip("192.168.50.4", lh+"/a"),     // backed
 		orip("192.168.50.4", lh+"/other"), // the address is held, but for another pod
 		orip("192.168.50.9", lh+"/a"),     // nobody holds .9
 		orip("blue-fd00-10--5", lh+"/b"),  // backed, under network_name blue
-		orip("fd00-10--5", lh+"/b"),       // the same address without the network name: not backed
+		orip("fd00-10--5", lh+"/b"),       // unnamed: the blue pool may be an unnamed network's node slice: in doubt, held
+		orip("red-fd00-10--5", lh+"/b"),   // another network: not backed
+		orip("green-10.0.0.66", lh+"/c"),  // backed by a node slice of network green
 	})
 	require.NoError(t, err)
 	got := map[string]Reason{}
@@ -161,8 +205,12 @@ func TestClassifyORIPs(t *testing.T) {
 		"192.168.50.4 " + lh + "/other": OrphanedORIP,
 		"192.168.50.9 " + lh + "/a":     OrphanedORIP,
 		"blue-fd00-10--5 " + lh + "/b":  Live,
-		"fd00-10--5 " + lh + "/b":       OrphanedORIP,
+		"fd00-10--5 " + lh + "/b":       Live,
+		"red-fd00-10--5 " + lh + "/b":   OrphanedORIP,
+		"green-10.0.0.66 " + lh + "/c":  Live,
 	}, got)
+	_, err = ClassifyORIPs([]shim.Pool{*ipPool("x", "bad", map[string]alloc{"1": {}})}, nil)
+	assert.Error(t, err)
 }
 
 func TestNetworkName(t *testing.T) {
@@ -171,7 +219,6 @@ func TestNetworkName(t *testing.T) {
 		{"blue-192.168.50.0-24", "192.168.50.0/24", "blue"},
 		{"storage-net-fd00-10---64", "fd00:10::/64", "storage-net"},
 	} {
-		p := &whereaboutsv1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: tt.name}, Spec: whereaboutsv1alpha1.IPPoolSpec{Range: tt.rng}}
-		assert.Equal(t, tt.want, NetworkName(p), tt.name)
+		assert.Equal(t, tt.want, NetworkName(ipPool(tt.name, tt.rng, nil)), tt.name)
 	}
 }

@@ -30,7 +30,7 @@ func (s PoolSummary) Left() *big.Int {
 
 // Inspect judges every pool as a pass would, and writes nothing.
 func (r *Reconciler) Inspect(ctx context.Context) ([]PoolSummary, error) {
-	pools, err := r.listPools(ctx)
+	pools, err := r.Store.Pools(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -38,10 +38,11 @@ func (r *Reconciler) Inspect(ctx context.Context) ([]PoolSummary, error) {
 	if err != nil {
 		return nil, err
 	}
+	sb := SandboxesOf(pools)
 	out := make([]PoolSummary, 0, len(pools))
 	for i := range pools {
 		p := &pools[i]
-		vs, err := Classify(p, world)
+		vs, err := Classify(p, world, sb)
 		if err != nil {
 			return nil, err
 		}

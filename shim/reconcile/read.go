@@ -2,58 +2,20 @@ package reconcile
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"strings"
 
-	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/shim"
 )
-
-// listPools reads every pool of the namespace, fresh from the API server.
-func (r *Reconciler) listPools(ctx context.Context) ([]whereaboutsv1alpha1.IPPool, error) {
-	var out []whereaboutsv1alpha1.IPPool
-	opts := metav1.ListOptions{Limit: r.pageSize()}
-	for {
-		cctx, cancel := context.WithTimeout(ctx, r.Store.CallTimeout)
-		l, err := r.Store.Client().IPPools(r.Store.Namespace()).List(cctx, opts)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("list pools in %s: %w", r.Store.Namespace(), err)
-		}
-		out = append(out, l.Items...)
-		if l.Continue == "" {
-			return out, nil
-		}
-		opts.Continue = l.Continue
-	}
-}
-
-func (r *Reconciler) listORIPs(ctx context.Context) ([]whereaboutsv1alpha1.OverlappingRangeIPReservation, error) {
-	var out []whereaboutsv1alpha1.OverlappingRangeIPReservation
-	opts := metav1.ListOptions{Limit: r.pageSize()}
-	for {
-		cctx, cancel := context.WithTimeout(ctx, r.Store.CallTimeout)
-		l, err := r.Store.Client().OverlappingRangeIPReservations(r.Store.Namespace()).List(cctx, opts)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("list reservations in %s: %w", r.Store.Namespace(), err)
-		}
-		out = append(out, l.Items...)
-		if l.Continue == "" {
-			return out, nil
-		}
-		opts.Continue = l.Continue
-	}
-}
 
 // readWorld lists the pods of every namespace the pools name, and the nodes.
 // Pods are listed per namespace, page by page: the requests grow with the
 // namespaces and the pods, not with the allocations. A failed pod list fails
 // the pass (nothing can be judged); a failed node list only keeps every
 // node-gone case live.
-func (r *Reconciler) readWorld(ctx context.Context, pools []whereaboutsv1alpha1.IPPool) (World, error) {
+func (r *Reconciler) readWorld(ctx context.Context, pools []shim.Pool) (World, error) {
 	nss := map[string]bool{}
 	for _, p := range pools {
 		for _, a := range p.Spec.Allocations {
@@ -70,41 +32,75 @@ func (r *Reconciler) readWorld(ctx context.Context, pools []whereaboutsv1alpha1.
 
 	w := World{Pods: map[string]*corev1.Pod{}, Nodes: map[string]bool{}}
 	for _, ns := range names {
-		opts := metav1.ListOptions{Limit: r.pageSize()}
-		for {
-			cctx, cancel := context.WithTimeout(ctx, r.Store.CallTimeout)
-			l, err := r.Kube.CoreV1().Pods(ns).List(cctx, opts)
-			cancel()
-			if err != nil {
-				return World{}, fmt.Errorf("list pods in %s: %w", ns, err)
-			}
-			for i := range l.Items {
-				p := &l.Items[i]
-				w.Pods[p.Namespace+"/"+p.Name] = p
-			}
-			if l.Continue == "" {
-				break
-			}
-			opts.Continue = l.Continue
+		pods, err := r.Cluster.Pods(ctx, ns)
+		if err != nil {
+			return World{}, err
+		}
+		for i := range pods {
+			p := &pods[i]
+			w.Pods[p.Namespace+"/"+p.Name] = p
 		}
 	}
-	opts := metav1.ListOptions{Limit: r.pageSize()}
-	w.NodesKnown = true
-	for {
-		cctx, cancel := context.WithTimeout(ctx, r.Store.CallTimeout)
-		l, err := r.Kube.CoreV1().Nodes().List(cctx, opts)
-		cancel()
+	nodes, err := r.Cluster.Nodes(ctx)
+	if err == nil {
+		w.NodesKnown = true
+		for _, n := range nodes {
+			w.Nodes[n] = true
+		}
+	}
+	return w, nil
+}
+
+// freshGETs bounds the pods a fresh look GETs one by one; more are listed
+// again, namespace by namespace, so a pass's requests stay bounded by
+// namespaces when a node with hundreds of pods goes.
+const freshGETs = 20
+
+// freshWorld looks again at the pods (and their nodes) of the due entries,
+// right before they are released.
+func (r *Reconciler) freshWorld(ctx context.Context, due map[string]shim.IPAllocation) (World, error) {
+	pods := map[string]bool{}
+	for _, a := range due {
+		pods[a.PodRef] = true
+	}
+	if len(pods) > freshGETs {
+		allocs := make(map[string]shim.IPAllocation, len(due))
+		for off, a := range due {
+			allocs[off] = a
+		}
+		p := shim.Pool{}
+		p.Spec.Allocations = allocs
+		return r.readWorld(ctx, []shim.Pool{p})
+	}
+	refs := make([]string, 0, len(pods))
+	for ref := range pods {
+		refs = append(refs, ref)
+	}
+	sort.Strings(refs)
+	w := World{Pods: map[string]*corev1.Pod{}, Nodes: map[string]bool{}, NodesKnown: true}
+	for _, ref := range refs {
+		ns, name, ok := strings.Cut(ref, "/")
+		if !ok {
+			continue
+		}
+		pod, err := r.Cluster.Pod(ctx, ns, name)
 		if err != nil {
-			w.NodesKnown = false
-			break
+			return World{}, err
 		}
-		for _, n := range l.Items {
-			w.Nodes[n.Name] = true
+		if pod == nil {
+			continue
 		}
-		if l.Continue == "" {
-			break
+		w.Pods[ref] = pod
+		if node := pod.Spec.NodeName; node != "" {
+			if _, done := w.Nodes[node]; !done {
+				exists, err := r.Cluster.Node(ctx, node)
+				if err != nil {
+					w.NodesKnown = false // in doubt: the node may exist
+					continue
+				}
+				w.Nodes[node] = exists
+			}
 		}
-		opts.Continue = l.Continue
 	}
 	return w, nil
 }

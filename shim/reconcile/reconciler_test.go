@@ -2,66 +2,122 @@ package reconcile
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
-	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/client/clientset/versioned/fake"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
 )
 
-type fixture struct {
-	r    *Reconciler
-	wb   *wbfake.Clientset
-	kube *kubefake.Clientset
-	now  time.Time
+// cluster is an in-memory Cluster.
+type cluster struct {
+	pods   map[string]*corev1.Pod
+	nodes  map[string]bool
+	events []*corev1.Event
+	// beforePod runs before a fresh GET of a pod: the world changing between
+	// the pass's list and its fresh look.
+	beforePod func(ref string)
+	down      bool
 }
 
-func newFixture(t *testing.T, pods ...runtime.Object) *fixture {
-	wb := wbfake.NewSimpleClientset(
-		&whereaboutsv1alpha1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.0-24", Namespace: "kube-system", ResourceVersion: "1"},
-			Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "192.168.50.0/24", Allocations: map[string]alloc{
-				"4": {ContainerID: "dead", PodRef: lh + "/gone", IfName: "lhnet1"},
-				"5": {ContainerID: "live", PodRef: lh + "/running", IfName: "lhnet1"},
-			}}},
-		&whereaboutsv1alpha1.OverlappingRangeIPReservation{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.4", Namespace: "kube-system", ResourceVersion: "1"},
-			Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: lh + "/gone"}},
-		&whereaboutsv1alpha1.OverlappingRangeIPReservation{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.5", Namespace: "kube-system", ResourceVersion: "1"},
-			Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: lh + "/running"}},
-		&whereaboutsv1alpha1.OverlappingRangeIPReservation{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.9", Namespace: "kube-system", ResourceVersion: "1"},
-			Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: lh + "/leftover"}},
+func newCluster(pods ...*corev1.Pod) *cluster {
+	c := &cluster{pods: map[string]*corev1.Pod{}, nodes: map[string]bool{"node-a": true}}
+	for _, p := range pods {
+		c.pods[p.Namespace+"/"+p.Name] = p
+	}
+	return c
+}
+
+func (c *cluster) Pods(_ context.Context, ns string) ([]corev1.Pod, error) {
+	if c.down {
+		return nil, errors.New("list pods: connection refused")
+	}
+	var out []corev1.Pod
+	for _, p := range c.pods {
+		if p.Namespace == ns {
+			out = append(out, *p.DeepCopy())
+		}
+	}
+	return out, nil
+}
+
+func (c *cluster) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+	if c.beforePod != nil {
+		c.beforePod(ns + "/" + name)
+	}
+	if p, ok := c.pods[ns+"/"+name]; ok {
+		return p.DeepCopy(), nil
+	}
+	return nil, nil
+}
+
+func (c *cluster) Nodes(context.Context) ([]string, error) {
+	var out []string
+	for n := range c.nodes {
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (c *cluster) Node(_ context.Context, name string) (bool, error) { return c.nodes[name], nil }
+
+func (c *cluster) Event(_ context.Context, ev *corev1.Event) error {
+	c.events = append(c.events, ev)
+	return nil
+}
+
+type fixture struct {
+	r   *Reconciler
+	api *fake.API
+	c   *cluster
+	now time.Time
+}
+
+const poolName = "192.168.50.0-24"
+
+func newFixture(t *testing.T, pods ...*corev1.Pod) *fixture {
+	api := fake.New()
+	api.Put(
+		ipPool(poolName, "192.168.50.0/24", map[string]alloc{
+			"4": {ContainerID: "dead", PodRef: lh + "/gone", IfName: "lhnet1"},
+			"5": {ContainerID: "live", PodRef: lh + "/running", IfName: "lhnet1"},
+		}),
+		orip("192.168.50.4", lh+"/gone"),
+		orip("192.168.50.5", lh+"/running"),
+		orip("192.168.50.9", lh+"/leftover"),
 	)
-	objs := append([]runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}}, pods...)
-	kube := kubefake.NewSimpleClientset(objs...)
-	f := &fixture{wb: wb, kube: kube, now: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)}
-	f.r = &Reconciler{Kube: kube, Store: shim.New(wb.WhereaboutsV1alpha1(), "kube-system"), Grace: 10 * time.Minute, Now: func() time.Time { return f.now }}
+	f := &fixture{api: api, c: newCluster(pods...), now: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)}
+	store := shim.New(api, "kube-system", shim.Options{Backoff: shim.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 2}})
+	f.r = &Reconciler{Store: store, Cluster: f.c, Grace: 10 * time.Minute, Now: func() time.Time { return f.now }}
 	return f
 }
 
-func (f *fixture) pool(t *testing.T) *whereaboutsv1alpha1.IPPool {
-	p, err := f.wb.WhereaboutsV1alpha1().IPPools("kube-system").Get(context.Background(), "192.168.50.0-24", metav1.GetOptions{})
-	require.NoError(t, err)
-	return p
+func orip(name, podRef string) *shim.Reservation {
+	return &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"},
+		Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef}}
 }
 
-func (f *fixture) orips(t *testing.T) []string {
-	l, err := f.wb.WhereaboutsV1alpha1().OverlappingRangeIPReservations("kube-system").List(context.Background(), metav1.ListOptions{})
-	require.NoError(t, err)
+func (f *fixture) pool() *shim.Pool { return f.api.Pool("kube-system", poolName) }
+
+func (f *fixture) orips() []string {
 	var names []string
-	for _, o := range l.Items {
+	for _, o := range f.api.AllReservations("kube-system") {
 		names = append(names, o.Name)
 	}
 	return names
 }
 
-func running() runtime.Object {
+func running() *corev1.Pod {
 	return pod(lh, "running", corev1.PodRunning, "node-a", status("192.168.50.5"))
 }
 
@@ -73,71 +129,254 @@ func TestPassWaitsForTheGracePeriod(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, rep.Released, "first sighting: nothing released")
 	assert.Len(t, rep.Rows, 2, "the dead pod's allocation and the leftover reservation")
-	assert.Contains(t, f.pool(t).Annotations[StaleSinceAnnotation], `"4":{"id":"dead","since":"2026-11-21T12:00:00Z"`)
-	assert.Len(t, f.pool(t).Spec.Allocations, 2)
+	seen := decodeSightings(f.pool().Annotations[StaleSinceAnnotation])
+	assert.Equal(t, sightings{"4": {holder: holderOf("dead"), since: f.now}}, seen)
+	assert.Len(t, f.pool().Spec.Allocations, 2)
 
 	f.now = f.now.Add(9 * time.Minute)
 	rep, err = f.r.Pass(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, rep.Released, "within the grace period")
-	assert.Empty(t, rep.DeletedORIPs)
-	assert.Contains(t, f.pool(t).Annotations[StaleSinceAnnotation], "2026-11-21T12:00:00Z", "the first sighting is kept, not renewed")
+	assert.Equal(t, "wait 1m0s", row(t, rep, "allocation").Action)
 
-	f.now = f.now.Add(time.Minute)
+	f.now = f.now.Add(2 * time.Minute)
 	rep, err = f.r.Pass(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Released, 1)
 	assert.Equal(t, "192.168.50.4", rep.Released[0].IP.String())
-	assert.Equal(t, "192.168.50.4", rep.Released[0].ORIP)
-	assert.Equal(t, []string{"192.168.50.9"}, rep.DeletedORIPs)
-	p := f.pool(t)
-	assert.Equal(t, map[string]alloc{"5": {ContainerID: "live", PodRef: lh + "/running", IfName: "lhnet1"}}, p.Spec.Allocations)
-	assert.NotContains(t, p.Annotations, StaleSinceAnnotation, "nothing stale is left to remember")
-	assert.Equal(t, []string{"192.168.50.5"}, f.orips(t))
-
-	evs, err := f.kube.CoreV1().Events("kube-system").List(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
-	require.Len(t, evs.Items, 2)
-	var msgs []string
-	for _, e := range evs.Items {
-		msgs = append(msgs, e.Reason+": "+e.Message)
-	}
-	assert.Contains(t, msgs, `StaleAllocationReleased: released 192.168.50.4 of pod longhorn-system/gone (container dead, ifname "lhnet1"), reservation 192.168.50.4 deleted`)
+	assert.Equal(t, []string{"192.168.50.4"}, rep.ReleasedORIPs)
+	assert.Equal(t, []string{"192.168.50.9"}, rep.DeletedORIPs, "the leftover reservation's grace is over too")
+	assert.Equal(t, map[string]alloc{"5": {ContainerID: "live", PodRef: lh + "/running", IfName: "lhnet1"}}, f.pool().Spec.Allocations)
+	assert.Equal(t, []string{"192.168.50.5"}, f.orips())
+	assert.NotContains(t, f.pool().Annotations, StaleSinceAnnotation, "nothing left to remember")
+	require.Len(t, f.c.events, 2)
+	assert.Equal(t, "StaleAllocationReleased", f.c.events[0].Reason)
+	assert.Contains(t, f.c.events[0].Message, "released 192.168.50.4 of pod longhorn-system/gone (container dead, ifname \"lhnet1\"), reservation 192.168.50.4 deleted")
+	assert.Equal(t, "OrphanedReservationDeleted", f.c.events[1].Reason)
+	require.Len(t, rep.Stats, 1)
+	assert.Equal(t, PoolStats{Pool: poolName, Range: "192.168.50.0/24", Capacity: 254, Allocated: 2, Stale: 1, OldestStale: 11 * time.Minute}, rep.Stats[0])
 }
 
+// The world changed between the pass's list and its release: the pod came
+// back to Running (issue 15: the fresh look).
 func TestPassKeepsWhatCameBackToLife(t *testing.T) {
+	f := newFixture(t, running())
+	f.r.Grace = 0
+	f.c.beforePod = func(ref string) {
+		if ref == lh+"/gone" {
+			f.c.pods[ref] = pod(lh, "gone", corev1.PodRunning, "node-a", status("192.168.50.4"))
+		}
+	}
+	rep, err := f.r.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, rep.Released)
+	assert.Equal(t, "kept: live on a fresh look", row(t, rep, "allocation").Action)
+	assert.Len(t, f.pool().Spec.Allocations, 2)
+	assert.Contains(t, f.orips(), "192.168.50.4")
+}
+
+// An entry that changed hands (another container of the gone pod took the
+// offset) starts its grace again (issue 15).
+func TestSightingRestartsWhenTheEntryChangesHands(t *testing.T) {
 	f := newFixture(t, running())
 	ctx := context.Background()
 	_, err := f.r.Pass(ctx)
 	require.NoError(t, err)
-	// The pod is (re)created, pending, before the grace period ends.
-	_, err = f.kube.CoreV1().Pods(lh).Create(ctx, pod(lh, "gone", corev1.PodPending, "", ""), metav1.CreateOptions{})
+	f.now = f.now.Add(9 * time.Minute)
+	p := f.pool()
+	p.Spec.Allocations["4"] = alloc{ContainerID: "dead-too", PodRef: lh + "/gone", IfName: "lhnet1"}
+	_, err = f.api.UpdatePool("kube-system", p)
 	require.NoError(t, err)
-	f.now = f.now.Add(time.Hour)
+	f.now = f.now.Add(2 * time.Minute)
 	rep, err := f.r.Pass(ctx)
 	require.NoError(t, err)
-	assert.Empty(t, rep.Released)
-	assert.Len(t, f.pool(t).Spec.Allocations, 2)
-	assert.NotContains(t, f.pool(t).Annotations, StaleSinceAnnotation, "no longer stale: forgotten")
+	assert.Empty(t, rep.Released, "another holder: its grace starts now")
+	assert.Equal(t, f.now, decodeSightings(f.pool().Annotations[StaleSinceAnnotation])["4"].since)
+}
+
+// The sightings are written as every pool write is: a guarded patch, and
+// computed again when the pool changed under it (issue 15).
+func TestSightingsAreAGuardedWrite(t *testing.T) {
+	f := newFixture(t, running())
+	var patches []shim.Patch
+	raced := false
+	f.api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" && c.Resource == fake.Pools {
+			patches = append(patches, c.Patch)
+			if !raced {
+				raced = true
+				p := f.pool()
+				p.Spec.Allocations["6"] = alloc{ContainerID: "dead2", PodRef: lh + "/gone2"}
+				_, err := f.api.UpdatePool("kube-system", p)
+				require.NoError(t, err)
+			}
+		}
+		return nil
+	}
+	_, err := f.r.Pass(context.Background())
+	require.NoError(t, err)
+	require.Len(t, patches, 2, "the first failed its test and was made again")
+	for _, p := range patches {
+		assert.Equal(t, "test", p.Ops()[0].Op)
+		assert.Equal(t, "/metadata/resourceVersion", p.Ops()[0].Path)
+	}
+	assert.NotEqual(t, patches[0].ResourceVersion(), patches[1].ResourceVersion())
+	assert.Contains(t, decodeSightings(f.pool().Annotations[StaleSinceAnnotation]), "4")
 }
 
 func TestDryRunChangesNothing(t *testing.T) {
 	f := newFixture(t, running())
 	f.r.DryRun = true
-	before := f.pool(t)
-	for i := 0; i < 3; i++ {
-		rep, err := f.r.Pass(context.Background())
-		require.NoError(t, err)
-		assert.Len(t, rep.Rows, 2)
-		assert.Empty(t, rep.Released)
-		f.now = f.now.Add(time.Hour)
+	f.r.Grace = 0
+	var writes []string
+	f.api.Hook = func(c *fake.Call) error {
+		if c.Verb != "get" && c.Verb != "list" {
+			writes = append(writes, c.Verb+" "+c.Resource)
+		}
+		return nil
 	}
-	assert.Equal(t, before, f.pool(t))
-	assert.Len(t, f.orips(t), 3)
-	for _, a := range f.kube.Actions() {
-		assert.Equal(t, "list", a.GetVerb(), "a dry run only reads: %v", a)
+	rep, err := f.r.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, writes)
+	assert.Empty(t, f.c.events)
+	require.Len(t, rep.Rows, 2)
+	assert.Equal(t, "would release", row(t, rep, "allocation").Action)
+	assert.Equal(t, "would delete", row(t, rep, "reservation").Action)
+}
+
+func row(t *testing.T, rep *Report, kind string) Row {
+	t.Helper()
+	for _, r := range rep.Rows {
+		if r.Kind == kind {
+			return r
+		}
 	}
-	for _, a := range f.wb.Actions() {
-		assert.Contains(t, []string{"list", "get"}, a.GetVerb(), "a dry run only reads: %v", a)
+	t.Fatalf("no %s row in %+v", kind, rep.Rows)
+	return Row{}
+}
+
+// A leftover reservation that an allocation backs again before its grace is
+// over is kept; one backed again between the pass's look and the delete is
+// kept too: the judgement is made again under whereabouts' Lease.
+func TestOrphanedReservations(t *testing.T) {
+	f := newFixture(t, running())
+	f.r.Grace = 0
+	f.api.Hook = func(c *fake.Call) error {
+		if c.Resource == fake.Leases && c.Verb == "create" {
+			// whereabouts allocated .9 to the leftover's pod meanwhile.
+			p := f.pool()
+			p.Spec.Allocations["9"] = alloc{ContainerID: "back", PodRef: lh + "/leftover", IfName: "lhnet1"}
+			_, err := f.api.UpdatePool("kube-system", p)
+			require.NoError(t, err)
+		}
+		return nil
 	}
+	f.c.pods[lh+"/leftover"] = pod(lh, "leftover", corev1.PodRunning, "node-a", status("192.168.50.9"))
+	rep, err := f.r.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, rep.DeletedORIPs)
+	assert.Contains(t, f.orips(), "192.168.50.9")
+}
+
+func TestOrphanSightingsComeAndGo(t *testing.T) {
+	f := newFixture(t, running())
+	ctx := context.Background()
+	_, err := f.r.Pass(ctx)
+	require.NoError(t, err)
+	o := f.api.AllReservations("kube-system")[2]
+	require.Equal(t, "192.168.50.9", o.Name)
+	assert.Equal(t, f.now.Format(time.RFC3339), o.Annotations[OrphanSinceAnnotation])
+	p := f.pool()
+	p.Spec.Allocations["9"] = alloc{ContainerID: "back", PodRef: lh + "/leftover"}
+	_, err = f.api.UpdatePool("kube-system", p)
+	require.NoError(t, err)
+	f.c.pods[lh+"/leftover"] = pod(lh, "leftover", corev1.PodRunning, "node-a", status("192.168.50.9"))
+	_, err = f.r.Pass(ctx)
+	require.NoError(t, err)
+	o = f.api.AllReservations("kube-system")[2]
+	assert.NotContains(t, o.Annotations, OrphanSinceAnnotation, "backed again: forgotten")
+}
+
+// Hole 6: thousands of stale entries. Their sightings fit the API server's
+// limit on annotations; past the budget, entries are sighted once earlier
+// ones are released; every one is released in the end.
+func TestThousandsOfStaleEntries(t *testing.T) {
+	for _, n := range []int{5000, 12000} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			api := fake.New()
+			allocs := map[string]alloc{}
+			for i := 0; i < n; i++ {
+				allocs[strconv.Itoa(10+i)] = alloc{ContainerID: fmt.Sprintf("dead%060d", i), PodRef: fmt.Sprintf("%s/gone-%05d", lh, i), IfName: "lhnet1"}
+			}
+			api.Put(ipPool("10.0.0.0-16", "10.0.0.0/16", allocs))
+			now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+			c := newCluster()
+			r := &Reconciler{Store: shim.New(api, "kube-system", shim.Options{}), Cluster: c, Grace: time.Minute, Now: func() time.Time { return now }}
+			passes := 0
+			for len(api.Pool("kube-system", "10.0.0.0-16").Spec.Allocations) > 0 {
+				passes++
+				require.Less(t, passes, 20, "every entry is released in the end")
+				rep, err := r.Pass(context.Background())
+				require.NoError(t, err)
+				require.Empty(t, rep.Errors)
+				assert.LessOrEqual(t, len(api.Pool("kube-system", "10.0.0.0-16").Annotations[StaleSinceAnnotation]), maxSightingBytes)
+				now = now.Add(time.Minute)
+			}
+			t.Logf("%d stale entries: released in %d passes", n, passes)
+			assert.LessOrEqual(t, len(c.events), maxEvents*passes, "Events are bounded")
+		})
+	}
+}
+
+func TestSightingsEncoding(t *testing.T) {
+	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	s := sightings{"4": {holder: holderOf("a"), since: t0}, "12": {holder: holderOf("b"), since: t0}, "5": {holder: holderOf("c"), since: t0.Add(time.Hour)}}
+	enc, left := s.encode()
+	assert.Empty(t, left)
+	u := func(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
+	assert.Equal(t, "v2;"+u(t0)+":4."+holderOf("a")+",12."+holderOf("b")+";"+u(t0.Add(time.Hour))+":5."+holderOf("c"), enc)
+	assert.Equal(t, s, decodeSightings(enc))
+	empty, _ := sightings{}.encode()
+	assert.Equal(t, "", empty)
+
+	// The first format reads on.
+	v1 := `{"4":{"id":"a","since":"2026-11-21T12:00:00.5Z","reason":"pod gone"}}`
+	assert.Equal(t, sightings{"4": {holder: holderOf("a"), since: t0}}, decodeSightings(v1))
+	assert.Empty(t, decodeSightings("{garbage"))
+	assert.Empty(t, decodeSightings("v2;x:1.a;5:;6:7,8.b"+strings.Repeat(",", 3))["1"])
+
+	// A budget: the oldest stay, the newest wait.
+	big := sightings{}
+	for i := 0; i < 20000; i++ {
+		since := t0.Add(time.Hour)
+		if i < 3000 {
+			since = t0
+		}
+		big[strconv.Itoa(i)] = sighting{holder: holderOf(strconv.Itoa(i)), since: since}
+	}
+	enc, left = big.encode()
+	assert.LessOrEqual(t, len(enc), maxSightingBytes)
+	assert.NotEmpty(t, left)
+	got := decodeSightings(enc)
+	assert.Equal(t, 20000, len(got)+len(left))
+	for _, off := range left {
+		n, _ := strconv.Atoi(off)
+		require.GreaterOrEqual(t, n, 3000, "only newer sightings wait")
+	}
+}
+
+func TestAPassThatCannotReadFails(t *testing.T) {
+	f := newFixture(t, running())
+	f.c.down = true
+	_, err := f.r.Pass(context.Background())
+	assert.ErrorContains(t, err, "connection refused")
+	f.c.down = false
+	f.api.Hook = func(c *fake.Call) error {
+		if c.Verb == "list" && c.Resource == fake.Pools {
+			return errors.New("dial tcp: connection refused")
+		}
+		return nil
+	}
+	_, err = f.r.Pass(context.Background())
+	assert.ErrorContains(t, err, "list pools in kube-system")
 }

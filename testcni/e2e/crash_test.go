@@ -27,11 +27,11 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 		nadGone     bool // DEL from the checkpoint: no delegate, harvester-ipam writes the pool
 	}{
 		{"add-after-checkpoint", "ADD", false},
-		{"add-after-pool-write", "ADD", false}, // reclaim wrote the pool, the reservation is not deleted yet
+		{"add-after-reservations", "ADD", false}, // the reclaim deleted the reservation, not yet the entry
 		{"add-after-reclaim", "ADD", false},
 		{"add-after-delegate", "ADD", false}, // allocated, the checkpoint not updated
 		{"del-after-delegate", "DEL", false},
-		{"del-after-pool-write", "DEL", true}, // released from the pool, the reservation not deleted yet
+		{"del-after-reservations", "DEL", true}, // the reservation deleted, not yet the entry
 		{"del-after-release", "DEL", false},   // released, the checkpoint not removed
 	}
 	for i, tt := range points {
