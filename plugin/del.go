@@ -146,7 +146,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	ph.mark("look")
 	for _, pool := range ambiguous {
-		log.Errorf("pool %s holds several entries of container %s without an ifname, and nothing tells which is %s's: released none of them (the pod's next ADD, or the reconciler once the pod is gone, releases them)", pool, args.ContainerID, args.IfName)
+		log.Errorf("pool %s holds an entry of container %s without an ifname that no checkpoint records as %s's: left it (another interface's, or released by the pod's next ADD or by the reconciler once the sandbox is gone)", pool, args.ContainerID, args.IfName)
 	}
 
 	if len(plans) == 0 {

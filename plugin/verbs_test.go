@@ -246,14 +246,14 @@ func TestDel(t *testing.T) {
 		// (here lhnet1's): DEL of lhnet2 must not hand it over.
 		name: "one of two attachments in one pool, on v0.8.0", wb: fake.V080,
 		objs: twoAttachments(true), id: "c", ifname: "lhnet2",
-		stdin: func(r *rig) []byte { return r.config("0.3.1", "") },
-		want:  map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}, "4": b1},
+		stdin:     func(r *rig) []byte { return r.config("0.3.1", "") },
+		want:      map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}, "4": b1},
 		wantORIPs: []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"},
 	}, {
 		name: "one of two attachments in one pool, on v0.9.3, which matches the ifname", wb: fake.V093,
 		objs: twoAttachments(true), id: "c", ifname: "lhnet2",
-		stdin: func(r *rig) []byte { return r.config("0.3.1", "") },
-		want:  map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}, "4": b1},
+		stdin:     func(r *rig) []byte { return r.config("0.3.1", "") },
+		want:      map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}, "4": b1},
 		wantORIPs: []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"},
 	}, {
 		name: "one of two attachments without ifnames (v0.7.0), by the address its checkpoint recorded", wb: fake.V070,
@@ -262,22 +262,24 @@ func TestDel(t *testing.T) {
 			require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "c", IfName: "lhnet2", Network: "storagenetwork", PodRef: "longhorn-system/im-a",
 				Kubeconfig: r.kubeconfig(), Namespace: "kube-system", Pools: []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, IPs: []string{"192.168.50.3/24"}}))
 		},
-		stdin: func(r *rig) []byte { return r.config("0.3.1", "") },
-		want:  map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a"}, "4": b1},
+		stdin:     func(r *rig) []byte { return r.config("0.3.1", "") },
+		want:      map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a"}, "4": b1},
 		wantORIPs: []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"},
 	}, {
 		name: "one of two attachments without ifnames and nothing recorded: none released, and it says so", wb: fake.V070,
 		objs: twoAttachments(false), id: "c", ifname: "lhnet2",
 		stdin: func(r *rig) []byte { return r.config("0.3.1", "") },
 		want:  twoAttachments(false)[0].(*shim.Pool).Spec.Allocations,
-		log:   "holds several entries of container c without an ifname, and nothing tells which is lhnet2's: released none of them",
+		log:   "holds an entry of container c without an ifname that no checkpoint records as lhnet2's: left it",
 	}, {
 		// Hole 4.
 		name:    "a config with an option of a newer release",
 		objs:    crashLoopedPool(),
 		prepare: func(t *testing.T, r *rig) { r.record(t, "old1") },
-		stdin:   func(r *rig) []byte { return r.config("0.3.1", `,"harvester_ipam":{"checkpoint_dir":"`+r.cpDir+`","release_on_node_loss":true}`) },
-		want:    left,
+		stdin: func(r *rig) []byte {
+			return r.config("0.3.1", `,"harvester_ipam":{"checkpoint_dir":"`+r.cpDir+`","release_on_node_loss":true}`)
+		},
+		want: left,
 	}, {
 		name:    "a config whose ipam is not an object: the default checkpoint dir",
 		objs:    crashLoopedPool(),
@@ -422,8 +424,9 @@ func TestCheck(t *testing.T) {
 // pools; the store is reached with the config's kubeconfig; one record that
 // cannot be released stops none of the others, and stays for the next GC.
 func TestGC(t *testing.T) {
+	at := map[string][]string{"old1": {"192.168.50.2/24"}, "old2": {"192.168.50.3/24"}, "b1": {"192.168.50.4/24"}}
 	write := func(t *testing.T, r *rig, id, network, kubeconfig string, pools ...string) {
-		rec := checkpoint.Record{ContainerID: id, IfName: "lhnet1", Network: network, PodRef: "longhorn-system/im-a", Kubeconfig: kubeconfig, Namespace: "kube-system"}
+		rec := checkpoint.Record{ContainerID: id, IfName: "lhnet1", Network: network, PodRef: "longhorn-system/im-a", Kubeconfig: kubeconfig, Namespace: "kube-system", IPs: at[id]}
 		for _, p := range pools {
 			rec.Pools = append(rec.Pools, checkpoint.Pool{Name: p, Range: "x"})
 		}

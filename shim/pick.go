@@ -38,8 +38,8 @@ type Found struct {
 	// Others counts the container's entries that are not the attachment's:
 	// another interface of the same sandbox.
 	Others int
-	// Ambiguous says that the container has several entries without an
-	// ifname and nothing tells which is the attachment's: none is picked.
+	// Ambiguous says that the container has an entry without an ifname that
+	// nothing tells is the attachment's: it is not picked.
 	Ambiguous bool
 }
 
@@ -47,10 +47,10 @@ type Found struct {
 // in p: the container's entries that name the ifname, and those without an
 // ifname (whereabouts before v0.8 writes none) at the addresses a checkpoint
 // recorded at ADD (ips). An entry naming another ifname is another
-// interface's, never this one's. Without recorded addresses, an entry of the
-// container without an ifname is the attachment's when it is the
-// container's only entry in the pool; with two, which one is this
-// attachment's cannot be told: none is picked, and Ambiguous says so.
+// interface's; an entry without an ifname at no recorded address cannot be
+// told apart from another interface's (a sandbox may attach twice to one
+// pool, and a DEL may come again after the first released its own): it is
+// never picked, and Ambiguous says that one is there.
 func FindAttachment(p *Pool, containerID, ifName string, ips []net.IP) Found {
 	var f Found
 	if containerID == "" {
@@ -60,7 +60,7 @@ func FindAttachment(p *Pool, containerID, ifName string, ips []net.IP) Found {
 	if err != nil {
 		first = nil // no address can be matched; ifnames still can
 	}
-	var mine, unnamed []string
+	var mine []string
 	total := 0
 	for off, a := range p.Spec.Allocations {
 		if a.ContainerID != containerID {
@@ -72,27 +72,22 @@ func FindAttachment(p *Pool, containerID, ifName string, ips []net.IP) Found {
 			mine = append(mine, off)
 		case a.IfName != "":
 			// another interface of the sandbox
-		case len(ips) > 0:
-			if first == nil {
-				continue
-			}
-			if ip, err := OffsetIP(first, off); err == nil && containsIP(ips, ip) {
+		case first != nil && len(ips) > 0:
+			if atOneOf(first, off, ips) {
 				mine = append(mine, off)
-			}
+			} // else: at an address the attachment did not get: another interface's
 		default:
-			unnamed = append(unnamed, off)
-		}
-	}
-	if len(mine) == 0 && len(unnamed) > 0 {
-		if len(unnamed) == 1 && total == 1 {
-			mine = unnamed
-		} else {
 			f.Ambiguous = true
 		}
 	}
 	sort.Strings(mine)
 	f.Offsets, f.Others = mine, total-len(mine)
 	return f
+}
+
+func atOneOf(first net.IP, off string, ips []net.IP) bool {
+	ip, err := OffsetIP(first, off)
+	return err == nil && containsIP(ips, ip)
 }
 
 func containsIP(ips []net.IP, ip net.IP) bool {

@@ -35,24 +35,27 @@ func TestFindAttachment(t *testing.T) {
 		return out
 	}
 	for _, tt := range []struct {
-		name   string
-		p      *shim.Pool
+		name    string
+		p       *shim.Pool
 		id, if_ string
-		ips    []net.IP
-		want   shim.Found
+		ips     []net.IP
+		want    shim.Found
 	}{
 		{"by ifname, beside a sibling", twice, "c", "lhnet2", nil, shim.Found{Offsets: []string{"2"}, Others: 1}},
 		{"a recorded address held under another ifname is not ours", twice, "c", "lhnet2", ips("10.0.0.1"), shim.Found{Offsets: []string{"2"}, Others: 1}},
 		{"recorded address no longer held: by ifname", twice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Offsets: []string{"1"}, Others: 1}},
-		{"recorded addresses, none held", legacyTwice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Others: 2}},
+		{"recorded addresses, none held: the unnamed entries are other interfaces'", legacyTwice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Others: 2}},
 		{"no entry of that ifname", twice, "c", "lhnet3", nil, shim.Found{Others: 2}},
 		{"another container", twice, "z", "lhnet1", nil, shim.Found{}},
 		{"no container id", twice, "", "lhnet1", nil, shim.Found{}},
 		{"two entries without ifname: cannot tell", legacyTwice, "c", "lhnet2", nil, shim.Found{Others: 2, Ambiguous: true}},
 		{"two entries without ifname, by recorded address", legacyTwice, "c", "lhnet2", ips("10.0.0.2"), shim.Found{Offsets: []string{"2"}, Others: 1}},
-		{"the container's only entry, without ifname", legacyOnce, "c", "lhnet1", nil, shim.Found{Offsets: []string{"1"}}},
+		// A DEL may come again after the first released its own entry: the
+		// one left may be another interface's.
+		{"the container's only entry, without ifname and unrecorded: not picked", legacyOnce, "c", "lhnet1", nil, shim.Found{Others: 1, Ambiguous: true}},
+		{"the container's only entry, without ifname, recorded", legacyOnce, "c", "lhnet1", ips("10.0.0.1"), shim.Found{Offsets: []string{"1"}}},
 		{"an entry without ifname beside a named sibling", legacyBeside, "c", "lhnet1", nil, shim.Found{Others: 2, Ambiguous: true}},
-		{"a bad range: by ifname still", pool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}, "2": {ContainerID: "c"}}), "c", "e", ips("10.0.0.2"), shim.Found{Offsets: []string{"1"}, Others: 1}},
+		{"a bad range: by ifname still, and the unnamed entry cannot be told", pool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}, "2": {ContainerID: "c"}}), "c", "e", ips("10.0.0.2"), shim.Found{Offsets: []string{"1"}, Others: 1, Ambiguous: true}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := shim.FindAttachment(tt.p, tt.id, tt.if_, tt.ips)

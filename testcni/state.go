@@ -96,12 +96,22 @@ func (n *Network) Verify(ctx context.Context, live []*Sandbox, pods []Pod) ([]st
 		byIP[a.IP.String()] = a
 	}
 	// An allocation belongs to a sandbox's attachment when the container IDs
-	// match and the ifname does, or is empty (whereabouts before v0.8 writes none).
+	// match and the ifname does; without an ifname (whereabouts before v0.8
+	// writes none), when it is at the address the attachment's ADD returned,
+	// or, that unknown, when the container has no other attachment.
 	owner := func(a shim.Allocation) *Sandbox {
+		var byID []*Sandbox
 		for _, s := range live {
-			if a.ContainerID == s.ContainerID && (a.IfName == s.IfName || a.IfName == "") {
+			if a.ContainerID != s.ContainerID {
+				continue
+			}
+			byID = append(byID, s)
+			if a.IfName == s.IfName || (a.IfName == "" && s.IP() == a.IP.String()) {
 				return s
 			}
+		}
+		if a.IfName == "" && len(byID) == 1 && byID[0].IP() == "" {
+			return byID[0]
 		}
 		return nil
 	}

@@ -159,7 +159,9 @@ func roundTrip(obj any) any {
 
 func notFound(k key) error { return apierrors.NewNotFound(groups[k.resource], k.name) }
 
-func conflict(k key, msg string) error { return apierrors.NewConflict(groups[k.resource], k.name, fmt.Errorf("%s", msg)) }
+func conflict(k key, msg string) error {
+	return apierrors.NewConflict(groups[k.resource], k.name, fmt.Errorf("%s", msg))
+}
 
 func invalid(k key, msg string) error {
 	gk := schema.GroupKind{Group: groups[k.resource].Group, Kind: k.resource}

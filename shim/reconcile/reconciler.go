@@ -135,7 +135,8 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world Worl
 		stats.Stale++
 		s, ok := old[v.Offset]
 		if !ok || s.holder != holderOf(v.ContainerID) {
-			s = sighting{holder: holderOf(v.ContainerID), since: now.Truncate(time.Second)}
+			// Recorded to the second, rounded up: never a grace shorter than Grace.
+			s = sighting{holder: holderOf(v.ContainerID), since: ceilSecond(now)}
 		} else if age := now.Sub(s.since); age > stats.OldestStale {
 			stats.OldestStale = age
 		}
@@ -364,6 +365,13 @@ func (r *Reconciler) deleteOrphans(ctx context.Context, due []shim.Reservation) 
 		return nil
 	})
 	return deleted, err
+}
+
+func ceilSecond(t time.Time) time.Time {
+	if f := t.Truncate(time.Second); f.Before(t) {
+		return f.Add(time.Second)
+	}
+	return t
 }
 
 func parseTime(s string) (time.Time, bool) {

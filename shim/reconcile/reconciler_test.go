@@ -343,7 +343,7 @@ func TestSightingsEncoding(t *testing.T) {
 	v1 := `{"4":{"id":"a","since":"2026-11-21T12:00:00.5Z","reason":"pod gone"}}`
 	assert.Equal(t, sightings{"4": {holder: holderOf("a"), since: t0}}, decodeSightings(v1))
 	assert.Empty(t, decodeSightings("{garbage"))
-	assert.Empty(t, decodeSightings("v2;x:1.a;5:;6:7,8.b"+strings.Repeat(",", 3))["1"])
+	assert.Empty(t, decodeSightings("v2;x:1.a;5:;6:7,8.b" + strings.Repeat(",", 3))["1"])
 
 	// A budget: the oldest stay, the newest wait.
 	big := sightings{}

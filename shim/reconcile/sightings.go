@@ -140,4 +140,6 @@ func offsetLess(a, b string) bool {
 }
 
 // String is for tests and logs.
-func (s sighting) String() string { return fmt.Sprintf("%s since %s", s.holder, s.since.Format(time.RFC3339)) }
+func (s sighting) String() string {
+	return fmt.Sprintf("%s since %s", s.holder, s.since.Format(time.RFC3339))
+}

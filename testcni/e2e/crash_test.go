@@ -32,7 +32,7 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 		{"add-after-delegate", "ADD", false}, // allocated, the checkpoint not updated
 		{"del-after-delegate", "DEL", false},
 		{"del-after-reservations", "DEL", true}, // the reservation deleted, not yet the entry
-		{"del-after-release", "DEL", false},   // released, the checkpoint not removed
+		{"del-after-release", "DEL", false},     // released, the checkpoint not removed
 	}
 	for i, tt := range points {
 		t.Run(tt.point, func(t *testing.T) {

@@ -208,7 +208,10 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{plugin, "get", wb, "ippools", "kube-system"}, {plugin, "list", wb, "ippools", "kube-system"},
 		{plugin, "update", wb, "ippools", "kube-system"}, {plugin, "patch", wb, "ippools", "kube-system"},
 		{plugin, "get", wb, "overlappingrangeipreservations", "kube-system"},
+		{plugin, "list", wb, "overlappingrangeipreservations", "kube-system"},
 		{plugin, "delete", wb, "overlappingrangeipreservations", "kube-system"},
+		{plugin, "get", "coordination.k8s.io", "leases", "kube-system"}, {plugin, "create", "coordination.k8s.io", "leases", "kube-system"},
+		{reconciler, "get", "coordination.k8s.io", "leases", "kube-system"}, {reconciler, "create", "coordination.k8s.io", "leases", "kube-system"},
 		{plugin, "create", core, "events", "kube-system"},
 		{reconciler, "get", wb, "ippools", "kube-system"}, {reconciler, "list", wb, "ippools", "kube-system"},
 		{reconciler, "update", wb, "ippools", "kube-system"}, {reconciler, "patch", wb, "ippools", "kube-system"},
@@ -222,7 +225,8 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 	}
 	denied := []q{
 		{plugin, "create", wb, "ippools", "kube-system"}, {plugin, "delete", wb, "ippools", "kube-system"},
-		{plugin, "get", wb, "ippools", "default"}, {plugin, "list", wb, "overlappingrangeipreservations", "kube-system"},
+		{plugin, "get", wb, "ippools", "default"}, {plugin, "delete", "coordination.k8s.io", "leases", "kube-system"},
+		{plugin, "get", "coordination.k8s.io", "leases", "default"},
 		{plugin, "create", wb, "overlappingrangeipreservations", "kube-system"}, {plugin, "list", core, "pods", ""},
 		{plugin, "get", core, "secrets", "kube-system"},
 		{reconciler, "create", wb, "ippools", "kube-system"}, {reconciler, "delete", wb, "ippools", "kube-system"},
@@ -235,12 +239,16 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 	}
 	can := func(x q) bool {
 		user := strings.Split(x.user, ":")
+		name := ""
+		if x.resource == "leases" && x.verb != "create" {
+			name = "whereabouts" // the one Lease the Roles name
+		}
 		sar, err := rig.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
 			Spec: authorizationv1.SubjectAccessReviewSpec{
 				User:   x.user,
 				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + user[2], "system:authenticated"},
 				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Verb: x.verb, Group: x.group, Resource: x.resource, Namespace: x.namespace,
+					Verb: x.verb, Group: x.group, Resource: x.resource, Namespace: x.namespace, Name: name,
 				},
 			},
 		}, metav1.CreateOptions{})

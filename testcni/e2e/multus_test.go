@@ -52,9 +52,25 @@ func multusPod(t *testing.T, m *testcni.MultusNetwork, name string) testcni.Pod 
 // returns the sandbox and the storage address Multus reported on the pod.
 func multusAdd(t *testing.T, m *testcni.MultusNetwork, pod testcni.Pod) (*testcni.Sandbox, string) {
 	t.Helper()
-	s, err := m.NewSandbox(pod)
-	require.NoError(t, err)
-	require.NoError(t, s.Add(ctx(t)), "ADD through Multus of a sandbox of %s", pod.Ref())
+	var s *testcni.Sandbox
+	for attempt := 1; ; attempt++ {
+		var err error
+		s, err = m.NewSandbox(pod)
+		require.NoError(t, err)
+		err = s.Add(ctx(t))
+		if err == nil {
+			break
+		}
+		// Multus gives the API server 250 ms a request to show it the pod;
+		// on a loaded machine it may not, and then the kubelet tears the
+		// sandbox down and makes another: so does the test, twice.
+		if !strings.Contains(err.Error(), "error waiting for pod") || attempt == 3 {
+			require.NoError(t, err, "ADD through Multus of a sandbox of %s", pod.Ref())
+		}
+		t.Logf("ADD through Multus, attempt %d: %v; the runtime tries a new sandbox", attempt, err)
+		require.NoError(t, s.Del(ctx(t)))
+		require.NoError(t, s.Kill())
+	}
 	st, err := m.NetworkStatus(ctx(t), pod)
 	require.NoError(t, err)
 	for _, e := range st {

@@ -71,3 +71,17 @@ securityContext:
   seccompProfile:
     type: RuntimeDefault
 {{- end -}}
+
+{{/*
+whereabouts serialises its ADD and DEL on the Lease "whereabouts" of the pool
+namespace; harvester-ipam holds it while it judges and deletes reservations.
+*/}}
+{{- define "harvester-ipam.leaseRules" -}}
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [whereabouts]
+  verbs: [get, update]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+{{- end }}
