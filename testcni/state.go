@@ -3,6 +3,7 @@ package testcni
 import (
 	"context"
 	"fmt"
+	"time"
 	"net"
 	"sort"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/names"
@@ -190,4 +192,25 @@ func short(id string) string {
 		return id[:20] + "…"
 	}
 	return id
+}
+
+// WaitCached waits until the API server's watch cache, which harvester-ipam's
+// ADD reads first, shows the sandbox's allocation: a test that needs the
+// reclaim to see an earlier sandbox must not race the cache.
+func (n *Network) WaitCached(ctx context.Context, s *Sandbox) error {
+	return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := n.rig.WB.WhereaboutsV1alpha1().IPPools(n.Tenant.PoolNamespace).Get(ctx, n.PoolName(), metav1.GetOptions{ResourceVersion: "0"})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		for _, a := range p.Spec.Allocations {
+			if a.ContainerID == s.ContainerID {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }

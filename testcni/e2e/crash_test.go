@@ -51,6 +51,7 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 			switch tt.verb {
 			case "ADD":
 				require.NoError(t, first.Kill(), "the earlier sandbox died without DEL")
+				require.NoError(t, n.WaitCached(c, first), "the reclaim must see the earlier sandbox to reach every step")
 				s, err := rig.NewSandbox(n, pod, "lhnet1")
 				require.NoError(t, err)
 				s.Env = crashAt(tt.point)
