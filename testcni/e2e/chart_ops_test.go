@@ -151,6 +151,16 @@ func TestChartFollowerAndMonitoringValues(t *testing.T) {
 		})
 	}
 
+	// What `helm install` tells the operator.
+	notes, err := rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir,
+		"--set", "reconciler.mode=deployment", "--set", "follower.enabled=true")
+	require.NoError(t, err)
+	assert.Contains(t, string(notes), "The follower switches the NADs in harvester-system labelled "+storageLabel+" or "+rwxLabel)
+	assert.Contains(t, string(notes), "`helm uninstall` switches them back first")
+	notes, err = rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir)
+	require.NoError(t, err)
+	assert.Contains(t, string(notes), "or let the follower do it (follower.enabled=true")
+
 	for set, msg := range map[string]string{
 		"follower.enabled=true":                   "follower.enabled=true needs reconciler.enabled=true and reconciler.mode=deployment",
 		"monitoring.prometheusRule.enabled=true":  "monitoring.* needs reconciler.enabled=true and reconciler.mode=deployment",
