@@ -18,11 +18,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 
 	"github.com/harvester/harvester-ipam/install/image"
 )
 
-// `make image`, twice: the same bytes. The archive is what `docker load`
+// `make image` of the chart's default image, twice: the same bytes. The archive is what `docker load`
 // and `ctr images import` read: index.json -> manifest -> config -> layer,
 // every digest and size right, Docker's manifest.json naming the same
 // blobs; the layer holds the three static binaries in /usr/bin, and each
@@ -31,16 +32,18 @@ import (
 func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	tool := filepath.Join(dir, "harvester-ipam-image")
-	require.NoError(t, rig.BuildCommand(ctx(t), "./cmd/harvester-ipam-image", tool, ""))
+	// The image the chart runs by default: a release, built on the tag that
+	// is the chart's appVersion.
+	ds := typed[appsv1.DaemonSet](t, objects(t, render(t, "harvester-ipam", "kube-system")), "DaemonSet")
+	chartImage := ds.Spec.Template.Spec.Containers[0].Image
+	repo, tag, _ := strings.Cut(chartImage, ":")
+	require.Equal(t, "rancher/harvester-ipam", repo)
 	var archives [][]byte
 	for _, name := range []string{"a.tar", "b.tar"} {
-		// As the Makefile runs it, in the repository.
-		cmd := exec.CommandContext(ctx(t), tool, "-version", "v0.1.0-test", "-o", filepath.Join(dir, name))
-		cmd.Dir = rig.Root
+		cmd := exec.CommandContext(ctx(t), "make", "-s", "-C", rig.Root, "image", "VERSION="+tag, "IMAGE="+filepath.Join(dir, name))
 		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		assert.Contains(t, string(out), "rancher/harvester-ipam:v0.1.0-test (linux/")
+		require.NoError(t, err, "make image: %s", out)
+		assert.Contains(t, string(out), chartImage+" (linux/")
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		require.NoError(t, err)
 		archives = append(archives, b)
@@ -53,8 +56,8 @@ func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 	require.NoError(t, json.Unmarshal(files["index.json"], &idx))
 	require.Len(t, idx.Manifests, 1)
 	md := idx.Manifests[0]
-	assert.Equal(t, "v0.1.0-test", md.Annotations["org.opencontainers.image.ref.name"])
-	assert.Equal(t, "docker.io/rancher/harvester-ipam:v0.1.0-test", md.Annotations["io.containerd.image.name"])
+	assert.Equal(t, tag, md.Annotations["org.opencontainers.image.ref.name"])
+	assert.Equal(t, "docker.io/"+chartImage, md.Annotations["io.containerd.image.name"])
 	blob := func(d image.Descriptor) []byte {
 		t.Helper()
 		b, ok := files["blobs/sha256/"+strings.TrimPrefix(d.Digest, "sha256:")]
@@ -92,10 +95,10 @@ func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 	var dm []image.DockerManifest
 	require.NoError(t, json.Unmarshal(files["manifest.json"], &dm))
 	require.Len(t, dm, 1)
-	assert.Equal(t, []string{"rancher/harvester-ipam:v0.1.0-test"}, dm[0].RepoTags)
+	assert.Equal(t, []string{chartImage}, dm[0].RepoTags)
 	assert.Equal(t, "blobs/sha256/"+strings.TrimPrefix(man.Config.Digest, "sha256:"), dm[0].Config)
 	assert.Equal(t, []string{"blobs/sha256/" + strings.TrimPrefix(man.Layers[0].Digest, "sha256:")}, dm[0].Layers)
-	assert.Contains(t, string(files["repositories"]), `"rancher/harvester-ipam":{"v0.1.0-test":`)
+	assert.Contains(t, string(files["repositories"]), `"rancher/harvester-ipam":{"`+tag+`":`)
 
 	// The layer, extracted as a runtime would, and each binary run from it.
 	root := t.TempDir()
@@ -134,7 +137,7 @@ func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 	assert.Contains(t, string(out), `"supportedVersions":["0.3.1","0.4.0","1.0.0","1.1.0"]`)
 	cmd = exec.Command(filepath.Join(bin, "harvester-ipam"), "--version")
 	out, _ = cmd.CombinedOutput()
-	assert.Contains(t, string(out), "harvester-ipam v0.1.0-test: ", "the plugin's version is the tag")
+	assert.Contains(t, string(out), "harvester-ipam "+tag+": ", "the plugin's version is the tag")
 	for c, usage := range map[string]string{
 		"harvester-ipam-install":    "-cni-bin-dir string",
 		"harvester-ipam-reconciler": "usage: harvester-ipam-reconciler [inspect|unfollow] [flags]",
