@@ -145,7 +145,7 @@ func (f *Follower) nads(ns string) dynamic.ResourceInterface {
 // Result is what happened to one NAD.
 type Result struct {
 	Namespace, Name string
-	// Outcome is meaningful when Err is nil and Gone and Unswitchable are false.
+	// Outcome is set when the config was read and could be switched.
 	Outcome Outcome
 	// Found is the ipam.type the NAD had; To the one it was to get.
 	Found, To string

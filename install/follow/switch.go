@@ -23,8 +23,9 @@ const (
 type Outcome int
 
 const (
-	// Switched: ipam.type was from and is now to.
-	Switched Outcome = iota
+	// Switched: ipam.type was from and is now to. (The zero Outcome is none:
+	// a refused config, or a NAD never looked at.)
+	Switched Outcome = iota + 1
 	// AlreadySet: ipam.type already is to; nothing changed.
 	AlreadySet
 	// OtherType: ipam.type is neither from nor to (another IPAM): not ours to touch.
