@@ -314,11 +314,15 @@ func (f *Follower) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	// One worker: NADs change rarely, and one at a time keeps the log plain.
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for f.next(ctx, q, stores) {
 		}
 	}()
 	<-ctx.Done()
+	q.ShutDown() // the worker finishes the NAD in hand, then stops
+	<-done
 	return nil
 }
 
