@@ -106,17 +106,24 @@ func nadEvents(t *testing.T, ns, name string) []corev1.Event {
 	return l.Items
 }
 
+// eventWith waits for the Event with that reason on a NAD: the follower
+// records it just after its write, so it may follow the config by a moment.
 func eventWith(t *testing.T, ns, name, reason string) *corev1.Event {
 	t.Helper()
-	var found []string
-	for _, e := range nadEvents(t, ns, name) {
-		if e.Reason == reason && e.InvolvedObject.Kind == "NetworkAttachmentDefinition" {
-			return &e
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var found []string
+		for _, e := range nadEvents(t, ns, name) {
+			if e.Reason == reason && e.InvolvedObject.Kind == "NetworkAttachmentDefinition" {
+				return &e
+			}
+			found = append(found, e.Reason)
 		}
-		found = append(found, e.Reason)
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s Event on NAD %s/%s after 10 s; it has %v", reason, ns, name, found)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("no %s Event on NAD %s/%s; it has %v", reason, ns, name, found)
-	return nil
 }
 
 // follower is harvester-ipam-reconciler running as the chart's Deployment
