@@ -411,9 +411,10 @@ func testFollowedNADServesMultus(t *testing.T, e *env) {
 // switches the NAD back.
 func TestChartFollowerAndUnfollowHook(t *testing.T) {
 	t.Parallel()
-	const release, relNS = "follow-chart", "harvester-ipam-follow"
+	const release = "follow-chart"
 	nadNS := followNamespace(t)
-	pools := "follow-chart-pools"
+	// Namespaces of this run's own (the rig may serve -count=N runs).
+	relNS, pools := "harvester-ipam-"+nadNS, "pools-"+nadNS
 	require.NoError(t, rig.EnsureNamespace(ctx(t), relNS))
 	require.NoError(t, rig.EnsureNamespace(ctx(t), pools))
 	manifest := render(t, release, relNS, "reconciler.mode=deployment", "reconciler.dryRun=true", "whereabouts.poolNamespace="+pools,
