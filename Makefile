@@ -1,4 +1,4 @@
-# harvester-ipam: make build | test | unit | demo | bench | tools | fuzz
+# harvester-ipam: make build | test | unit | demo | bench | tools | fuzz | image
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GO      ?= go
 export GOTOOLCHAIN := local
@@ -6,7 +6,7 @@ export GOFLAGS     := -mod=mod
 
 LDFLAGS := -s -w -X main.Version=$(VERSION)
 
-.PHONY: build test unit e2e demo bench tools fuzz clean
+.PHONY: build test unit e2e demo bench tools fuzz clean image
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/harvester-ipam ./cmd/harvester-ipam
@@ -27,6 +27,14 @@ tools:
 clean:
 	rm -rf bin
 
+# The chart's image, rancher/harvester-ipam:$(VERSION), as an OCI image archive
+# that `docker load` and `ctr images import` accept; no container engine.
+# Reproducible for a commit (install/README.md). A release builds on its tag,
+# which is the chart's appVersion and so its default image.tag.
+IMAGE ?= bin/harvester-ipam-image.tar
+image:
+	$(GO) run ./cmd/harvester-ipam-image -version $(VERSION) -o $(IMAGE)
+
 # The main job on an embedded default: a crash-looping storage-network pod
 # under whereabouts alone and under harvester-ipam, on a local API server.
 demo: tools
@@ -39,7 +47,7 @@ bench: tools
 # Each fuzz target for FUZZTIME with one worker; an input that fails is
 # written to the package's testdata/fuzz/, where it stays as a regression.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths
+FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths ./install/follow:FuzzSetIPAMType
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \

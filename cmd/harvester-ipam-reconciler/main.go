@@ -4,6 +4,7 @@
 //
 //	harvester-ipam-reconciler [flags]           one pass (a CronJob), or with --interval a loop (a Deployment)
 //	harvester-ipam-reconciler inspect [flags]   per pool: range, capacity, allocated, stale, left
+//	harvester-ipam-reconciler unfollow [flags]  switch the followed NADs back to whereabouts (follow.go)
 package main
 
 import (
@@ -37,6 +38,9 @@ type options struct {
 
 func main() {
 	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "unfollow" {
+		os.Exit(unfollowMain(args[1:]))
+	}
 	inspect := len(args) > 0 && args[0] == "inspect"
 	if inspect {
 		args = args[1:]
@@ -49,11 +53,17 @@ func main() {
 	fs.DurationVar(&o.interval, "interval", 0, "time between passes; 0 runs one pass and exits")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be released and why; change nothing")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics; empty serves none")
+	var fo followOptions
+	fo.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-reconciler [inspect] [flags]\n")
+		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-reconciler [inspect|unfollow] [flags]\n")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(args)
+	if err := fo.check(o.interval, inspect); err != nil {
+		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -70,6 +80,9 @@ func main() {
 		}
 		reconcile.WriteInspect(os.Stdout, pools)
 	case o.interval > 0:
+		if err := startFollower(ctx, o.kubeconfig, fo); err != nil {
+			fail(err)
+		}
 		if err := loop(ctx, r, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
 			fail(err)
 		}

@@ -1,0 +1,288 @@
+package e2e
+
+import (
+	"encoding/json"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// The metrics the reconciler exports (the names the chart's alerts and
+// dashboard may use, and nothing else).
+var reconcilerMetrics = map[string]bool{
+	"harvester_ipam_pool_size": true, "harvester_ipam_pool_allocated": true, "harvester_ipam_pool_stale": true,
+	"harvester_ipam_pool_free": true, "harvester_ipam_pool_stale_oldest_seconds": true,
+	"harvester_ipam_reconciler_releases_total": true, "harvester_ipam_reconciler_errors_total": true,
+	"harvester_ipam_reconciler_passes_total":                   true,
+	"harvester_ipam_reconciler_last_success_timestamp_seconds": true,
+	"harvester_ipam_reconciler_pass_duration_seconds":          true,
+}
+
+var metricName = regexp.MustCompile(`\bharvester_ipam_[a-z_]+`)
+
+// metricsIn are the harvester_ipam_* names an expression uses; any other
+// name fails the test.
+func metricsIn(t *testing.T, expr string) []string {
+	t.Helper()
+	names := metricName.FindAllString(expr, -1)
+	for _, n := range names {
+		assert.True(t, reconcilerMetrics[n], "%q uses %s, which the reconciler does not export", expr, n)
+	}
+	return names
+}
+
+var monitoringCRDs struct {
+	sync.Once
+	err error
+}
+
+func withHooks(t *testing.T, objs []unstructured.Unstructured) (hooks, rest []unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetAnnotations()["helm.sh/hook"] != "" {
+			hooks = append(hooks, o)
+		} else {
+			rest = append(rest, o)
+		}
+	}
+	return hooks, rest
+}
+
+// The follower's and the monitoring values: what each renders, and the real
+// API server accepts all of it (server-side dry run; the ServiceMonitor and
+// PrometheusRule against the Prometheus Operator's own CRDs, from its
+// module). The defaults render none of it (TestChartRendersObjectsTheServerAccepts
+// pins their kinds); values that make no sense are refused, saying why.
+func TestChartFollowerAndMonitoringValues(t *testing.T) {
+	t.Parallel()
+	ensureNADCRD(t)
+	monitoringCRDs.Do(func() { monitoringCRDs.err = rig.InstallMonitoringCRDs(ctx(t)) })
+	require.NoError(t, monitoringCRDs.err, "the monitoring.coreos.com CRDs from %s", "the Prometheus Operator module")
+	all := []string{"reconciler.mode=deployment", "follower.enabled=true",
+		"monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"}
+	_, err := rig.Helm(ctx(t), append([]string{"lint", "--strict", chartDir}, setArgs(all)...)...)
+	require.NoError(t, err, "helm lint with every new value on")
+
+	for _, tt := range []struct {
+		name  string
+		set   []string
+		want  map[string]int
+		check func(t *testing.T, objs []unstructured.Unstructured)
+	}{
+		{
+			name: "follower",
+			set:  []string{"reconciler.mode=deployment", "follower.enabled=true"},
+			want: map[string]int{"ServiceAccount": 3, "Role": 5, "RoleBinding": 5, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1, "Job": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				d := typed[appsv1.Deployment](t, objs, "Deployment")
+				assert.Equal(t, []string{"--namespace=kube-system", "--grace=10m", "--interval=1m", "--metrics-addr=:9420",
+					"--follow-nads", "--nad-namespace=harvester-system", "--nad-selector=" + storageLabel, "--nad-selector=" + rwxLabel, "--nad-resync=10m"},
+					d.Spec.Template.Spec.Containers[0].Args)
+				hooks, rest := withHooks(t, objs)
+				assert.Len(t, hooks, 6, "the unfollow Job and its ServiceAccount, Roles and bindings are hooks")
+				for _, h := range hooks {
+					a := h.GetAnnotations()
+					assert.Equal(t, "pre-delete", a["helm.sh/hook"], "%s %s", h.GetKind(), h.GetName())
+					assert.Equal(t, "before-hook-creation,hook-succeeded", a["helm.sh/hook-delete-policy"], "%s %s does not linger", h.GetKind(), h.GetName())
+					want := "-10"
+					if h.GetKind() == "Job" {
+						want = "0" // after its RBAC
+					}
+					assert.Equal(t, want, a["helm.sh/hook-weight"], "%s %s", h.GetKind(), h.GetName())
+				}
+				job := typed[batchv1.Job](t, hooks, "Job")
+				c := job.Spec.Template.Spec.Containers[0]
+				assert.Equal(t, []string{"/usr/bin/harvester-ipam-reconciler"}, c.Command)
+				assert.Equal(t, []string{"unfollow", "--nad-namespace=harvester-system", "--nad-selector=" + storageLabel, "--nad-selector=" + rwxLabel,
+					"--stop-deployment=harvester-system/harvester-ipam-reconciler"}, c.Args)
+				assert.Equal(t, "harvester-ipam-unfollow", job.Spec.Template.Spec.ServiceAccountName)
+				assert.Equal(t, corev1.RestartPolicyNever, job.Spec.Template.Spec.RestartPolicy)
+				assert.True(t, *c.SecurityContext.RunAsNonRoot)
+				for _, o := range rest {
+					if o.GetKind() == "Role" && o.GetName() == "harvester-ipam-follower" {
+						assert.Equal(t, "harvester-system", o.GetNamespace(), "the follower's Role is where the NADs are")
+					}
+				}
+			},
+		},
+		{
+			name: "follower on every namespace, other selectors",
+			set: []string{"reconciler.mode=deployment", "follower.enabled=true", "follower.namespace=",
+				"follower.selector={storage-network.settings.harvesterhci.io/hash,app=storage}"},
+			want: map[string]int{"ServiceAccount": 3, "Role": 3, "RoleBinding": 3, "ClusterRole": 3, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1, "Job": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				job := typed[batchv1.Job](t, objs, "Job")
+				assert.Equal(t, []string{"unfollow", "--nad-namespace=", "--nad-selector=" + storageLabel, "--nad-selector=app=storage",
+					"--stop-deployment=harvester-system/harvester-ipam-reconciler"}, job.Spec.Template.Spec.Containers[0].Args)
+			},
+		},
+		{
+			name: "monitoring",
+			set: []string{"reconciler.mode=deployment",
+				"monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"},
+			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1,
+				"Service": 1, "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 1},
+			check: checkMonitoring,
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			manifest := render(t, "harvester-ipam", "harvester-system", tt.set...)
+			objs := objects(t, manifest)
+			assert.Equal(t, tt.want, kinds(objs))
+			if tt.check != nil {
+				tt.check(t, objs)
+			}
+			for _, o := range objs {
+				if ns := o.GetNamespace(); ns != "" {
+					require.NoError(t, rig.EnsureNamespace(ctx(t), ns))
+				}
+			}
+			require.NoError(t, rig.Apply(ctx(t), manifest, true), "server-side dry run of what the chart renders")
+		})
+	}
+
+	// What `helm install` tells the operator.
+	notes, err := rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir,
+		"--set", "reconciler.mode=deployment", "--set", "follower.enabled=true")
+	require.NoError(t, err)
+	assert.Contains(t, string(notes), "The follower switches the NADs in harvester-system labelled "+storageLabel+" or "+rwxLabel)
+	assert.Contains(t, string(notes), "`helm uninstall` switches them back first")
+	notes, err = rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir)
+	require.NoError(t, err)
+	assert.Contains(t, string(notes), "or let the follower do it (follower.enabled=true")
+
+	for set, msg := range map[string]string{
+		"follower.enabled=true":                   "follower.enabled=true needs reconciler.enabled=true and reconciler.mode=deployment",
+		"monitoring.prometheusRule.enabled=true":  "monitoring.* needs reconciler.enabled=true and reconciler.mode=deployment",
+		"monitoring.serviceMonitor.enabled=true":  "monitoring.* needs reconciler.enabled=true and reconciler.mode=deployment",
+		"follower.selector={}":                    "follower.selector.0: String length must be greater than or equal to 1",
+		"follower.namespace=Harvester":            "follower.namespace: Does not match pattern",
+		"follower.resync=often":                   "follower.resync: Does not match pattern",
+		"monitoring.prometheusRule.freeBelow=0":   "monitoring.prometheusRule.freeBelow: Must be greater than or equal to 1",
+		"monitoring.serviceMonitor.interval=1min": "monitoring.serviceMonitor.interval: Does not match pattern",
+	} {
+		_, err := rig.Helm(ctx(t), "template", "x", chartDir, "--set", set)
+		require.Error(t, err, "--set %s", set)
+		assert.Contains(t, err.Error(), msg, "--set %s", set)
+	}
+}
+
+func setArgs(set []string) []string {
+	var out []string
+	for _, s := range set {
+		out = append(out, "--set", s)
+	}
+	return out
+}
+
+// checkMonitoring: the Service reaches the Deployment's metrics port, the
+// ServiceMonitor scrapes /metrics through it, every alert and every panel
+// uses only metrics the reconciler exports, and together they cover them.
+func checkMonitoring(t *testing.T, objs []unstructured.Unstructured) {
+	d := typed[appsv1.Deployment](t, objs, "Deployment")
+	svc := typed[corev1.Service](t, objs, "Service")
+	assert.True(t, labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)), "the Service selects the reconciler's pod")
+	require.Len(t, svc.Spec.Ports, 1)
+	assert.Equal(t, "metrics", svc.Spec.Ports[0].TargetPort.String())
+	assert.Equal(t, "metrics", d.Spec.Template.Spec.Containers[0].Ports[0].Name)
+	var svcLabels map[string]string
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Service":
+			svcLabels = o.GetLabels()
+		case "ServiceMonitor":
+			sel, _, _ := unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
+			assert.True(t, labels.SelectorFromSet(sel).Matches(labels.Set(svcLabels)), "the ServiceMonitor selects the Service")
+			eps, _, _ := unstructured.NestedSlice(o.Object, "spec", "endpoints")
+			require.Len(t, eps, 1)
+			ep := eps[0].(map[string]any)
+			assert.Equal(t, "metrics", ep["port"])
+			assert.Equal(t, "/metrics", ep["path"])
+			assert.Equal(t, true, ep["honorLabels"], "the pools' namespace label kept")
+		}
+	}
+
+	used := map[string]bool{}
+	for _, o := range objs {
+		if o.GetKind() != "PrometheusRule" {
+			continue
+		}
+		groups, _, _ := unstructured.NestedSlice(o.Object, "spec", "groups")
+		require.Len(t, groups, 1)
+		rules, _, _ := unstructured.NestedSlice(groups[0].(map[string]any), "rules")
+		alerts := map[string]string{}
+		for _, r := range rules {
+			r := r.(map[string]any)
+			expr := r["expr"].(string)
+			names := metricsIn(t, expr)
+			assert.NotEmpty(t, names, "alert %v uses a reconciler metric", r["alert"])
+			for _, n := range names {
+				used[n] = true
+			}
+			alerts[r["alert"].(string)] = expr
+			ann := r["annotations"].(map[string]any)
+			assert.NotEmpty(t, ann["summary"])
+			assert.NotEmpty(t, ann["description"])
+		}
+		assert.Equal(t, map[string]string{
+			"HarvesterIPAMPoolNearlyFull":          "harvester_ipam_pool_free < 5",
+			"HarvesterIPAMStaleNotReleased":        "harvester_ipam_pool_stale_oldest_seconds > 3600",
+			"HarvesterIPAMReconcilerNotSucceeding": "time() - harvester_ipam_reconciler_last_success_timestamp_seconds > 1800",
+		}, alerts)
+	}
+
+	cm := typed[corev1.ConfigMap](t, objs, "ConfigMap")
+	assert.Equal(t, "1", cm.Labels["grafana_dashboard"], "Grafana's sidecar finds it by this label")
+	assert.Equal(t, "cattle-dashboards", cm.Namespace)
+	var dash struct {
+		UID    string `json:"uid"`
+		Title  string `json:"title"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Definition string `json:"definition"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(cm.Data["harvester-ipam.json"]), &dash), "the dashboard is JSON")
+	assert.Equal(t, "harvester-ipam", dash.UID)
+	require.NotEmpty(t, dash.Panels)
+	for _, p := range dash.Panels {
+		require.NotEmpty(t, p.Targets, "panel %q", p.Title)
+		for _, tg := range p.Targets {
+			names := metricsIn(t, tg.Expr)
+			assert.NotEmpty(t, names, "panel %q: %s", p.Title, tg.Expr)
+			for _, n := range names {
+				used[n] = true
+			}
+		}
+	}
+	for _, v := range dash.Templating.List {
+		metricsIn(t, v.Definition)
+	}
+	var unused []string
+	for n := range reconcilerMetrics {
+		if !used[n] {
+			unused = append(unused, n)
+		}
+	}
+	sort.Strings(unused)
+	assert.Empty(t, unused, "metrics neither an alert nor a panel shows")
+	assert.True(t, strings.Contains(cm.Data["harvester-ipam.json"], "rate(harvester_ipam_reconciler_releases_total"), "releases as a rate")
+}
