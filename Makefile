@@ -6,7 +6,7 @@ export GOFLAGS     := -mod=mod
 
 LDFLAGS := -s -w -X main.Version=$(VERSION)
 
-.PHONY: build test unit e2e demo bench tools fuzz clean image
+.PHONY: build test unit e2e demo bench tools fuzz clean sim image
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/harvester-ipam ./cmd/harvester-ipam
@@ -54,3 +54,10 @@ fuzz:
 		echo "== $$fn in $$pkg for $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg; \
 	done
+
+# The deterministic simulation for SIM_DURATION (1m) on every whereabouts
+# version; it closes with "N schedules, M violations". A violation prints its
+# seed and trace; replay one with go run ./cmd/harvester-ipam-sim -seed N -whereabouts v0.9.3 -trace
+SIM_DURATION ?= 1m
+sim:
+	GOGC=400 $(GO) run ./cmd/harvester-ipam-sim -duration $(SIM_DURATION)

@@ -37,8 +37,10 @@ type Plugin struct {
 	Stderr io.Writer
 	// Timeout bounds one verb; zero is DefaultTimeout.
 	Timeout time.Duration
-	// crash is the test-only crash hook (see crash.go); nil in production.
-	crash func(point string)
+	// AtStep, when set, is called at each step boundary of a verb
+	// ("add-after-checkpoint", "del-after-reservations", ...): test builds
+	// and the simulation crash the plugin there. Nil in production.
+	AtStep func(step string)
 }
 
 // DefaultTimeout stays within the runtime's own CNI timeout, and above

@@ -557,7 +557,7 @@ func TestVerbsOnEverySpecVersion(t *testing.T) {
 func TestCrashPointsAreThePluginsSteps(t *testing.T) {
 	r := newRig(t, crashLoopedPool()...)
 	var points []string
-	r.p.crash = func(p string) { points = append(points, p) }
+	r.p.AtStep = func(p string) { points = append(points, p) }
 	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
 	assert.Equal(t, []string{"add-after-checkpoint", "add-after-reservations", "add-after-reclaim", "add-after-delegate"}, points)
 	points = nil

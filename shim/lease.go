@@ -23,11 +23,11 @@ const (
 	// leaseSeconds is the leaseDurationSeconds of our record: how long
 	// whereabouts waits when we die holding the Lease.
 	leaseSeconds = 5
-	// leaseRenewAfter is how long we hold the Lease before renewing it
-	// within a long critical section; leaseValidFor is how long after our
-	// last write we still act under it.
-	leaseRenewAfter = 1500 * time.Millisecond
-	leaseValidFor   = 3 * time.Second
+	// Within a long critical section the Lease is renewed once it has been
+	// held leaseRenewAfter of its duration (1.5 s of 5 s), and no request is
+	// made under it leaseValidFor of its duration after our last write.
+	leaseRenewAfter = 0.3
+	leaseValidFor   = 0.6
 	// leaseCallTimeout bounds each request made under the Lease, well within
 	// leaseSeconds: a request must not land after we lost it.
 	leaseCallTimeout = 2 * time.Second
@@ -138,11 +138,13 @@ func (s *Store) hold(l *Lease, now time.Time) {
 	l.Spec.AcquireTime, l.Spec.RenewTime = &t, &t
 }
 
-// keep makes sure the Lease is still ours for the next request, renewing it
-// when it has been held a while; it fails when it is lost.
-func (l *Locked) keep(ctx context.Context) error {
+// Keep makes sure the Lease is still ours for the next request, renewing it
+// when it has been held a while; it fails when it is lost. Locked's own
+// requests keep it; a caller that writes by other means calls it first.
+func (l *Locked) Keep(ctx context.Context) error {
 	now := l.s.Now()
-	if now.Sub(l.written) < leaseRenewAfter {
+	duration := time.Duration(l.s.o.LeaseSeconds) * time.Second
+	if now.Sub(l.written) < time.Duration(float64(duration)*leaseRenewAfter) {
 		return nil
 	}
 	next := l.lease.DeepCopy()
@@ -152,7 +154,7 @@ func (l *Locked) keep(ctx context.Context) error {
 	got, err := l.s.api.UpdateLease(cctx, next)
 	cancel()
 	if err != nil {
-		if now.Sub(l.written) < leaseValidFor && !apierrors.IsConflict(err) {
+		if now.Sub(l.written) < time.Duration(float64(duration)*leaseValidFor) && !apierrors.IsConflict(err) {
 			return nil // a failed renewal within validity: still ours this once
 		}
 		return fmt.Errorf("renew lease %s/%s: %w", l.s.namespace, names.Lease, err)
@@ -178,7 +180,7 @@ func (l *Locked) release(ctx context.Context) {
 
 // Pools lists every pool of the namespace, fresh.
 func (l *Locked) Pools(ctx context.Context) ([]Pool, error) {
-	if err := l.keep(ctx); err != nil {
+	if err := l.Keep(ctx); err != nil {
 		return nil, err
 	}
 	return l.s.Pools(ctx)
@@ -186,7 +188,7 @@ func (l *Locked) Pools(ctx context.Context) ([]Pool, error) {
 
 // Reservation reads one reservation fresh; nil, nil when it does not exist.
 func (l *Locked) Reservation(ctx context.Context, name string) (*Reservation, error) {
-	if err := l.keep(ctx); err != nil {
+	if err := l.Keep(ctx); err != nil {
 		return nil, err
 	}
 	return l.s.Reservation(ctx, name)
@@ -196,7 +198,7 @@ func (l *Locked) Reservation(ctx context.Context, name string) (*Reservation, er
 // resourceVersion preconditions). deleted is false when it changed (409) or
 // is gone already.
 func (l *Locked) DeleteReservation(ctx context.Context, o *Reservation) (deleted bool, err error) {
-	if err := l.keep(ctx); err != nil {
+	if err := l.Keep(ctx); err != nil {
 		return false, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)

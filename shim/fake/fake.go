@@ -18,6 +18,7 @@ import (
 
 	jsonpatch "github.com/evanphx/json-patch"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -133,28 +134,33 @@ func (a *API) put(k key, obj any) {
 	}
 }
 
-// roundTrip stores an object as the API server does: as JSON, so that what
-// JSON cannot tell apart (an empty map and none) is not told apart here.
+// roundTrip stores an object as the API server does: what JSON cannot tell
+// apart (an empty map of an omitempty field, and none) is not told apart.
 func roundTrip(obj any) any {
-	b, err := json.Marshal(obj)
-	if err != nil {
-		panic(fmt.Sprintf("fake: encode %T: %v", obj, err))
-	}
-	var out any
-	switch obj.(type) {
+	switch o := obj.(type) {
 	case *shim.Pool:
-		out = &shim.Pool{}
+		c := o.DeepCopy()
+		normalize(&c.ObjectMeta)
+		return c
 	case *shim.Reservation:
-		out = &shim.Reservation{}
+		c := o.DeepCopy()
+		normalize(&c.ObjectMeta)
+		return c
 	case *shim.Lease:
-		out = &shim.Lease{}
-	default:
-		panic(fmt.Sprintf("fake: cannot store a %T", obj))
+		c := o.DeepCopy()
+		normalize(&c.ObjectMeta)
+		return c
 	}
-	if err := json.Unmarshal(b, out); err != nil {
-		panic(fmt.Sprintf("fake: decode %T: %v", obj, err))
+	panic(fmt.Sprintf("fake: cannot store a %T", obj))
+}
+
+func normalize(m *metav1.ObjectMeta) {
+	if len(m.Annotations) == 0 {
+		m.Annotations = nil
 	}
-	return out
+	if len(m.Labels) == 0 {
+		m.Labels = nil
+	}
 }
 
 func notFound(k key) error { return apierrors.NewNotFound(groups[k.resource], k.name) }
@@ -531,6 +537,28 @@ func (a *API) AllReservations(ns string) []shim.Reservation {
 		out[i] = *o.(*shim.Reservation).DeepCopy()
 	}
 	return out
+}
+
+// View lets see reads the pools and reservations of ns as they are now,
+// without copies: see must not change them, nor keep them.
+func (a *API) View(ns string, see func(pools []*shim.Pool, reservations map[string]*shim.Reservation)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var pools []*shim.Pool
+	res := map[string]*shim.Reservation{}
+	for k, e := range a.objects {
+		if k.namespace != ns || len(e.revs) == 0 {
+			continue
+		}
+		switch o := e.revs[len(e.revs)-1].obj.(type) {
+		case *shim.Pool:
+			pools = append(pools, o)
+		case *shim.Reservation:
+			res[k.name] = o
+		}
+	}
+	sort.Slice(pools, func(i, j int) bool { return pools[i].Name < pools[j].Name })
+	see(pools, res)
 }
 
 // Lease is a Lease as it is now; nil when there is none.

@@ -79,15 +79,17 @@ const ErrRangeFull = "Could not allocate IP in range"
 // Add allocates an address for the request, or fails as whereabouts does.
 func (w *Whereabouts) Add(ctx context.Context, r Request) (net.IP, error) {
 	var ip net.IP
-	err := w.store(r.PodRef).Locked(ctx, func(ctx context.Context, _ *shim.Locked) error {
+	err := w.store(r.PodRef).Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
 		var err error
-		ip, err = w.add(ctx, r)
+		ip, err = w.add(ctx, l, r)
 		return err
 	})
 	return ip, err
 }
 
-func (w *Whereabouts) add(ctx context.Context, r Request) (net.IP, error) {
+// add is whereabouts' ADD, holding the Lease (its elector renews it meanwhile:
+// l.Keep before each request stands for that).
+func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.IP, error) {
 	_, ipnet, err := net.ParseCIDR(r.Range)
 	if err != nil {
 		return nil, fmt.Errorf("invalid range %q: %w", r.Range, err)
@@ -96,6 +98,9 @@ func (w *Whereabouts) add(ctx context.Context, r Request) (net.IP, error) {
 	var chosen net.IP
 	skipReservation := false
 	for attempt := 0; attempt < 100; attempt++ {
+		if err := l.Keep(ctx); err != nil {
+			return nil, err
+		}
 		p, err := w.API.GetPool(ctx, w.Namespace, poolName, shim.Fresh)
 		if apierrors.IsNotFound(err) {
 			_, err = w.API.CreatePool(w.Namespace, &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: poolName},
@@ -131,6 +136,9 @@ func (w *Whereabouts) add(ctx context.Context, r Request) (net.IP, error) {
 				continue
 			}
 			if !r.NoOverlapping {
+				if err := l.Keep(ctx); err != nil {
+					return nil, err
+				}
 				o, err := w.API.GetReservation(ctx, w.Namespace, names.Reservation(ip, r.NetworkName))
 				if err != nil && !apierrors.IsNotFound(err) {
 					return nil, fmt.Errorf("k8s get OverlappingRangeIPReservation error: %w", err)
@@ -159,6 +167,9 @@ func (w *Whereabouts) add(ctx context.Context, r Request) (net.IP, error) {
 			}
 			skipReservation = o != nil && o.Spec.PodRef == r.PodRef
 		}
+		if err := l.Keep(ctx); err != nil {
+			return nil, err
+		}
 		_, err = w.API.UpdatePool(w.Namespace, p)
 		if apierrors.IsConflict(err) {
 			continue
@@ -172,6 +183,9 @@ func (w *Whereabouts) add(ctx context.Context, r Request) (net.IP, error) {
 		return nil, fmt.Errorf("%s %s: the pool kept changing", ErrRangeFull, r.Range)
 	}
 	if !r.NoOverlapping && !skipReservation {
+		if err := l.Keep(ctx); err != nil {
+			return nil, err
+		}
 		spec := whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: r.PodRef}
 		if w.newer() {
 			spec.IfName = r.IfName
@@ -189,13 +203,13 @@ func (w *Whereabouts) add(ctx context.Context, r Request) (net.IP, error) {
 
 // Del deallocates the request's entry; like whereabouts it never fails.
 func (w *Whereabouts) Del(ctx context.Context, r Request) {
-	_ = w.store(r.PodRef).Locked(ctx, func(ctx context.Context, _ *shim.Locked) error {
-		w.del(ctx, r)
+	_ = w.store(r.PodRef).Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
+		w.del(ctx, l, r)
 		return nil
 	})
 }
 
-func (w *Whereabouts) del(ctx context.Context, r Request) {
+func (w *Whereabouts) del(ctx context.Context, l *shim.Locked, r Request) {
 	_, ipnet, err := net.ParseCIDR(r.Range)
 	if err != nil {
 		return
@@ -203,6 +217,9 @@ func (w *Whereabouts) del(ctx context.Context, r Request) {
 	poolName := names.Pool(r.Range, r.NetworkName)
 	var gone net.IP
 	for attempt := 0; attempt < 100; attempt++ {
+		if l.Keep(ctx) != nil {
+			return // swallowed
+		}
 		p, err := w.API.GetPool(ctx, w.Namespace, poolName, shim.Fresh)
 		if err != nil {
 			return // swallowed
@@ -224,6 +241,9 @@ func (w *Whereabouts) del(ctx context.Context, r Request) {
 		off := matches[i]
 		gone, _ = shim.OffsetIP(ipnet.IP, off)
 		delete(p.Spec.Allocations, off)
+		if l.Keep(ctx) != nil {
+			return // swallowed
+		}
 		_, err = w.API.UpdatePool(w.Namespace, p)
 		if apierrors.IsConflict(err) {
 			continue
@@ -233,7 +253,7 @@ func (w *Whereabouts) del(ctx context.Context, r Request) {
 		}
 		break
 	}
-	if gone != nil && !r.NoOverlapping {
+	if gone != nil && !r.NoOverlapping && l.Keep(ctx) == nil {
 		_ = w.API.DeleteReservation(ctx, w.Namespace, names.Reservation(gone, r.NetworkName), shim.Preconditions{}) // swallowed
 	}
 }

@@ -1,0 +1,153 @@
+// Command harvester-ipam-sim runs harvester-ipam's deterministic simulation:
+// schedules of the world's events, on each whereabouts version, for a time,
+// or one seed again.
+//
+//	harvester-ipam-sim [-duration 1m] [-whereabouts v0.9.3,v0.8.0,v0.7.0] [-seed N -trace]
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/testcni/sim"
+)
+
+func main() {
+	duration := flag.Duration("duration", time.Minute, "how long to run schedules")
+	versions := flag.String("whereabouts", strings.Join([]string{fake.V093, fake.V080, fake.V070}, ","), "whereabouts versions, in turn")
+	seed := flag.Uint64("seed", 0, "replay this seed only (with -whereabouts naming one version)")
+	start := flag.Uint64("start", 1, "the first seed")
+	showTrace := flag.Bool("trace", false, "print the trace of every schedule run (with -seed)")
+	workers := flag.Int("workers", runtime.NumCPU(), "worker processes, running schedules side by side")
+	worker := flag.Int("worker", -1, "(internal) run as worker number N of -workers")
+	flag.Parse()
+
+	vs := strings.Split(*versions, ",")
+	if *seed != 0 {
+		failed := false
+		for _, v := range vs {
+			res, err := sim.Run(*seed, sim.DefaultOptions(v))
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "harvester-ipam-sim:", err)
+				os.Exit(2)
+			}
+			if *showTrace || len(res.Violations) > 0 {
+				report(v, res)
+			}
+			failed = failed || len(res.Violations) > 0
+			fmt.Printf("seed %d on whereabouts %s: %d violations\n", *seed, v, len(res.Violations))
+		}
+		if failed {
+			os.Exit(1)
+		}
+		return
+	}
+
+	if *worker >= 0 {
+		os.Exit(runWorker(*worker, *workers, *start, *duration, vs))
+	}
+	// Workers are processes: a delegating plugin reads the CNI environment
+	// from its process, so one process runs one schedule at a time.
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "harvester-ipam-sim:", err)
+		os.Exit(2)
+	}
+	results := make([]outcome, *workers)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i := 0; i < *workers; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
+				"-duration", duration.String(), "-whereabouts", *versions)
+			cmd.Stderr = os.Stderr
+			out, _ := cmd.Output()
+			var o outcome
+			for _, line := range strings.Split(string(out), "\n") {
+				if rest, ok := strings.CutPrefix(line, "DONE "); ok {
+					_ = json.Unmarshal([]byte(rest), &o)
+					continue
+				}
+				if line != "" {
+					mu.Lock()
+					fmt.Println(line)
+					mu.Unlock()
+				}
+			}
+			results[i] = o
+		}(i)
+	}
+	wg.Wait()
+	var total, bad int64
+	var last uint64
+	per := map[string]int64{}
+	for _, o := range results {
+		total += o.Schedules
+		bad += o.Violations
+		last = max(last, o.Last)
+		for v, n := range o.PerVersion {
+			per[v] += n
+		}
+	}
+	var parts []string
+	for _, v := range vs {
+		parts = append(parts, fmt.Sprintf("%s: %d", v, per[v]))
+	}
+	fmt.Printf("seeds from %d to %d, %d workers (%s)\n", *start, last, *workers, strings.Join(parts, ", "))
+	fmt.Printf("%d schedules, %d violations\n", total, bad)
+	if bad > 0 || total == 0 {
+		os.Exit(1)
+	}
+}
+
+// runWorker runs seeds start+i, start+i+n, ... on every version until the
+// deadline, printing each violation and then a DONE line with its counts.
+func runWorker(i, n int, start uint64, d time.Duration, vs []string) int {
+	deadline := time.Now().Add(d)
+	o := outcome{PerVersion: map[string]int64{}}
+	for seed := start + uint64(i); time.Now().Before(deadline); seed += uint64(n) {
+		for _, v := range vs {
+			res, err := sim.Run(seed, sim.DefaultOptions(v))
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "harvester-ipam-sim:", err)
+				return 2
+			}
+			o.Schedules++
+			o.PerVersion[v]++
+			if len(res.Violations) > 0 {
+				o.Violations++
+				report(v, res)
+			}
+		}
+		o.Last = seed
+	}
+	b, _ := json.Marshal(o)
+	fmt.Printf("DONE %s\n", b)
+	return 0
+}
+
+// outcome is what a worker did.
+type outcome struct {
+	Schedules  int64            `json:"schedules"`
+	Violations int64            `json:"violations"`
+	Last       uint64           `json:"last"`
+	PerVersion map[string]int64 `json:"perVersion"`
+}
+
+func report(v string, res sim.Result) {
+	fmt.Printf("=== seed %d on whereabouts %s: %d violations\n", res.Seed, v, len(res.Violations))
+	for _, x := range res.Violations {
+		fmt.Printf("VIOLATION: %s\n", x)
+	}
+	fmt.Printf("--- trace (replay: harvester-ipam-sim -seed %d -whereabouts %s -trace)\n%s\n--- state\n%s\n", res.Seed, v, res.Trace, res.State)
+}

@@ -1,0 +1,145 @@
+package sim
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
+)
+
+// live are the attachments of the live sandboxes: each ADD returned, the
+// sandbox runs, no DEL was sent. Whatever happens, their entries and
+// reservations stay, and no two of them share an address.
+func (w *world) live() []*attachment {
+	var out []*attachment
+	for _, sb := range w.sbs {
+		if sb.state == sbLive {
+			out = append(out, sb.atts...)
+		}
+	}
+	return out
+}
+
+// checkLive is the invariant checked after every step: no address is held
+// by two live attachments, and no live attachment's entry or reservation is
+// freed.
+func (w *world) checkLive() []string {
+	if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != w.holder {
+		w.holder = *l.Spec.HolderIdentity
+		w.tr.add("(whereabouts' Lease now held by %q)", w.holder)
+	}
+	live := w.live()
+	if len(live) == 0 {
+		return nil
+	}
+	var bad []string
+	w.api.View(poolNS, func(pools []*shim.Pool, res map[string]*shim.Reservation) {
+		byName := make(map[string]*shim.Pool, len(pools))
+		for _, p := range pools {
+			byName[p.Name] = p
+		}
+		byIP := map[string]*attachment{}
+		for _, att := range live {
+			key := att.ip.String()
+			if other, dup := byIP[key]; dup {
+				bad = append(bad, fmt.Sprintf("%s is held by two live attachments: %s and %s", att.ip, other, att))
+			}
+			byIP[key] = att
+			if !w.holds(byName[att.net.pool()], att) {
+				bad = append(bad, fmt.Sprintf("the entry of live attachment %s was freed", att))
+			}
+			o := res[names.Reservation(att.ip, att.net.netName)]
+			if o == nil || o.Spec.PodRef != att.sb.pod.ref() {
+				owner := "none"
+				if o != nil {
+					owner = o.Spec.PodRef
+				}
+				bad = append(bad, fmt.Sprintf("the reservation of live attachment %s was freed (now %s)", att, owner))
+			}
+		}
+	})
+	return bad
+}
+
+// holds says whether p gives att's address to att's sandbox: whereabouts
+// v0.7.0 writes no ifname, so then the container must match.
+func (w *world) holds(p *shim.Pool, att *attachment) bool {
+	if p == nil {
+		return false
+	}
+	first, _, err := net.ParseCIDR(p.Spec.Range)
+	if err != nil {
+		return false
+	}
+	for off, a := range p.Spec.Allocations {
+		ip, err := shim.OffsetIP(first, off)
+		if err != nil || !ip.Equal(att.ip) {
+			continue
+		}
+		return a.ContainerID == att.sb.id && (a.IfName == att.ifname || a.IfName == "")
+	}
+	return false
+}
+
+// checkQuiet is the invariant of a world at rest (every DEL the runtime
+// owed sent, every pod with a new sandbox, the reconciler past its grace):
+// no entry or reservation of a dead sandbox remains.
+func (w *world) checkQuiet() []string {
+	var bad []string
+	liveEntry := map[string]bool{} // pool/ip/container
+	liveRes := map[string]string{} // reservation -> podref
+	for _, att := range w.live() {
+		liveEntry[att.net.pool()+"/"+att.ip.String()+"/"+att.sb.id] = true
+		liveRes[names.Reservation(att.ip, att.net.netName)] = att.sb.pod.ref()
+	}
+	for _, p := range w.api.AllPools(poolNS) {
+		as, err := shim.Allocations(&p)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("pool %s: %v", p.Name, err))
+			continue
+		}
+		for _, a := range as {
+			if !liveEntry[p.Name+"/"+a.IP.String()+"/"+a.ContainerID] {
+				bad = append(bad, fmt.Sprintf("at rest, %s is still held by %s (%s, ifname %q) in pool %s, not a live sandbox", a.IP, a.ContainerID, a.PodRef, a.IfName, p.Name))
+			}
+		}
+	}
+	for _, o := range w.api.AllReservations(poolNS) {
+		if ref, ok := liveRes[o.Name]; !ok || ref != o.Spec.PodRef {
+			bad = append(bad, fmt.Sprintf("at rest, reservation %s of %s remains, no live sandbox holds its address", o.Name, o.Spec.PodRef))
+		}
+	}
+	sort.Strings(bad)
+	return bad
+}
+
+// describe is the state for a violation's report.
+func (w *world) describe() string {
+	var b strings.Builder
+	for _, p := range w.api.AllPools(poolNS) {
+		fmt.Fprintf(&b, "pool %s (rv %s):\n", p.Name, p.ResourceVersion)
+		as, _ := shim.Allocations(&p)
+		for _, a := range as {
+			fmt.Fprintf(&b, "  %s %s %s %q\n", a.IP, a.ContainerID, a.PodRef, a.IfName)
+		}
+	}
+	b.WriteString("reservations:\n")
+	for _, o := range w.api.AllReservations(poolNS) {
+		fmt.Fprintf(&b, "  %s %s\n", o.Name, o.Spec.PodRef)
+	}
+	if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil {
+		fmt.Fprintf(&b, "lease held by %q\n", *l.Spec.HolderIdentity)
+	}
+	b.WriteString("sandboxes:\n")
+	for _, sb := range w.sbs {
+		var atts []string
+		for _, a := range sb.atts {
+			atts = append(atts, fmt.Sprintf("%s=%s@%s", a.ifname, a.ip, a.net.name))
+		}
+		fmt.Fprintf(&b, "  %s %s on %s: %s %s\n", sb.id, sb.pod.ref(), sb.node, sb.state, strings.Join(atts, " "))
+	}
+	return b.String()
+}

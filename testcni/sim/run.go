@@ -1,0 +1,388 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/harvester/harvester-ipam/shim/reconcile"
+)
+
+// Options shape the schedules.
+type Options struct {
+	// Whereabouts is the version the world runs: fake.V093, V080 or V070.
+	Whereabouts string
+	// Steps are the world's events in one schedule.
+	Steps int
+	// Crashes kill the plugin at its step boundaries (CrashRate each) and
+	// between its requests (a twentieth of that).
+	Crashes   bool
+	CrashRate float64
+	// Faults make the API server fail requests, or lose their responses, for
+	// a while now and then.
+	Faults bool
+	// Grace is the reconciler's.
+	Grace time.Duration
+	// Dir holds the nodes' checkpoints ("" is a temporary dir).
+	Dir string
+	// sabotage frees live entries behind everyone's back: the checker's test.
+	sabotage bool
+}
+
+// DefaultOptions are the schedules `make sim` and the tests run.
+func DefaultOptions(whereabouts string) Options {
+	return Options{Whereabouts: whereabouts, Steps: 24, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute}
+}
+
+// Result is one schedule's outcome.
+type Result struct {
+	Seed       uint64
+	Violations []string
+	// Trace is the story of the schedule, step by step.
+	Trace string
+	// State is the pools, reservations and sandboxes when it stopped.
+	State string
+	Stats map[string]int
+}
+
+// Run plays the schedule of seed.
+func Run(seed uint64, o Options) (res Result, err error) {
+	dir := o.Dir
+	if dir == "" {
+		base := os.TempDir()
+		if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+			base = "/dev/shm" // checkpoints are fsynced: keep it cheap
+		}
+		if dir, err = os.MkdirTemp(base, "harvester-ipam-sim-"); err != nil {
+			return Result{}, err
+		}
+		defer os.RemoveAll(dir)
+	}
+	tr := &trace{}
+	s := newSched(seed, tr)
+	tr.s = s
+	w, err := newWorld(s, tr, o, dir)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := w.setup(); err != nil {
+		return Result{}, err
+	}
+	res = Result{Seed: seed, Stats: w.stats}
+	s.check = w.checkLive
+	defer func() { res.Trace, res.State = tr.String(), w.describe() }()
+
+	s.spawn("director", func(a *actor) { w.direct(a) })
+	if !s.run(time.Time{}) {
+		s.abandon()
+		res.Violations = s.violations
+		return res, nil
+	}
+	if !w.settle() {
+		s.abandon()
+		res.Violations = s.violations
+		return res, nil
+	}
+	res.Violations = w.checkQuiet()
+	return res, nil
+}
+
+// setup makes the world: two nodes, a storage network (and a second NAD on
+// the same range, for pods attached twice), whereabouts alone on that range
+// too, and a few Longhorn pods.
+func (w *world) setup() error {
+	storage := &network{name: "storagenetwork", rng: "10.0.0.0/27", exclude: []string{"10.0.0.1/32"}}
+	second := &network{name: "storagenetwork-b", rng: "10.0.0.0/27", exclude: []string{"10.0.0.1/32"}}
+	plain := &network{name: "plainnetwork", rng: "10.0.0.0/27", exclude: []string{"10.0.0.1/32"}, plain: true}
+	w.nets = []*network{storage, second, plain}
+	for i := 1; i <= 2; i++ {
+		n := &node{name: fmt.Sprintf("node-%d", i), exists: true, cpDir: filepath.Join(w.dir, fmt.Sprintf("node-%d", i))}
+		if err := os.MkdirAll(n.cpDir, 0o700); err != nil {
+			return err
+		}
+		w.nodes = append(w.nodes, n)
+	}
+	for i, name := range []string{"instance-manager-a", "instance-manager-b", "backing-image-manager-c", "plain-d"} {
+		p := w.newPod(name, w.nodes[i%2].name)
+		switch {
+		case name == "plain-d":
+			p.nets = map[string]*network{"eth1": plain}
+		case i == 0 && w.s.chance(0.5):
+			p.nets = map[string]*network{"lhnet1": storage, "lhnet2": second}
+		default:
+			p.nets = map[string]*network{"lhnet1": storage}
+		}
+	}
+	return nil
+}
+
+func (w *world) newPod(name, node string) *pod {
+	w.uids++
+	p := &pod{ns: "longhorn-system", name: name, uid: w.uids, node: node, exists: true}
+	if old, ok := w.pods[p.ref()]; ok {
+		p.nets = map[string]*network{}
+		for ifn, n := range old.nets {
+			p.nets[ifn] = w.successor(n)
+		}
+	}
+	w.pods[p.ref()] = p
+	w.all = append(w.all, p)
+	return p
+}
+
+// successor is the network that replaced n, if its NAD was replaced.
+func (w *world) successor(n *network) *network {
+	for n.deleted {
+		found := false
+		for _, m := range w.nets {
+			if m.name == n.name+"-v2" {
+				n, found = m, true
+				break
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	return n
+}
+
+// direct plays the world's events, at random, concurrently with what they
+// start.
+func (w *world) direct(a *actor) {
+	for step := 0; step < w.o.Steps; step++ {
+		a.sleep(time.Duration(w.s.pick(3000)) * time.Millisecond)
+		w.event(a)
+	}
+}
+
+func (w *world) pods_() []*pod {
+	var out []*pod
+	for _, ref := range sortedKeys(w.pods) {
+		out = append(out, w.pods[ref])
+	}
+	return out
+}
+
+func (w *world) randomPod() *pod {
+	ps := w.pods_()
+	return ps[w.s.pick(len(ps))]
+}
+
+// event is one thing happening in the world.
+func (w *world) event(a *actor) {
+	p := w.randomPod()
+	switch r := w.s.pick(100); {
+	case r < 25: // the kubelet starts a sandbox (and kills the one it replaces)
+		if p.exists && (p.current == nil || p.current.state != sbCreating) {
+			w.spawnKubelet("start "+p.name, func(k *actor) { w.startSandbox(k, p) })
+		}
+	case r < 35: // a sandbox dies without DEL: a crash loop, a failed creation
+		if p.current != nil && p.current.state == sbLive {
+			w.kill(p.current, "crashed")
+		}
+	case r < 45: // the kubelet stops a sandbox: DEL
+		if sb := p.current; sb != nil && sb.state == sbLive {
+			w.kill(sb, "stopped")
+			w.spawnKubelet("stop "+p.name, func(k *actor) { w.teardown(k, sb) })
+		}
+	case r < 55: // the kubelet removes the sandboxes it stopped: the DELs it owes
+		w.spawnKubelet("cleanup", func(k *actor) { w.cleanup(k) })
+	case r < 59: // a node reboots; now and then it loses containerd's root too
+		n := w.nodes[w.s.pick(len(w.nodes))]
+		lost := w.s.chance(0.3)
+		w.tr.add("node %s reboots (root lost: %v)", n.name, lost)
+		for _, sb := range w.sbs {
+			if sb.node == n.name && sb.state != sbDeleted {
+				w.kill(sb, "reboot")
+				if lost {
+					sb.lostCache = true
+				}
+			}
+		}
+	case r < 63: // the pod is force-deleted (its sandbox dies; the kubelet will DEL it)
+		if p.exists {
+			w.tr.add("pod %s force-deleted", p.ref())
+			p.exists = false
+			if p.current != nil {
+				w.kill(p.current, "pod deleted")
+			}
+		}
+	case r < 68: // a pod of that name is created again, on some node
+		if !p.exists {
+			n := w.liveNode()
+			if n != nil {
+				np := w.newPod(p.name, n.name)
+				w.tr.add("pod %s created again on %s", np.ref(), n.name)
+			}
+		}
+	case r < 70: // a node is removed: its pods are force-deleted, no DEL ever comes
+		n := w.nodes[w.s.pick(len(w.nodes))]
+		if n.exists && w.liveNodes() > 1 {
+			w.tr.add("node %s removed", n.name)
+			n.exists = false
+			for _, q := range w.pods_() {
+				if q.node == n.name && q.exists {
+					q.exists = false
+					if q.current != nil {
+						w.kill(q.current, "node removed")
+					}
+				}
+			}
+		}
+	case r < 72: // the storage network's setting changes: a new NAD, a new range
+		w.replaceNetwork()
+	case r < 75: // Multus' cache of a sandbox is lost
+		if sb := w.randomSandbox(); sb != nil && !sb.lostCache {
+			w.tr.add("Multus' cache of %s lost", sb.id)
+			sb.lostCache = true
+		}
+	case r < 85: // a reconciler pass
+		w.s.spawn("reconciler", func(k *actor) { w.reconcile(k) })
+	case r < 88: // GC on a node (CRI-O calls it; containerd does not)
+		n := w.nodes[w.s.pick(len(w.nodes))]
+		if n.exists {
+			net := w.nets[w.s.pick(2)]
+			w.s.spawn("gc", func(k *actor) { w.gc(k, n, net) })
+		}
+	case r < 90 && w.o.sabotage: // someone edits a pool by hand: not a step the product takes
+		for _, att := range w.live() {
+			p := w.api.Pool(poolNS, att.net.pool())
+			for off, e := range p.Spec.Allocations {
+				if e.ContainerID == att.sb.id {
+					delete(p.Spec.Allocations, off)
+				}
+			}
+			_, _ = w.api.UpdatePool(poolNS, p)
+			w.tr.add("SABOTAGE: %s removed from its pool", att)
+			break
+		}
+	case r < 94: // the API server has a bad moment
+		if w.o.Faults {
+			d := time.Duration(500+w.s.pick(4500)) * time.Millisecond
+			w.tr.add("the API server fails requests for %s", d)
+			w.faultsUntil = w.s.now.Add(d)
+		}
+	default: // time passes: past the reconciler's grace
+		w.tr.add("%s pass", w.o.Grace+time.Minute)
+		a.sleep(w.o.Grace + time.Minute)
+	}
+}
+
+func (w *world) spawnKubelet(what string, f func(a *actor)) {
+	w.s.spawn("kubelet "+what, f)
+}
+
+func (w *world) cleanup(a *actor) {
+	for _, sb := range w.sbs {
+		if sb.state == sbDead && sb.delPending {
+			w.teardown(a, sb)
+		}
+	}
+}
+
+func (w *world) liveNode() *node {
+	var ns []*node
+	for _, n := range w.nodes {
+		if n.exists {
+			ns = append(ns, n)
+		}
+	}
+	if len(ns) == 0 {
+		return nil
+	}
+	return ns[w.s.pick(len(ns))]
+}
+
+func (w *world) liveNodes() int {
+	c := 0
+	for _, n := range w.nodes {
+		if n.exists {
+			c++
+		}
+	}
+	return c
+}
+
+func (w *world) randomSandbox() *sandbox {
+	var sbs []*sandbox
+	for _, sb := range w.sbs {
+		if sb.state != sbDeleted {
+			sbs = append(sbs, sb)
+		}
+	}
+	if len(sbs) == 0 {
+		return nil
+	}
+	return sbs[w.s.pick(len(sbs))]
+}
+
+// replaceNetwork deletes the storage NAD and makes another with a new range,
+// as Harvester does when the storage-network setting changes; pods attach it
+// from their next sandbox on.
+func (w *world) replaceNetwork() {
+	old := w.nets[0]
+	if old.deleted {
+		return
+	}
+	nn := &network{name: old.name + "-v2", rng: "10.0.1.0/27", exclude: []string{"10.0.1.1/32"}}
+	if w.s.chance(0.5) {
+		nn.netName = "storage"
+	}
+	old.deleted = true
+	w.nets = append(w.nets, nn)
+	for _, p := range w.pods_() {
+		for ifn, n := range p.nets {
+			if n == old {
+				p.nets[ifn] = nn
+			}
+		}
+	}
+	w.tr.add("the storage network's NAD replaced: %s (network_name %q)", nn.rng, nn.netName)
+}
+
+func (w *world) reconcile(a *actor) {
+	r := &reconcile.Reconciler{Store: w.store("reconciler"), Cluster: cluster{w}, Grace: w.o.Grace}
+	rep, err := r.Pass(context.Background())
+	if a.killed {
+		return
+	}
+	if err != nil {
+		w.tr.add("reconciler pass failed: %v", err)
+		return
+	}
+	w.tr.add("reconciler pass: %d stale, %d released, %d reservations deleted, %d errors", rep.Candidates(), len(rep.Released), len(rep.DeletedORIPs), len(rep.Errors))
+	w.stats["reconciler releases"] += len(rep.Released)
+}
+
+// settle brings the world to rest: no more faults or crashes; every DEL the
+// runtime owes is sent; every pod gets a sandbox; the reconciler runs past
+// its grace. It returns false when an invariant broke meanwhile.
+func (w *world) settle() bool {
+	w.quiet = true
+	w.faultsUntil = time.Time{}
+	w.tr.add("--- the world settles")
+	w.s.spawn("kubelet settle", func(a *actor) {
+		w.cleanup(a)
+		for _, p := range w.pods_() {
+			if p.exists && w.node(p.node).exists && (p.current == nil || p.current.state != sbLive) {
+				w.startSandbox(a, p)
+			}
+		}
+	})
+	if !w.s.run(time.Time{}) {
+		return false
+	}
+	for i := 0; i < 3; i++ {
+		w.s.spawn("reconciler", func(a *actor) {
+			w.reconcile(a)
+			a.sleep(w.o.Grace + time.Second)
+		})
+		if !w.s.run(time.Time{}) {
+			return false
+		}
+	}
+	return true
+}

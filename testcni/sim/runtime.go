@@ -1,0 +1,278 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/harvester/harvester-ipam/plugin"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+// The runtime plays the kubelet, containerd and the Multus thin plugin: it
+// creates a pod's sandbox and attaches its networks one after the other (on
+// the first failure it DELs what it attached and gives the sandbox up, as
+// Multus and the kubelet do), it stops and removes sandboxes with DELs it
+// retries until they succeed, and it loses sandboxes without any DEL when a
+// node crashes or its state is lost.
+
+// call runs one CNI verb of an attachment on a node, as Multus execs the
+// IPAM plugin of a delegate: harvester-ipam for a storage network, whereabouts
+// for a plain one. It returns the result's address for ADD.
+func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []byte) (ip net.IP, err error) {
+	stdin = bytes.ReplaceAll(stdin, []byte("%CHECKPOINTS%"), []byte(n.cpDir))
+	sb := att.sb
+	cniArgs := fmt.Sprintf("IgnoreUnknown=true;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_INFRA_CONTAINER_ID=%s", sb.pod.ns, sb.pod.name, sb.id)
+	env := map[string]string{"CNI_COMMAND": verb, "CNI_CONTAINERID": sb.id, "CNI_IFNAME": att.ifname, "CNI_ARGS": cniArgs,
+		"CNI_NETNS": "/var/run/netns/" + sb.id, "CNI_PATH": "/opt/cni/bin"}
+	a.env = env // the delegate reads them from the process's environment
+	a.setEnv()
+	defer func() { a.env = nil }()
+	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
+	del := &fake.Delegate{WB: wb}
+	args := &skel.CmdArgs{ContainerID: sb.id, IfName: att.ifname, Netns: env["CNI_NETNS"], Args: cniArgs, Path: "/opt/cni/bin", StdinData: stdin}
+	var out bytes.Buffer
+	defer func() {
+		// A process killed mid-way unwinds to here (the runtime lives on);
+		// the end of the schedule unwinds the whole actor.
+		if r := recover(); r != nil {
+			if _, ok := r.(goExit); !ok || a.abandoned {
+				panic(r)
+			}
+			ip, err = nil, fmt.Errorf("netplugin failed: signal: killed")
+		}
+	}()
+	if att.net.plain {
+		// whereabouts alone: the runtime execs it directly.
+		var res []byte
+		res, err = del.ExecPlugin(context.Background(), "/opt/cni/bin/whereabouts", stdin, environ(env))
+		out.Write(res)
+	} else {
+		p := &plugin.Plugin{
+			Exec:     del,
+			// One process, one identity: harvester-ipam's is host and PID.
+			NewStore: func(string) (*shim.Store, error) { return w.store("harvester-ipam/" + n.name + "/" + a.name), nil },
+			Stdout:   &out, Stderr: io.Discard, Timeout: time.Hour,
+			AtStep: func(step string) {
+				if !w.quiet && w.o.Crashes && w.s.chance(w.o.CrashRate) {
+					w.tr.add("CRASH at %s", step)
+					w.stats["crashes"]++
+					a.killed = true
+					panic(goExit{})
+				}
+			},
+		}
+		switch verb {
+		case "ADD":
+			err = p.Add(args)
+		case "DEL":
+			err = p.Del(args)
+		case "GC":
+			err = p.GC(args)
+		}
+	}
+	return result(a, verb, out.Bytes(), err)
+}
+
+// result is what the runtime makes of a verb's outcome.
+func result(a *actor, verb string, out []byte, err error) (net.IP, error) {
+	if a.killed {
+		return nil, fmt.Errorf("netplugin failed: signal: killed")
+	}
+	if err != nil || verb != "ADD" {
+		return nil, err
+	}
+	var res current.Result
+	if jerr := json.Unmarshal(out, &res); jerr != nil || len(res.IPs) == 0 {
+		return nil, fmt.Errorf("ADD printed no result: %v: %s", jerr, out)
+	}
+	return res.IPs[0].Address.IP, nil
+}
+
+func environ(env map[string]string) []string {
+	var out []string
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+// errText is what a CNI error says, for the trace.
+func errText(err error) string {
+	if ce, ok := err.(*cnitypes.Error); ok {
+		return fmt.Sprintf("code %d: %s", ce.Code, ce.Msg)
+	}
+	return err.Error()
+}
+
+// startSandbox creates a new sandbox of p on its node and attaches its
+// networks; on failure, it DELs what it attached and the sandbox is given up.
+func (w *world) startSandbox(a *actor, p *pod) {
+	n := w.node(p.node)
+	if n == nil || !n.exists || !p.exists {
+		return
+	}
+	w.ids++
+	sb := &sandbox{id: fmt.Sprintf("c%03d-%s", w.ids, p.name), pod: p, node: n.name, state: sbCreating}
+	w.sbs = append(w.sbs, sb)
+	if p.current != nil && p.current.state == sbLive {
+		// The kubelet kills the old sandbox before it makes a new one.
+		w.kill(p.current, "replaced")
+	}
+	p.current = sb
+	w.tr.add("%s: new sandbox %s on %s", p.ref(), sb.id, n.name)
+	for _, ifn := range sortedKeys(p.nets) {
+		net := p.nets[ifn]
+		att := &attachment{sb: sb, ifname: ifn, net: net, config: net.config(w)}
+		sb.atts = append(sb.atts, att)
+		ip, err := w.call(a, n, "ADD", att, att.config)
+		if a.killed {
+			a.killed = false // the plugin died, not the runtime
+		}
+		if err != nil {
+			w.tr.add("ADD %s failed: %s", att, errText(err))
+			w.stats["failed ADDs"]++
+			sb.state = sbDead
+			sb.delPending = true
+			w.teardown(a, sb)
+			return
+		}
+		att.ip = ip
+		w.tr.add("ADD %s -> %s", att, ip)
+	}
+	if sb.state != sbCreating || p.current != sb || !p.exists {
+		// Killed (a reboot, the pod deleted) while it was being made.
+		return
+	}
+	sb.state = sbLive
+	p.phase = podRunning
+	// Multus writes the network-status at the end of ADD (and fails the ADD
+	// when it cannot).
+	p.status = map[string]string{}
+	for _, att := range sb.atts {
+		p.status[att.ifname] = att.ip.String()
+	}
+	w.stats["sandboxes"]++
+}
+
+// kill ends a sandbox without any DEL now (a crash, a reboot); the runtime
+// may still owe it one.
+func (w *world) kill(sb *sandbox, why string) {
+	if sb.state == sbCreating || sb.state == sbLive {
+		sb.state = sbDead
+		sb.delPending = true
+		w.tr.add("sandbox %s of %s dies (%s)", sb.id, sb.pod.ref(), why)
+	}
+}
+
+// teardown sends the DELs the runtime owes a dead sandbox, each retried
+// until it succeeds (a few times while the world is rough: the kubelet
+// comes back to it later).
+func (w *world) teardown(a *actor, sb *sandbox) {
+	if !sb.delPending || sb.state == sbDeleted {
+		return
+	}
+	n := w.node(sb.node)
+	if n == nil || !n.exists {
+		return // the node is gone: no DEL will ever come
+	}
+	if sb.lostCache {
+		// Multus cannot tell the storage networks any more: it calls no
+		// IPAM, and tells the runtime all is clean.
+		w.tr.add("DEL of %s: Multus' cache is gone, no IPAM called", sb.id)
+		sb.delPending, sb.state = false, sbDeleted
+		return
+	}
+	for i := len(sb.atts) - 1; i >= 0; i-- {
+		att := sb.atts[i]
+		for attempt := 1; ; attempt++ {
+			stdin := w.delConfig(att)
+			_, err := w.call(a, n, "DEL", att, stdin)
+			if a.killed {
+				a.killed = false
+			}
+			if err == nil {
+				w.tr.add("DEL %s ok", att)
+				break
+			}
+			w.tr.add("DEL %s failed: %s", att, errText(err))
+			if attempt >= 3 && !w.quiet {
+				return // retried later
+			}
+			a.sleep(time.Duration(500+w.s.pick(2000)) * time.Millisecond)
+			if n := w.node(sb.node); n == nil || !n.exists {
+				return
+			}
+		}
+	}
+	sb.delPending, sb.state = false, sbDeleted
+}
+
+// delConfig is the config a DEL receives: what Multus cached at ADD, or,
+// now and then, what a runtime without that cache has (only the type, the
+// NAD gone), or one with an option of a newer release after a downgrade.
+func (w *world) delConfig(att *attachment) []byte {
+	if att.net.plain || w.quiet {
+		return att.config
+	}
+	switch r := w.s.rng.Float64(); {
+	case r < 0.1:
+		return []byte(`{"cniVersion":"0.3.1","name":"` + att.net.name + `","ipam":{"type":"harvester-ipam","configuration_path":"/nonexistent","harvester_ipam":{"checkpoint_dir":"%CHECKPOINTS%"}}}`)
+	case r < 0.15:
+		return bytes.Replace(att.config, []byte(`"harvester_ipam":{`), []byte(`"harvester_ipam":{"a_future_option":true,`), 1)
+	}
+	return att.config
+}
+
+func (w *world) node(name string) *node {
+	for _, n := range w.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// gc runs CNI GC on a node for one network, as a runtime that calls it does
+// (CRI-O): every attachment it still knows of is valid.
+func (w *world) gc(a *actor, n *node, net *network) {
+	var valid []map[string]string
+	for _, sb := range w.sbs {
+		if sb.node == n.name && sb.state != sbDeleted {
+			for _, att := range sb.atts {
+				if att.net == net {
+					valid = append(valid, map[string]string{"containerID": sb.id, "ifname": att.ifname})
+				}
+			}
+		}
+	}
+	var conf map[string]any
+	_ = json.Unmarshal(net.config(w), &conf)
+	conf["cniVersion"] = "1.1.0"
+	conf["cni.dev/valid-attachments"] = valid
+	stdin, _ := json.Marshal(conf)
+	// GC has no attachment: a stand-in carries the node's identity.
+	probe := &attachment{sb: &sandbox{id: "gc", pod: &pod{ns: "-", name: "-"}, node: n.name}, net: net, ifname: "gc0"}
+	_, err := w.call(a, n, "GC", probe, stdin)
+	if a.killed {
+		a.killed = false
+	}
+	w.tr.add("GC of %s on %s: %v", net.name, n.name, errOrOK(err))
+}
+
+func errOrOK(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return strings.SplitN(errText(err), "\n", 2)[0]
+}

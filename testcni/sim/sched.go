@@ -1,0 +1,267 @@
+// Package sim is harvester-ipam's deterministic simulation: the product's
+// own plugin verbs and reconciler, through the store's interface, in a
+// simulated world — an API server with the semantics the code relies on
+// (shim/fake), whereabouts as each version behaves, and a runtime that plays
+// the kubelet and Multus — under a seeded scheduler that decides, at every
+// request and every wait, which actor runs next. Invariants are checked after
+// every step; a violation comes with its seed and a readable trace, and the
+// same seed replays it exactly.
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+)
+
+// sched runs actors one at a time. An actor is a goroutine that hands the
+// baton back at every yield; the scheduler chooses, with its seeded random
+// source, which runnable actor gets it next. Time is simulated: it moves on
+// by the latency of each request, and jumps to the next wake-up when every
+// actor sleeps.
+type sched struct {
+	rng    *rand.Rand
+	now    time.Time
+	actors []*actor
+	cur    *actor
+	back   chan struct{} // an actor hands the baton back
+	seq    int
+	trace  *trace
+	// check runs after every step; it returns what is wrong.
+	check func() []string
+	// violations are the first invariant breaks seen.
+	violations []string
+}
+
+type actor struct {
+	name   string
+	wake   chan struct{}
+	at     time.Time // sleeping until
+	done bool
+	// killed: the process the actor runs crashed; its further requests fail
+	// and change nothing, and it unwinds to the runtime.
+	killed bool
+	// abandoned: the schedule is over; the actor unwinds whole.
+	abandoned bool
+	// env is the CNI environment of the plugin call the actor makes: the
+	// process's environment is one, so it is set again at every turn.
+	env map[string]string
+	s   *sched
+}
+
+func newSched(seed uint64, t *trace) *sched {
+	return &sched{
+		rng:   rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		now:   time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC),
+		back:  make(chan struct{}),
+		trace: t,
+	}
+}
+
+// goExit ends an actor's goroutine; the scheduler takes the baton back.
+type goExit struct{}
+
+// spawn starts an actor running f; it waits for its first turn.
+func (s *sched) spawn(name string, f func(a *actor)) *actor {
+	s.seq++
+	a := &actor{name: fmt.Sprintf("%s#%d", name, s.seq), wake: make(chan struct{}), at: s.now, s: s}
+	s.actors = append(s.actors, a)
+	go func() {
+		<-a.wake
+		defer func() {
+			if r := recover(); r != nil {
+				if _, ok := r.(goExit); !ok {
+					s.violations = append(s.violations, fmt.Sprintf("%s panicked: %v\n%s", a.name, r, stack()))
+				}
+			}
+			a.done = true
+			s.back <- struct{}{}
+		}()
+		f(a)
+	}()
+	return a
+}
+
+func stack() string {
+	b := make([]byte, 8192)
+	return string(b[:runtime.Stack(b, false)])
+}
+
+// cniVars are the environment variables a delegating plugin passes on.
+var cniVars = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_IFNAME", "CNI_ARGS", "CNI_NETNS", "CNI_PATH"}
+
+// setEnv makes the process's environment the actor's.
+func (a *actor) setEnv() {
+	for _, k := range cniVars {
+		if v, ok := a.env[k]; ok {
+			_ = os.Setenv(k, v)
+		} else {
+			_ = os.Unsetenv(k)
+		}
+	}
+}
+
+// yield hands the baton back and waits for the next turn. Called from the
+// running actor only.
+func (a *actor) yield() {
+	a.s.back <- struct{}{}
+	<-a.wake
+}
+
+// sleep waits d of simulated time.
+func (a *actor) sleep(d time.Duration) {
+	if d < 0 {
+		d = 0
+	}
+	a.at = a.s.now.Add(d)
+	a.yield()
+	if a.abandoned {
+		panic(goExit{})
+	}
+}
+
+// run gives turns until every actor is done, or until the deadline of
+// simulated time passes with actors left (they are left parked: the caller
+// decides). It returns false when the run was stopped by a violation.
+func (s *sched) run(until time.Time) bool {
+	for {
+		var runnable []*actor
+		next := time.Time{}
+		alive := 0
+		for _, a := range s.actors {
+			if a.done {
+				continue
+			}
+			alive++
+			if !a.at.After(s.now) {
+				runnable = append(runnable, a)
+			} else if next.IsZero() || a.at.Before(next) {
+				next = a.at
+			}
+		}
+		if alive == 0 {
+			s.prune()
+			return true
+		}
+		if len(runnable) == 0 {
+			if !until.IsZero() && next.After(until) {
+				s.now = until
+				return true
+			}
+			s.now = next
+			continue
+		}
+		a := runnable[s.rng.IntN(len(runnable))]
+		s.cur = a
+		a.setEnv()
+		a.wake <- struct{}{}
+		<-s.back
+		s.cur = nil
+		if s.check != nil {
+			if bad := s.check(); len(bad) > 0 {
+				s.violations = append(s.violations, bad...)
+				return false
+			}
+		}
+		if len(s.violations) > 0 {
+			return false
+		}
+	}
+}
+
+// prune forgets finished actors.
+func (s *sched) prune() {
+	live := s.actors[:0]
+	for _, a := range s.actors {
+		if !a.done {
+			live = append(live, a)
+		}
+	}
+	s.actors = live
+}
+
+// abandon ends every actor left (a run stopped early): each is woken into a
+// goExit so that no goroutine outlives the schedule.
+func (s *sched) abandon() {
+	for _, a := range s.actors {
+		if !a.done {
+			a.killed, a.abandoned = true, true
+			a.at = s.now
+		}
+	}
+	for {
+		var left *actor
+		for _, a := range s.actors {
+			if !a.done {
+				left = a
+				break
+			}
+		}
+		if left == nil {
+			break
+		}
+		s.cur = left
+		left.wake <- struct{}{}
+		<-s.back
+	}
+	s.actors = nil
+}
+
+// clock is the simulated time, as shim.Clock; a wait is a yield.
+type clock struct{ s *sched }
+
+func (c clock) Now() time.Time { return c.s.now }
+
+func (c clock) Sleep(ctx context.Context, d time.Duration) error {
+	a := c.s.cur
+	if a == nil {
+		panic("sim: a sleep outside any actor")
+	}
+	if a.killed {
+		return errKilled
+	}
+	a.sleep(d)
+	if a.killed {
+		panic(goExit{})
+	}
+	return ctx.Err()
+}
+
+// trace is the readable story of a schedule.
+type trace struct {
+	lines []string
+	s     *sched
+}
+
+func (t *trace) add(format string, args ...any) {
+	at := ""
+	if t.s != nil {
+		at = fmt.Sprintf("%8.3fs ", t.s.now.Sub(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)).Seconds())
+		if t.s.cur != nil {
+			at += t.s.cur.name + ": "
+		}
+	}
+	t.lines = append(t.lines, at+fmt.Sprintf(format, args...))
+}
+
+func (t *trace) String() string { return strings.Join(t.lines, "\n") }
+
+// pick chooses one of n with the schedule's random source.
+func (s *sched) pick(n int) int { return s.rng.IntN(n) }
+
+// chance is true with probability p.
+func (s *sched) chance(p float64) bool { return s.rng.Float64() < p }
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

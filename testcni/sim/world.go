@@ -1,0 +1,317 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/shim/names"
+)
+
+// poolNS is the simulated whereabouts namespace.
+const poolNS = "kube-system"
+
+// network is a storage-network NAD: a range whereabouts allocates from.
+type network struct {
+	name    string // the CNI network's (and the NAD's) name
+	rng     string
+	netName string // whereabouts' network_name
+	exclude []string
+	// plain networks name whereabouts itself: racing writers beside harvester-ipam.
+	plain   bool
+	deleted bool
+}
+
+func (n *network) pool() string { return names.Pool(n.rng, n.netName) }
+
+// config is the network config a runtime hands the IPAM plugin, as Multus
+// caches it at ADD.
+func (n *network) config(w *world) []byte {
+	typ := "harvester-ipam"
+	if n.plain {
+		typ = "whereabouts"
+	}
+	ipam := map[string]any{"type": typ, "range": n.rng, "configuration_path": w.flat,
+		"harvester_ipam": map[string]any{"checkpoint_dir": "%CHECKPOINTS%"}}
+	if len(n.exclude) > 0 {
+		ipam["exclude"] = n.exclude
+	}
+	if n.netName != "" {
+		ipam["network_name"] = n.netName
+	}
+	b, _ := json.Marshal(map[string]any{"cniVersion": "0.3.1", "name": n.name, "type": "bridge", "bridge": "mgmt-br", "ipam": ipam})
+	return b
+}
+
+type node struct {
+	name   string
+	exists bool // the Node object
+	cpDir  string
+}
+
+type podState int
+
+const (
+	podPending podState = iota
+	podRunning
+)
+
+// pod is one incarnation of a pod: a force-deleted pod recreated under the
+// same name is another pod object (another UID).
+type pod struct {
+	ns, name string
+	uid      int
+	node     string
+	exists   bool
+	phase    podState
+	// nets are the pod's networks, by interface: what Multus attaches.
+	nets map[string]*network
+	// current is the pod's newest sandbox.
+	current *sandbox
+	// status are the addresses of Multus' network-status, by interface.
+	status map[string]string
+}
+
+func (p *pod) ref() string { return p.ns + "/" + p.name }
+
+type sbState int
+
+const (
+	sbCreating sbState = iota
+	sbLive
+	sbDead    // stopped or crashed; its attachments may still hold entries
+	sbDeleted // every DEL the runtime meant to send succeeded
+)
+
+func (s sbState) String() string {
+	return [...]string{"creating", "live", "dead", "deleted"}[s]
+}
+
+type sandbox struct {
+	id    string
+	pod   *pod
+	node  string
+	state sbState
+	atts  []*attachment
+	// lostCache: Multus' cache of this sandbox is gone: no DEL reaches IPAM.
+	lostCache bool
+	// delPending: the runtime still owes this sandbox a DEL.
+	delPending bool
+}
+
+type attachment struct {
+	sb     *sandbox
+	ifname string
+	net    *network
+	config []byte // the config Multus cached at ADD
+	ip     net.IP // what ADD returned; nil until then
+}
+
+func (a *attachment) String() string {
+	return fmt.Sprintf("%s/%s %s (%s %s)", a.sb.pod.ref(), a.ifname, a.sb.id, a.net.name, a.ip)
+}
+
+// world is everything the simulation models: the API server, whereabouts,
+// the nodes and their runtime, the pods.
+type world struct {
+	s    *sched
+	tr   *trace
+	o    Options
+	api  *fake.API
+	dir  string
+	flat string
+
+	nets  []*network
+	nodes []*node
+	pods  map[string]*pod // current incarnation by ref
+	all   []*pod          // every incarnation
+	sbs   []*sandbox
+	uids  int
+	ids   int
+
+	faultsUntil time.Time
+	// quiet stops faults and crashes: the world settles.
+	quiet bool
+	// stats count what happened, for the summary.
+	stats map[string]int
+	// holder is who held whereabouts' Lease at the last step, for the trace.
+	holder string
+}
+
+func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
+	w := &world{s: s, tr: tr, o: o, api: fake.New(), dir: dir, pods: map[string]*pod{}, stats: map[string]int{}}
+	kc := filepath.Join(dir, "whereabouts.kubeconfig")
+	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		return nil, err
+	}
+	w.flat = filepath.Join(dir, "whereabouts.conf")
+	if err := os.WriteFile(w.flat, []byte(`{"datastore":"kubernetes","kubernetes":{"kubeconfig":"`+kc+`"}}`), 0o600); err != nil {
+		return nil, err
+	}
+	w.api.Hook = w.request
+	w.api.CacheLag = func() int {
+		if w.quiet || !s.chance(0.3) {
+			return 0
+		}
+		return 1 + s.pick(4)
+	}
+	return w, nil
+}
+
+// errKilled fails what a crashed process still tries: nothing of it happens.
+var errKilled = errors.New("the process was killed")
+
+// request is every request to the API server: a point where the scheduler
+// chooses who runs next, where time passes, and where the world fails.
+func (w *world) request(c *fake.Call) error {
+	a := w.s.cur
+	if a == nil {
+		return nil // the checker, outside any actor
+	}
+	if a.killed {
+		return errKilled
+	}
+	a.at = w.s.now.Add(time.Duration(1+w.s.pick(5)) * time.Millisecond)
+	a.yield()
+	if a.killed {
+		panic(goExit{})
+	}
+	w.stats["requests"]++
+	if w.quiet || !isProcess(a) {
+		return nil
+	}
+	if w.o.Crashes && w.s.chance(w.o.CrashRate/20) {
+		w.tr.add("CRASH before %s %s %s", c.Verb, c.Resource, c.Name)
+		w.stats["crashes"]++
+		a.killed = true
+		panic(goExit{})
+	}
+	if w.s.now.Before(w.faultsUntil) {
+		switch r := w.s.rng.Float64(); {
+		case r < 0.2:
+			w.tr.add("FAULT %s %s %s: unavailable", c.Verb, c.Resource, c.Name)
+			w.stats["faults"]++
+			return apierrors.NewServiceUnavailable("etcdserver: request timed out")
+		case r < 0.3:
+			w.tr.add("FAULT %s %s %s: the response is lost", c.Verb, c.Resource, c.Name)
+			w.stats["faults"]++
+			c.LoseResponse = true
+		}
+	}
+	return nil
+}
+
+// isProcess says whether an actor stands for a process that can crash or
+// see faults (the plugin, whereabouts, the reconciler), not for the world.
+func isProcess(a *actor) bool { return !strings.HasPrefix(a.name, "director") && !strings.HasPrefix(a.name, "check") }
+
+// ---- the reconciler's view of the cluster (reconcile.Cluster)
+
+type cluster struct{ w *world }
+
+func (c cluster) yield() error {
+	a := c.w.s.cur
+	if a.killed {
+		return errKilled
+	}
+	a.at = c.w.s.now.Add(time.Millisecond)
+	a.yield()
+	if a.killed {
+		panic(goExit{})
+	}
+	if !c.w.quiet && c.w.s.now.Before(c.w.faultsUntil) && c.w.s.chance(0.2) {
+		return apierrors.NewServiceUnavailable("etcdserver: request timed out")
+	}
+	return nil
+}
+
+func (c cluster) podObject(p *pod) *corev1.Pod {
+	o := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name, UID: "u"}, Spec: corev1.PodSpec{NodeName: p.node}}
+	o.Status.Phase = corev1.PodPending
+	if p.phase == podRunning {
+		o.Status.Phase = corev1.PodRunning
+	}
+	if p.status != nil {
+		var st []map[string]any
+		st = append(st, map[string]any{"name": "cluster-network", "ips": []string{"10.52.0.1"}, "default": true})
+		for _, ifn := range sortedKeys(p.status) {
+			st = append(st, map[string]any{"name": "harvester-system/" + p.nets[ifn].name, "interface": ifn, "ips": []string{p.status[ifn]}})
+		}
+		b, _ := json.Marshal(st)
+		o.Annotations = map[string]string{"k8s.v1.cni.cncf.io/network-status": string(b)}
+	}
+	return o
+}
+
+func (c cluster) Pods(_ context.Context, ns string) ([]corev1.Pod, error) {
+	if err := c.yield(); err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, ref := range sortedKeys(c.w.pods) {
+		if p := c.w.pods[ref]; p.exists && p.ns == ns {
+			out = append(out, *c.podObject(p))
+		}
+	}
+	return out, nil
+}
+
+func (c cluster) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+	if err := c.yield(); err != nil {
+		return nil, err
+	}
+	if p, ok := c.w.pods[ns+"/"+name]; ok && p.exists {
+		return c.podObject(p), nil
+	}
+	return nil, nil
+}
+
+func (c cluster) Nodes(context.Context) ([]string, error) {
+	if err := c.yield(); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, n := range c.w.nodes {
+		if n.exists {
+			out = append(out, n.name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func (c cluster) Node(_ context.Context, name string) (bool, error) {
+	if err := c.yield(); err != nil {
+		return false, err
+	}
+	for _, n := range c.w.nodes {
+		if n.name == name {
+			return n.exists, nil
+		}
+	}
+	return false, nil
+}
+
+func (c cluster) Event(context.Context, *corev1.Event) error { return nil }
+
+// options are a simulated process's store options: the simulated clock and
+// random source, and no real-time timeout that could fire.
+func (w *world) options(identity string) shim.Options {
+	return shim.Options{CallTimeout: time.Hour, Clock: clock{w.s}, Random: w.s.rng.Float64, Identity: identity}
+}
+
+// store is the store a simulated process uses.
+func (w *world) store(identity string) *shim.Store { return shim.New(w.api, poolNS, w.options(identity)) }
