@@ -1,4 +1,4 @@
-# harvester-ipam: make build | test | unit | demo | bench | tools | fuzz | image
+# harvester-ipam: make build | test | unit | demo | bench | tools | fuzz | sim | image
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GO      ?= go
 export GOTOOLCHAIN := local
