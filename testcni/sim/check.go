@@ -10,10 +10,30 @@ import (
 	"github.com/harvester/harvester-ipam/shim/names"
 )
 
-// live are the attachments of the live sandboxes: each ADD returned, the
-// sandbox runs, no DEL was sent. Whatever happens, their entries and
-// reservations stay, and no two of them share an address.
+// live are the attachments in use: the sandbox runs (each of its ADDs
+// returned), or is being stopped and its network namespace still holds the
+// interface, whose own DEL was not sent yet. Whatever happens, their entries
+// and reservations stay, and no two of them share an address.
 func (w *world) live() []*attachment {
+	var out []*attachment
+	for _, sb := range w.sbs {
+		switch {
+		case sb.state == sbLive:
+			out = append(out, sb.atts...)
+		case sb.state == sbDead && sb.netns:
+			for _, att := range sb.atts {
+				if att.ip != nil && !att.delStarted {
+					out = append(out, att)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// running are the attachments of the running sandboxes: what must hold its
+// address when the world is at rest.
+func (w *world) running() []*attachment {
 	var out []*attachment
 	for _, sb := range w.sbs {
 		if sb.state == sbLive {
@@ -91,7 +111,7 @@ func (w *world) checkQuiet() []string {
 	var bad []string
 	liveEntry := map[string]bool{} // pool/ip/container
 	liveRes := map[string]string{} // reservation -> podref
-	for _, att := range w.live() {
+	for _, att := range w.running() {
 		liveEntry[att.net.pool()+"/"+att.ip.String()+"/"+att.sb.id] = true
 		liveRes[names.Reservation(att.ip, att.net.netName)] = att.sb.pod.ref()
 	}

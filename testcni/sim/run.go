@@ -176,16 +176,19 @@ func (w *world) event(a *actor) {
 	p := w.randomPod()
 	switch r := w.s.pick(100); {
 	case r < 25: // the kubelet starts a sandbox (and kills the one it replaces)
-		if p.exists && (p.current == nil || p.current.state != sbCreating) {
+		// Not while a sandbox of the pod is being stopped: the kubelet makes
+		// no new sandbox until the old one's StopPodSandbox (its DELs)
+		// succeeded.
+		if p.exists && (p.current == nil || p.current.state != sbCreating) && !w.stopping(p.name) {
 			w.spawnKubelet("start "+p.name, func(k *actor) { w.startSandbox(k, p) })
 		}
 	case r < 35: // a sandbox dies without DEL: a crash loop, a failed creation
 		if p.current != nil && p.current.state == sbLive {
-			w.kill(p.current, "crashed")
+			w.kill(p.current, "crashed", false)
 		}
 	case r < 45: // the kubelet stops a sandbox: DEL
 		if sb := p.current; sb != nil && sb.state == sbLive {
-			w.kill(sb, "stopped")
+			w.kill(sb, "stopped", true)
 			w.spawnKubelet("stop "+p.name, func(k *actor) { w.teardown(k, sb) })
 		}
 	case r < 55: // the kubelet removes the sandboxes it stopped: the DELs it owes
@@ -196,22 +199,26 @@ func (w *world) event(a *actor) {
 		w.tr.add("node %s reboots (root lost: %v)", n.name, lost)
 		for _, sb := range w.sbs {
 			if sb.node == n.name && sb.state != sbDeleted {
-				w.kill(sb, "reboot")
+				w.kill(sb, "reboot", false)
 				if lost {
 					sb.lostCache = true
 				}
 			}
 		}
-	case r < 63: // the pod is force-deleted (its sandbox dies; the kubelet will DEL it)
+	case r < 63: // the pod is force-deleted: the kubelet stops its sandbox at once
 		if p.exists {
 			w.tr.add("pod %s force-deleted", p.ref())
 			p.exists = false
-			if p.current != nil {
-				w.kill(p.current, "pod deleted")
+			if sb := p.current; sb != nil && (sb.state == sbLive || sb.state == sbCreating) {
+				w.kill(sb, "pod deleted", true)
+				w.spawnKubelet("stop "+p.name, func(k *actor) { w.teardown(k, sb) })
 			}
 		}
 	case r < 68: // a pod of that name is created again, on some node
-		if !p.exists {
+		// Once the old pod's sandbox is gone: a pod name recreated while its
+		// old sandbox still runs elsewhere is what Kubernetes (and
+		// harvester-ipam) assume does not happen.
+		if !p.exists && !w.stopping(p.name) {
 			n := w.liveNode()
 			if n != nil {
 				np := w.newPod(p.name, n.name)
@@ -224,11 +231,13 @@ func (w *world) event(a *actor) {
 			w.tr.add("node %s removed", n.name)
 			n.exists = false
 			for _, q := range w.pods_() {
-				if q.node == n.name && q.exists {
+				if q.node == n.name {
 					q.exists = false
-					if q.current != nil {
-						w.kill(q.current, "node removed")
-					}
+				}
+			}
+			for _, sb := range w.sbs {
+				if sb.node == n.name {
+					w.kill(sb, "node removed", false)
 				}
 			}
 		}
@@ -269,6 +278,17 @@ func (w *world) event(a *actor) {
 		w.tr.add("%s pass", w.o.Grace+time.Minute)
 		a.sleep(w.o.Grace + time.Minute)
 	}
+}
+
+// stopping says whether a sandbox of a pod of that name is being stopped:
+// its network namespace still holds interfaces.
+func (w *world) stopping(name string) bool {
+	for _, sb := range w.sbs {
+		if sb.pod.name == name && sb.state == sbDead && sb.netns {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *world) spawnKubelet(what string, f func(a *actor)) {
@@ -367,7 +387,7 @@ func (w *world) settle() bool {
 	w.s.spawn("kubelet settle", func(a *actor) {
 		w.cleanup(a)
 		for _, p := range w.pods_() {
-			if p.exists && w.node(p.node).exists && (p.current == nil || p.current.state != sbLive) {
+			if p.exists && w.node(p.node).exists && (p.current == nil || p.current.state != sbLive) && !w.stopping(p.name) {
 				w.startSandbox(a, p)
 			}
 		}

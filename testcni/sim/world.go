@@ -110,6 +110,9 @@ type sandbox struct {
 	lostCache bool
 	// delPending: the runtime still owes this sandbox a DEL.
 	delPending bool
+	// netns: its network namespace still exists (a sandbox being stopped
+	// keeps it until its DELs; a crash or a reboot does not).
+	netns bool
 }
 
 type attachment struct {
@@ -118,6 +121,8 @@ type attachment struct {
 	net    *network
 	config []byte // the config Multus cached at ADD
 	ip     net.IP // what ADD returned; nil until then
+	// delStarted: its own DEL was sent; the address is its DEL's to free.
+	delStarted bool
 }
 
 func (a *attachment) String() string {
