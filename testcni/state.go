@@ -3,11 +3,11 @@ package testcni
 import (
 	"context"
 	"fmt"
-	"time"
 	"net"
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -59,7 +59,7 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 		out.Write(res)
 	} else {
 		p := &plugin.Plugin{
-			Exec:     del,
+			Exec: del,
 			// One process, one identity: harvester-ipam's is host and PID.
 			NewStore: func(string) (*shim.Store, error) { return w.store("harvester-ipam/" + n.name + "/" + a.name), nil },
 			Stdout:   &out, Stderr: io.Discard, Timeout: time.Hour,

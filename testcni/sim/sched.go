@@ -39,9 +39,9 @@ type sched struct {
 }
 
 type actor struct {
-	name   string
-	wake   chan struct{}
-	at     time.Time // sleeping until
+	name string
+	wake chan struct{}
+	at   time.Time // sleeping until
 	done bool
 	// killed: the process the actor runs crashed; its further requests fail
 	// and change nothing, and it unwinds to the runtime.

@@ -221,7 +221,9 @@ func (w *world) request(c *fake.Call) error {
 
 // isProcess says whether an actor stands for a process that can crash or
 // see faults (the plugin, whereabouts, the reconciler), not for the world.
-func isProcess(a *actor) bool { return !strings.HasPrefix(a.name, "director") && !strings.HasPrefix(a.name, "check") }
+func isProcess(a *actor) bool {
+	return !strings.HasPrefix(a.name, "director") && !strings.HasPrefix(a.name, "check")
+}
 
 // ---- the reconciler's view of the cluster (reconcile.Cluster)
 
@@ -319,4 +321,6 @@ func (w *world) options(identity string) shim.Options {
 }
 
 // store is the store a simulated process uses.
-func (w *world) store(identity string) *shim.Store { return shim.New(w.api, poolNS, w.options(identity)) }
+func (w *world) store(identity string) *shim.Store {
+	return shim.New(w.api, poolNS, w.options(identity))
+}
