@@ -27,14 +27,22 @@ func main() {
 	start := flag.Uint64("start", 1, "the first seed")
 	showTrace := flag.Bool("trace", false, "print the trace of every schedule run (with -seed)")
 	workers := flag.Int("workers", runtime.NumCPU(), "worker processes, running schedules side by side")
+	steps := flag.Int("steps", 0, "events a schedule plays (0: the default); fewer find shorter traces")
 	worker := flag.Int("worker", -1, "(internal) run as worker number N of -workers")
 	flag.Parse()
 
 	vs := strings.Split(*versions, ",")
+	options := func(v string) sim.Options {
+		o := sim.DefaultOptions(v)
+		if *steps > 0 {
+			o.Steps = *steps
+		}
+		return o
+	}
 	if *seed != 0 {
 		failed := false
 		for _, v := range vs {
-			res, err := sim.Run(*seed, sim.DefaultOptions(v))
+			res, err := sim.Run(*seed, options(v))
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "harvester-ipam-sim:", err)
 				os.Exit(2)
@@ -52,7 +60,7 @@ func main() {
 	}
 
 	if *worker >= 0 {
-		os.Exit(runWorker(*worker, *workers, *start, *duration, vs))
+		os.Exit(runWorker(*worker, *workers, *start, *duration, vs, options))
 	}
 	// Workers are processes: a delegating plugin reads the CNI environment
 	// from its process, so one process runs one schedule at a time.
@@ -69,7 +77,7 @@ func main() {
 		go func(i int) {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
-				"-duration", duration.String(), "-whereabouts", *versions)
+				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome
@@ -112,12 +120,12 @@ func main() {
 
 // runWorker runs seeds start+i, start+i+n, ... on every version until the
 // deadline, printing each violation and then a DONE line with its counts.
-func runWorker(i, n int, start uint64, d time.Duration, vs []string) int {
+func runWorker(i, n int, start uint64, d time.Duration, vs []string, options func(string) sim.Options) int {
 	deadline := time.Now().Add(d)
 	o := outcome{PerVersion: map[string]int64{}}
 	for seed := start + uint64(i); time.Now().Before(deadline); seed += uint64(n) {
 		for _, v := range vs {
-			res, err := sim.Run(seed, sim.DefaultOptions(v))
+			res, err := sim.Run(seed, options(v))
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "harvester-ipam-sim:", err)
 				return 2
@@ -149,5 +157,5 @@ func report(v string, res sim.Result) {
 	for _, x := range res.Violations {
 		fmt.Printf("VIOLATION: %s\n", x)
 	}
-	fmt.Printf("--- trace (replay: harvester-ipam-sim -seed %d -whereabouts %s -trace)\n%s\n--- state\n%s\n", res.Seed, v, res.Trace, res.State)
+	fmt.Printf("--- trace (replay: harvester-ipam-sim -seed %d -whereabouts %s -steps %d -trace)\n%s\n--- state\n%s\n", res.Seed, v, res.Steps, res.Trace, res.State)
 }

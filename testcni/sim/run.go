@@ -39,6 +39,7 @@ func DefaultOptions(whereabouts string) Options {
 // Result is one schedule's outcome.
 type Result struct {
 	Seed       uint64
+	Steps      int
 	Violations []string
 	// Trace is the story of the schedule, step by step.
 	Trace string
@@ -70,7 +71,7 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	if err := w.setup(); err != nil {
 		return Result{}, err
 	}
-	res = Result{Seed: seed, Stats: w.stats}
+	res = Result{Seed: seed, Steps: o.Steps, Stats: w.stats}
 	s.check = w.checkLive
 	defer func() { res.Trace, res.State = tr.String(), w.describe() }()
 
