@@ -21,11 +21,18 @@ type poolRef struct {
 }
 
 // Del is idempotent. It finds what the attachment (CNI_CONTAINERID,
-// CNI_IFNAME) holds in every pool the config or the checkpoint names, hands
-// DEL to the delegate when the delegate cannot pick another entry than this
-// attachment's, then releases whatever is still there: whereabouts swallows
-// its own storage errors on DEL. Nothing held is success; a store that cannot
-// be read or written is an error, so that the runtime retries.
+// CNI_IFNAME) holds in every pool the config or the checkpoint names, and
+// releases it itself. Nothing held is success; a store that cannot be read
+// or written is an error, so that the runtime retries.
+//
+// DEL is not handed to whereabouts: its DEL removes the first entry of the
+// container it finds (v0.8.0 and before: perhaps another interface's),
+// swallows its storage errors, and takes whereabouts' Lease under the pod's
+// name, as the ADD of the pod's next sandbox does, so that both run at once
+// when the kubelet removes an old sandbox while it makes a new one (the
+// simulation found that it then frees the new sandbox's reservation).
+// harvester-ipam's release does what whereabouts' DEL does — the entry, then
+// the reservation — exactly, under a Lease identity of its own.
 //
 // DEL never fails for want of a config it can fully read (an option of a
 // newer release after a downgrade, a field of the wrong type, the NAD gone):
@@ -105,12 +112,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 	}
 
-	// Look first: a store that does not answer fails DEL at once (whereabouts
-	// would wait a minute for its Lease, then swallow the error), and an
-	// attachment that holds nothing needs no delegate.
+	// Look first: a store that does not answer fails DEL at once, and an
+	// attachment that holds nothing needs nothing more.
 	var plans []nsPlan
 	var ambiguous []string
-	delegate := usable
 	if len(pools) == 0 {
 		// Neither the config nor a readable checkpoint names a pool: a
 		// container ID names one sandbox, so look for it everywhere.
@@ -128,11 +133,6 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			continue
 		}
 		found := shim.FindAttachment(pool, args.ContainerID, args.IfName, recorded)
-		if found.Others > 0 || found.Ambiguous {
-			// whereabouts v0.8.0 and before deallocate the first entry of the
-			// container they find: perhaps another interface's.
-			delegate = false
-		}
 		if found.Ambiguous {
 			ambiguous = append(ambiguous, pr.namespace+"/"+pr.name)
 		}
@@ -160,16 +160,6 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		}
 		p.forget(cp, args, log)
 		return nil
-	}
-
-	if delegate {
-		// whereabouts swallows its own storage errors on DEL, so whatever it
-		// says, the pools are checked again below.
-		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
-			log.Errorf("%v; releasing directly", delegateError(cfg.Options.Delegate, "DEL", err))
-		}
-		p.at("del-after-delegate")
-		ph.mark(cfg.Options.Delegate)
 	}
 
 	for _, plan := range plans {

@@ -43,9 +43,6 @@ type rig struct {
 	log   bytes.Buffer
 	cpDir string
 	flat  string
-	// swallow makes the delegate's DEL succeed without touching the store,
-	// as whereabouts' does when its storage fails.
-	swallow bool
 	// down fails every request, as an unreachable API server does.
 	down bool
 }
@@ -72,7 +69,6 @@ current-context: w
 	opts := shim.Options{Backoff: shim.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 2}}
 	r.wb = &fake.Whereabouts{API: r.api, Version: fake.V093, Namespace: "kube-system", Options: opts}
 	r.del = &fake.Delegate{WB: r.wb}
-	r.del.Skip = func(verb string) bool { return verb == "DEL" && r.swallow }
 	r.p = &Plugin{
 		Exec: r.del,
 		NewStore: func(path string) (*shim.Store, error) {

@@ -73,6 +73,9 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	}
 	res = Result{Seed: seed, Steps: o.Steps, Stats: w.stats}
 	s.check = w.checkLive
+	if s.chance(0.5) {
+		s.usePCT(1+s.pick(3), 2000)
+	}
 	defer func() { res.Trace, res.State = tr.String(), w.describe() }()
 
 	s.spawn("director", func(a *actor) { w.direct(a) })

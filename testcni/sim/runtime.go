@@ -131,6 +131,17 @@ func (w *world) startSandbox(a *actor, p *pod) {
 	}
 	p.current = sb
 	w.tr.add("%s: new sandbox %s on %s", p.ref(), sb.id, n.name)
+	// The kubelet's sandbox GC removes the pod's dead sandboxes (their DELs
+	// owed) while the pod worker makes the new one. Not for a pod on
+	// whereabouts alone: two whereabouts processes of one pod both take
+	// whereabouts' Lease (its identity is the pod's name), a whereabouts bug
+	// this simulation found, which harvester-ipam's DEL does not reach.
+	for _, old := range w.sbs {
+		if old.pod.name == p.name && old.state == sbDead && old.delPending && !old.lostCache && len(old.atts) > 0 && !old.atts[0].net.plain && w.s.chance(0.5) {
+			dead := old
+			w.spawnKubelet("gc "+dead.id, func(k *actor) { w.teardown(k, dead) })
+		}
+	}
 	for _, ifn := range sortedKeys(p.nets) {
 		net := p.nets[ifn]
 		att := &attachment{sb: sb, ifname: ifn, net: net, config: net.config(w)}

@@ -36,10 +36,20 @@ type sched struct {
 	check func() []string
 	// violations are the first invariant breaks seen.
 	violations []string
+	// pct chooses by priority (probabilistic concurrency testing: the
+	// runnable actor of highest priority runs; at a few random steps the
+	// running one drops to the lowest), which finds the interleavings that
+	// need one actor to run many steps while another waits; otherwise the
+	// choice is uniform.
+	pct     bool
+	steps   int
+	changes map[int]bool
+	lowest  int
 }
 
 type actor struct {
-	name string
+	name     string
+	priority int
 	wake chan struct{}
 	at   time.Time // sleeping until
 	done bool
@@ -69,7 +79,7 @@ type goExit struct{}
 // spawn starts an actor running f; it waits for its first turn.
 func (s *sched) spawn(name string, f func(a *actor)) *actor {
 	s.seq++
-	a := &actor{name: fmt.Sprintf("%s#%d", name, s.seq), wake: make(chan struct{}), at: s.now, s: s}
+	a := &actor{name: fmt.Sprintf("%s#%d", name, s.seq), wake: make(chan struct{}), at: s.now, s: s, priority: s.rng.IntN(1 << 20)}
 	s.actors = append(s.actors, a)
 	go func() {
 		<-a.wake
@@ -156,7 +166,7 @@ func (s *sched) run(until time.Time) bool {
 			s.now = next
 			continue
 		}
-		a := runnable[s.rng.IntN(len(runnable))]
+		a := s.choose(runnable)
 		s.cur = a
 		a.setEnv()
 		a.wake <- struct{}{}
@@ -171,6 +181,35 @@ func (s *sched) run(until time.Time) bool {
 		if len(s.violations) > 0 {
 			return false
 		}
+	}
+}
+
+// choose is the next actor to run.
+func (s *sched) choose(runnable []*actor) *actor {
+	if !s.pct {
+		return runnable[s.rng.IntN(len(runnable))]
+	}
+	s.steps++
+	best := runnable[0]
+	for _, a := range runnable[1:] {
+		if a.priority > best.priority {
+			best = a
+		}
+	}
+	if s.changes[s.steps] {
+		s.lowest--
+		best.priority = s.lowest
+	}
+	return best
+}
+
+// usePCT makes the schedule choose by priority, with depth priority
+// changes among the first within steps.
+func (s *sched) usePCT(depth, within int) {
+	s.pct = true
+	s.changes = map[int]bool{}
+	for i := 0; i < depth; i++ {
+		s.changes[1+s.rng.IntN(within)] = true
 	}
 }
 
