@@ -189,10 +189,10 @@ func TestDel(t *testing.T) {
 	}{{
 		// DEL is not handed to whereabouts: harvester-ipam releases the
 		// entry and its reservation itself.
-		name:  "released, with its reservation, without whereabouts",
-		objs:  crashLoopedPool(),
-		stdin: func(r *rig) []byte { return r.config("0.3.1", "") },
-		want:  left,
+		name:      "released, with its reservation, without whereabouts",
+		objs:      crashLoopedPool(),
+		stdin:     func(r *rig) []byte { return r.config("0.3.1", "") },
+		want:      left,
 		wantORIPs: []string{"192.168.50.3=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"},
 	}, {
 		name:    "the NAD is gone: the checkpoint names the pool",

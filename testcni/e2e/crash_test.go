@@ -29,7 +29,7 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 		{"add-after-checkpoint", "ADD", false},
 		{"add-after-reservations", "ADD", false}, // the reclaim deleted the reservation, not yet the entry
 		{"add-after-reclaim", "ADD", false},
-		{"add-after-delegate", "ADD", false}, // allocated, the checkpoint not updated
+		{"add-after-delegate", "ADD", false},    // allocated, the checkpoint not updated
 		{"del-after-reservations", "DEL", true}, // the reservation deleted, not yet the entry
 		{"del-after-release", "DEL", false},     // released, the checkpoint not removed
 	}

@@ -50,9 +50,9 @@ type sched struct {
 type actor struct {
 	name     string
 	priority int
-	wake chan struct{}
-	at   time.Time // sleeping until
-	done bool
+	wake     chan struct{}
+	at       time.Time // sleeping until
+	done     bool
 	// killed: the process the actor runs crashed; its further requests fail
 	// and change nothing, and it unwinds to the runtime.
 	killed bool
