@@ -81,3 +81,47 @@ func TestTheCheckerCatchesAFreedLiveEntry(t *testing.T) {
 		t.Fatal("50 schedules of a sabotaged world, no violation seen")
 	}
 }
+
+// Regression seeds: each broke an invariant on the code before one fix (a
+// scratch branch that reverted it, patches in the note), and must
+// hold now. A change of the simulation's model may make a seed play another
+// story: then find it again (go run ./cmd/harvester-ipam-sim on the
+// reverted code) rather than drop it.
+func TestRegressionSeeds(t *testing.T) {
+	for _, tt := range []struct {
+		what  string
+		seed  uint64
+		wb    string
+		steps int
+	}{
+		// Hole 1: a crash after lhnet2's delegate; the runtime's DEL of lhnet2
+		// released every entry of the container without an ifname, lhnet1's too.
+		{"hole 1: a DEL of one of two interfaces, v0.7.0", 56, fake.V070, 6},
+		{"hole 1: whereabouts v0.8.0 deallocating the container's first entry", 82, fake.V080, 6},
+		{"hole 1, longer", 6, fake.V080, 24},
+		// Hole 2: Multus' status names lhnet1 only; lhnet2 was judged
+		// superseded by its own sibling and released.
+		{"hole 2: a sibling judged superseded", 17, fake.V093, 6},
+		{"hole 2, on v0.8.0", 17, fake.V080, 24},
+		// Hole 3: the kubelet's GC DELs the old sandbox while the new one is
+		// made; the reservation re-read after the conflict was deleted.
+		{"hole 3: a reservation re-read after a conflict", 1985, fake.V093, 6},
+		{"hole 3, on v0.8.0", 134, fake.V080, 24},
+		// Found by the simulation: a DEL handed to whereabouts takes its Lease
+		// under the pod's name, as the next sandbox's ADD does.
+		{"DEL handed to whereabouts beside the next ADD", 1130, fake.V093, 6},
+		{"DEL handed to whereabouts, longer", 590, fake.V093, 24},
+	} {
+		t.Run(tt.what, func(t *testing.T) {
+			o := DefaultOptions(tt.wb)
+			o.Steps = tt.steps
+			res, err := Run(tt.seed, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Violations) > 0 {
+				t.Fatalf("seed %d: %v\n%s\n%s", tt.seed, res.Violations, res.Trace, res.State)
+			}
+		})
+	}
+}
