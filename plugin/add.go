@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -68,7 +69,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 
 	res, err := invoke.DelegateAdd(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec)
 	if err != nil {
-		return delegateError(cfg.Options.Delegate, "ADD", err)
+		derr := delegateError(cfg.Options.Delegate, "ADD", err)
+		if ce, ok := derr.(*cnitypes.Error); ok && strings.Contains(err.Error(), rangeFull) {
+			// The message people see in the pod's events: say why it is full.
+			facts, hint := p.explainFull(store, cfg)
+			ce.Msg += ": " + facts
+			ce.Details = strings.TrimSuffix(hint+"; "+ce.Details, "; ")
+			log.Errorf("%s", ce.Msg)
+		}
+		return derr
 	}
 	p.at("add-after-delegate")
 	ph.mark(cfg.Options.Delegate)

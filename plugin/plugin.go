@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
@@ -35,6 +36,9 @@ type Plugin struct {
 	Stdout io.Writer
 	// Stderr receives the log when whereabouts' log_file is unset; nil is os.Stderr.
 	Stderr io.Writer
+	// Pods lists a namespace's pods with a kubeconfig, only to explain a
+	// full range; nil lists them from the API server the kubeconfig names.
+	Pods func(ctx context.Context, kubeconfig, namespace string) ([]corev1.Pod, error)
 	// Timeout bounds one verb; zero is DefaultTimeout.
 	Timeout time.Duration
 	// AtStep, when set, is called at each step boundary of a verb

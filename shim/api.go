@@ -32,6 +32,9 @@ type API interface {
 	// PatchPool applies a guarded JSON patch: it fails with 422 when the pool
 	// changed since the resourceVersion the patch tests.
 	PatchPool(ctx context.Context, namespace, name string, patch Patch) (*Pool, error)
+	// DeletePool deletes only the pool the preconditions name: 409 when its
+	// UID or resourceVersion differ.
+	DeletePool(ctx context.Context, namespace, name string, pre Preconditions) error
 
 	GetReservation(ctx context.Context, namespace, name string) (*Reservation, error)
 	ListReservations(ctx context.Context, namespace string, page Page) ([]Reservation, string, error)

@@ -56,6 +56,12 @@ func (k *kubeAPI) PatchPool(ctx context.Context, ns, name string, patch Patch) (
 	return k.wb.IPPools(ns).Patch(ctx, name, types.JSONPatchType, body, metav1.PatchOptions{})
 }
 
+func (k *kubeAPI) DeletePool(ctx context.Context, ns, name string, pre Preconditions) error {
+	uid, rv := pre.UID, pre.ResourceVersion
+	return k.wb.IPPools(ns).Delete(ctx, name,
+		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+}
+
 func (k *kubeAPI) GetReservation(ctx context.Context, ns, name string) (*Reservation, error) {
 	return k.wb.OverlappingRangeIPReservations(ns).Get(ctx, name, metav1.GetOptions{})
 }

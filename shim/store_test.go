@@ -791,3 +791,66 @@ func TestAllocationsAddresses(t *testing.T) {
 		assert.Contains(t, as[0].String(), tt.want+" (pool p, container c, pod ns/p")
 	}
 }
+
+// A pool is deleted only as it was judged: the delete carries the UID and
+// resourceVersion of the fresh read the judgement saw, so a pool written in
+// between (an ADD took an address) or deleted and created again stays, and
+// the caller judges it again next time. A 409 is not an error, nor retried.
+func TestDeletePoolIsGuarded(t *testing.T) {
+	const name = "old-10.9.0.0-24"
+	empty := func() *shim.Pool { return pool(name, "10.9.0.0/24", map[string]alloc{}) }
+	tests := []struct {
+		name        string
+		mayGo       bool
+		between     func(api *fake.API) // after the judgement, as the delete is sent
+		fail        error
+		wantDeleted bool
+		wantErr     string
+		wantLeft    bool
+		wantDeletes int
+	}{
+		{name: "judged and unchanged", mayGo: true, wantDeleted: true, wantDeletes: 1},
+		{name: "judged to stay", mayGo: false, wantLeft: true},
+		{name: "written in between", mayGo: true, wantLeft: true, wantDeletes: 1, between: func(api *fake.API) {
+			p := api.Pool(ns, name)
+			p.Spec.Allocations["4"] = alloc{ContainerID: "new", PodRef: "longhorn-system/im-new", IfName: "lhnet1"}
+			if _, err := api.UpdatePool(ns, p); err != nil {
+				panic(err)
+			}
+		}},
+		{name: "deleted and created again in between", mayGo: true, wantLeft: true, wantDeletes: 1, between: func(api *fake.API) {
+			api.Remove(fake.Pools, ns, name)
+			api.Put(empty())
+		}},
+		{name: "already gone", mayGo: true, wantDeletes: 1, between: func(api *fake.API) { api.Remove(fake.Pools, ns, name) }},
+		{name: "the API server fails", mayGo: true, fail: errors.New("connection refused"), wantErr: "delete pool kube-system/" + name + ": connection refused", wantLeft: true, wantDeletes: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, api, _ := newStore(empty())
+			deletes := 0
+			api.Hook = func(c *fake.Call) error {
+				if c.Verb != "delete" || c.Resource != fake.Pools {
+					return nil
+				}
+				deletes++
+				if tt.between != nil {
+					tt.between(api)
+				}
+				return tt.fail
+			}
+			deleted, err := s.DeletePool(context.Background(), name, func(p *shim.Pool) bool {
+				assert.NotEmpty(t, p.ResourceVersion, "judged on a read")
+				return tt.mayGo
+			})
+			if tt.wantErr != "" {
+				require.EqualError(t, err, tt.wantErr)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Equal(t, tt.wantDeleted, deleted)
+			assert.Equal(t, tt.wantLeft, api.Pool(ns, name) != nil)
+			assert.Equal(t, tt.wantDeletes, deletes, "one delete at most, never retried")
+		})
+	}
+}

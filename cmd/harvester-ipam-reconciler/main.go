@@ -3,8 +3,13 @@
 // deleted NADs, leftover ORIPs), cluster-wide and without any NAD.
 //
 //	harvester-ipam-reconciler [flags]           one pass (a CronJob), or with --interval a loop (a Deployment)
-//	harvester-ipam-reconciler inspect [flags]   per pool: range, capacity, allocated, stale, left
+//	harvester-ipam-reconciler inspect [flags]   per pool: range, size, allocated, stale, free; pools no NAD names
+//	harvester-ipam-reconciler inspect --need N  the same, and exit 3 when a pool cannot fit N more addresses
 //	harvester-ipam-reconciler unfollow [flags]  switch the followed NADs back to whereabouts (follow.go)
+//
+// Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
+// inspection could not finish; 2 bad flags; 3 (inspect --need) some pool
+// cannot fit N more addresses now.
 package main
 
 import (
@@ -19,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -28,13 +34,20 @@ import (
 )
 
 type options struct {
-	kubeconfig  string
-	namespace   string
-	grace       time.Duration
-	interval    time.Duration
-	dryRun      bool
-	metricsAddr string
+	kubeconfig          string
+	namespace           string
+	grace               time.Duration
+	interval            time.Duration
+	dryRun              bool
+	metricsAddr         string
+	deleteOrphanedPools bool
+	need                int64
 }
+
+// exitCannotFit is inspect --need's status when a pool cannot fit N more
+// addresses: distinct from 1 (could not inspect) and from 2, which the flag
+// package exits with on bad flags, so a preflight script can tell them apart.
+const exitCannotFit = 3
 
 func main() {
 	args := os.Args[1:]
@@ -52,7 +65,9 @@ func main() {
 	fs.DurationVar(&o.grace, "grace", 10*time.Minute, "how long an entry must be seen stale before it is released")
 	fs.DurationVar(&o.interval, "interval", 0, "time between passes; 0 runs one pass and exits")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be released and why; change nothing")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics; empty serves none")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics at /metrics; empty serves none")
+	fs.BoolVar(&o.deleteOrphanedPools, "delete-orphaned-pools", false, "delete a pool that no NAD names and that holds no live entry, once seen so for --grace (never while the NADs cannot be read)")
+	fs.Int64Var(&o.need, "need", 0, "inspect: exit 3, naming each pool, when a pool cannot fit this many more addresses now")
 	var fo followOptions
 	fo.register(fs)
 	fs.Usage = func() {
@@ -60,6 +75,10 @@ func main() {
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(args)
+	if o.need < 0 || (o.need > 0 && !inspect) {
+		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: --need takes a count above 0, with inspect")
+		os.Exit(2)
+	}
 	if err := fo.check(o.interval, inspect); err != nil {
 		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
 		os.Exit(2)
@@ -74,11 +93,18 @@ func main() {
 	}
 	switch {
 	case inspect:
-		pools, err := r.Inspect(ctx)
+		in, err := r.Inspect(ctx)
 		if err != nil {
 			fail(err)
 		}
-		reconcile.WriteInspect(os.Stdout, pools)
+		reconcile.WriteInspect(os.Stdout, in)
+		if o.need > 0 {
+			short := in.CannotFit(o.need)
+			reconcile.WriteNeed(os.Stdout, o.need, short)
+			if len(short) > 0 {
+				os.Exit(exitCannotFit)
+			}
+		}
 	case o.interval > 0:
 		if err := startFollower(ctx, o.kubeconfig, fo); err != nil {
 			fail(err)
@@ -117,14 +143,18 @@ func newReconciler(o options, requests *atomic.Int64) (*reconcile.Reconciler, er
 	if err != nil {
 		return nil, err
 	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
 	api, err := shim.NewKubeAPI(rc)
 	if err != nil {
 		return nil, err
 	}
 	return &reconcile.Reconciler{
 		Store:   shim.New(api, o.namespace, shim.Options{Identity: "harvester-ipam-reconciler/" + hostname()}),
-		Cluster: reconcile.NewKubeCluster(kube, 10*time.Second, 500),
-		Grace:   o.grace, DryRun: o.dryRun,
+		Cluster: reconcile.NewKubeCluster(kube, dyn, 10*time.Second, 500),
+		Grace:   o.grace, DryRun: o.dryRun, DeleteOrphanedPools: o.deleteOrphanedPools,
 	}, nil
 }
 
@@ -149,8 +179,12 @@ func pass(ctx context.Context, r *reconcile.Reconciler, requests *atomic.Int64, 
 	if r.DryRun {
 		mode = " (dry run: nothing changed)"
 	}
-	fmt.Printf("pass%s: %d pools, %d allocations, %d reservations; %d stale, %d allocations released (%d with their reservation), %d orphaned reservations deleted; %d API requests, %s\n",
-		mode, rep.Pools, rep.Allocations, rep.ORIPs, rep.Candidates(), len(rep.Released), len(rep.ReleasedORIPs), len(rep.DeletedORIPs), reqs, took.Round(time.Millisecond))
+	nads := fmt.Sprintf("%d NADs on whereabouts", rep.NADs.Count)
+	if !rep.NADs.Known {
+		nads = fmt.Sprintf("NADs unknown (%v)", rep.NADs.Err)
+	}
+	fmt.Printf("pass%s: %d pools, %d allocations, %d reservations, %s; %d stale, %d allocations released (%d with their reservation), %d orphaned reservations deleted, %d orphaned pools deleted; %d API requests, %s\n",
+		mode, rep.Pools, rep.Allocations, rep.ORIPs, nads, rep.Candidates(), len(rep.Released), len(rep.ReleasedORIPs), len(rep.DeletedORIPs), len(rep.DeletedPools), reqs, took.Round(time.Millisecond))
 	if len(rep.Errors) > 0 {
 		return fmt.Errorf("pass left %d entries unhandled: %w", len(rep.Errors), errors.Join(rep.Errors...))
 	}
@@ -158,9 +192,9 @@ func pass(ctx context.Context, r *reconcile.Reconciler, requests *atomic.Int64, 
 }
 
 func loop(ctx context.Context, r *reconcile.Reconciler, o options, requests *atomic.Int64) error {
-	m := &metrics{}
+	m := newMetrics(o.namespace)
 	if o.metricsAddr != "" {
-		srv := &http.Server{Addr: o.metricsAddr, Handler: m, ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Addr: o.metricsAddr, Handler: m.handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				fmt.Fprintln(os.Stderr, "metrics:", err)

@@ -322,6 +322,31 @@ func applyPatch(k key, cur any, patch shim.Patch, next any) error {
 	return nil
 }
 
+func (a *API) DeletePool(_ context.Context, ns, name string, pre shim.Preconditions) error {
+	k := key{Pools, ns, name}
+	return a.do(Call{Verb: "delete", Resource: Pools, Namespace: ns, Name: name}, func() error {
+		cur, _ := a.current(k).(*shim.Pool)
+		if cur == nil {
+			return notFound(k)
+		}
+		return a.deleteAt(k, cur, pre)
+	})
+}
+
+// deleteAt deletes the object at k, cur, if the preconditions hold, as the
+// API server does: 409 when they name another object or another version.
+func (a *API) deleteAt(k key, cur metaObject, pre shim.Preconditions) error {
+	if pre.UID != "" && pre.UID != cur.GetUID() {
+		return conflict(k, fmt.Sprintf("Precondition failed: UID in precondition: %s, UID in object meta: %s", pre.UID, cur.GetUID()))
+	}
+	if pre.ResourceVersion != "" && pre.ResourceVersion != cur.GetResourceVersion() {
+		return conflict(k, fmt.Sprintf("Precondition failed: ResourceVersion in precondition: %s, ResourceVersion in object meta: %s", pre.ResourceVersion, cur.GetResourceVersion()))
+	}
+	a.rev++
+	a.put(k, nil)
+	return nil
+}
+
 // CreatePool creates a pool, as whereabouts does on its first ADD in a range.
 func (a *API) CreatePool(ns string, p *shim.Pool) (*shim.Pool, error) {
 	var out *shim.Pool
@@ -419,15 +444,7 @@ func (a *API) DeleteReservation(_ context.Context, ns, name string, pre shim.Pre
 		if cur == nil {
 			return notFound(k)
 		}
-		if pre.UID != "" && pre.UID != cur.UID {
-			return conflict(k, fmt.Sprintf("Precondition failed: UID in precondition: %s, UID in object meta: %s", pre.UID, cur.UID))
-		}
-		if pre.ResourceVersion != "" && pre.ResourceVersion != cur.ResourceVersion {
-			return conflict(k, fmt.Sprintf("Precondition failed: ResourceVersion in precondition: %s, ResourceVersion in object meta: %s", pre.ResourceVersion, cur.ResourceVersion))
-		}
-		a.rev++
-		a.put(k, nil)
-		return nil
+		return a.deleteAt(k, cur, pre)
 	})
 }
 

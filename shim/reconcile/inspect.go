@@ -5,31 +5,42 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"net"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
-// PoolSummary is one line of the inspect view.
+// PoolSummary is one pool as inspect shows it.
 type PoolSummary struct {
 	Name, Range string
-	// Capacity counts the range's usable addresses; excludes live in NADs,
-	// which inspect does not need, so they are not subtracted.
-	Capacity  *big.Int
+	// Usage is how full it is, with the excludes and bounds of the NAD that
+	// names it, when one was read.
+	Usage
 	Allocated int
 	Stale     int
 	Stales    []Verdict
+	// NADs are the NADs that name the pool (namespace/name).
+	NADs []string
+	// Orphaned: the NADs were read and none names the pool; OrphanedSince is
+	// the reconciler's first sighting of that, when it recorded one.
+	Orphaned      bool
+	OrphanedSince time.Time
 }
 
-// Left is what the range still offers (before excludes).
-func (s PoolSummary) Left() *big.Int {
-	return new(big.Int).Sub(s.Capacity, big.NewInt(int64(s.Allocated)))
+// Live counts the entries that are not stale.
+func (s PoolSummary) Live() int { return s.Allocated - s.Stale }
+
+// Inspection is what inspect shows: every pool of the namespace, and what
+// the NADs said.
+type Inspection struct {
+	Namespace string
+	Pools     []PoolSummary
+	NADs      *NADs
 }
 
 // Inspect judges every pool as a pass would, and writes nothing.
-func (r *Reconciler) Inspect(ctx context.Context) ([]PoolSummary, error) {
+func (r *Reconciler) Inspect(ctx context.Context) (*Inspection, error) {
 	pools, err := r.Store.Pools(ctx)
 	if err != nil {
 		return nil, err
@@ -38,51 +49,65 @@ func (r *Reconciler) Inspect(ctx context.Context) ([]PoolSummary, error) {
 	if err != nil {
 		return nil, err
 	}
+	nads := IndexNADs(r.Cluster.NADs(ctx))
 	sb := SandboxesOf(pools)
-	out := make([]PoolSummary, 0, len(pools))
+	out := &Inspection{Namespace: r.Store.Namespace(), NADs: nads, Pools: make([]PoolSummary, 0, len(pools))}
 	for i := range pools {
 		p := &pools[i]
 		vs, err := Classify(p, world, sb)
 		if err != nil {
 			return nil, err
 		}
-		s := PoolSummary{Name: p.Name, Range: p.Spec.Range, Capacity: capacity(p.Spec.Range), Allocated: len(vs)}
+		s := PoolSummary{Name: p.Name, Range: p.Spec.Range, Usage: nads.Usage(p, vs), Allocated: len(vs),
+			NADs: nads.Naming(p), Orphaned: nads.Orphaned(p)}
+		s.OrphanedSince, _ = parseTime(p.Annotations[OrphanedSinceAnnotation])
 		for _, v := range vs {
 			if v.Stale() {
 				s.Stale++
 				s.Stales = append(s.Stales, v)
 			}
 		}
-		out = append(out, s)
+		out.Pools = append(out.Pools, s)
 	}
 	return out, nil
 }
 
-// capacity is the number of usable addresses of a CIDR, as whereabouts
-// allocates them: without the network and broadcast addresses.
-func capacity(cidr string) *big.Int {
-	_, n, err := net.ParseCIDR(cidr)
-	if err != nil {
-		return big.NewInt(0)
+// CannotFit are the pools that cannot give n more addresses now (Free < n):
+// every pool a NAD names, or every pool when the NADs are unknown; a pool no
+// NAD names allocates nothing more.
+func (in *Inspection) CannotFit(n int64) []PoolSummary {
+	var out []PoolSummary
+	for _, p := range in.Pools {
+		if p.Orphaned {
+			continue
+		}
+		if p.Free.Cmp(big.NewInt(n)) < 0 {
+			out = append(out, p)
+		}
 	}
-	ones, bits := n.Mask.Size()
-	size := new(big.Int).Lsh(big.NewInt(1), uint(bits-ones))
-	if bits-ones >= 2 {
-		size.Sub(size, big.NewInt(2))
-	}
-	return size
+	return out
 }
 
 // WriteInspect renders the inspect view for people.
-func WriteInspect(w io.Writer, pools []PoolSummary) {
+func WriteInspect(w io.Writer, in *Inspection) {
+	if !in.NADs.Known {
+		fmt.Fprintf(w, "NADs not read (%v): sizes are the ranges' without excludes, and no pool is judged orphaned\n\n", in.NADs.Err)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tRANGE\tCAPACITY\tALLOCATED\tSTALE\tLEFT")
-	for _, p := range pools {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", p.Name, p.Range, p.Capacity, p.Allocated, p.Stale, p.Left())
+	fmt.Fprintln(tw, "POOL\tRANGE\tSIZE\tALLOCATED\tSTALE\tFREE\tNAD")
+	for _, p := range in.Pools {
+		nad := p.NAD
+		switch {
+		case p.Orphaned:
+			nad = "none"
+		case nad == "":
+			nad = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", p.Name, p.Range, p.Size, p.Allocated, p.Stale, p.Free, nad)
 	}
 	tw.Flush()
 	var stale []string
-	for _, p := range pools {
+	for _, p := range in.Pools {
 		for _, v := range p.Stales {
 			stale = append(stale, fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", p.Name, v.IP, v.PodRef, v.ContainerID, dash(v.IfName), v.Reason))
 		}
@@ -93,6 +118,49 @@ func WriteInspect(w io.Writer, pools []PoolSummary) {
 		fmt.Fprintln(tw, "POOL\tIP\tPOD\tCONTAINER\tIFNAME\tREASON")
 		fmt.Fprintln(tw, strings.Join(stale, "\n"))
 		tw.Flush()
+	}
+	var orphans []PoolSummary
+	for _, p := range in.Pools {
+		if p.Orphaned {
+			orphans = append(orphans, p)
+		}
+	}
+	if len(orphans) > 0 {
+		fmt.Fprintln(w, "\npools no NAD names (an old range; the reconciler deletes one with --delete-orphaned-pools once it holds no live entry):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "POOL\tRANGE\tENTRIES\tLIVE\tORPHANED SINCE")
+		for _, p := range orphans {
+			since := "not recorded"
+			if !p.OrphanedSince.IsZero() {
+				since = p.OrphanedSince.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", p.Name, p.Range, p.Allocated, p.Live(), since)
+		}
+		tw.Flush()
+	}
+}
+
+// WriteNeed says, for people, which pools cannot fit n more addresses, and
+// what a pass of the reconciler would give back in each.
+func WriteNeed(w io.Writer, n int64, short []PoolSummary) {
+	if len(short) == 0 {
+		fmt.Fprintf(w, "\nevery pool fits %d more addresses\n", n)
+		return
+	}
+	fmt.Fprintf(w, "\n%d pool(s) cannot fit %d more addresses now:\n", len(short), n)
+	for _, p := range short {
+		where := ""
+		if p.NAD != "" {
+			where = ", NAD " + p.NAD
+		}
+		fmt.Fprintf(w, "  pool %s (%s%s): %s free now, %d more once the reconciler releases its stale entries", p.Name, p.Range, where, p.Free, p.Reclaimable)
+		after := new(big.Int).Add(p.Free, big.NewInt(int64(p.Reclaimable)))
+		switch {
+		case p.Reclaimable > 0 && after.Cmp(big.NewInt(n)) >= 0:
+			fmt.Fprintf(w, ": then it fits (run the reconciler with --grace 0 --dry-run to see them, then without --dry-run)\n")
+		default:
+			fmt.Fprintf(w, ": widen the range or remove excludes before adding %d\n", n)
+		}
 	}
 }
 

@@ -23,6 +23,9 @@ type Reconciler struct {
 	Grace time.Duration
 	// DryRun judges and reports, and writes nothing, not even a sighting.
 	DryRun bool
+	// DeleteOrphanedPools deletes a pool that no NAD names and that holds no
+	// live entry, once it has been seen so for Grace.
+	DeleteOrphanedPools bool
 	// Now is the clock; nil is the store's.
 	Now func() time.Time
 	// EventErrors counts the Events that could not be created.
@@ -42,16 +45,21 @@ type Row struct {
 	Action    string
 }
 
-// PoolStats are one pool's figures after a pass, for the metrics.
+// PoolStats are one pool's figures after a pass (what it released no longer
+// counted), for the metrics.
 type PoolStats struct {
-	Pool      string
-	Range     string
-	Capacity  int64 // usable addresses of the range (excludes live in NADs)
+	Pool  string
+	Range string
+	// Usage is how full the pool is, with the excludes and bounds of the NAD
+	// that names it when one was read.
+	Usage
 	Allocated int
 	Stale     int
 	// OldestStale is how long the oldest recorded stale sighting has been
 	// stale; zero when none.
 	OldestStale time.Duration
+	// Orphaned: no NAD names the pool (known only when the NADs are).
+	Orphaned bool
 }
 
 // Report is what a pass found and did.
@@ -63,6 +71,10 @@ type Report struct {
 	// ReleasedORIPs are the reservations deleted with their allocations;
 	// DeletedORIPs the orphaned ones.
 	ReleasedORIPs, DeletedORIPs []string
+	// DeletedPools are the orphaned pools deleted.
+	DeletedPools []string
+	// NADs is what the NADs said; NADs.Known is false when they could not be read.
+	NADs *NADs
 	// Errors are the entries that could not be handled; the pass went on.
 	Errors []error
 }
@@ -96,14 +108,18 @@ func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	}
 	sb := SandboxesOf(pools)
 	rep.Pools, rep.ORIPs = len(pools), len(orips)
+	rep.NADs = IndexNADs(r.Cluster.NADs(ctx))
 	now := r.now()
 
 	for i := range pools {
 		p := &pools[i]
 		rep.Allocations += len(p.Spec.Allocations)
-		if err := r.reconcilePool(ctx, p, world, sb, now, rep); err != nil {
+		if err := r.reconcilePool(ctx, p, world, sb, rep.NADs, now, rep); err != nil {
 			rep.Errors = append(rep.Errors, err)
 		}
+	}
+	if err := r.reconcileOrphanedPools(ctx, pools, world, now, rep); err != nil {
+		rep.Errors = append(rep.Errors, err)
 	}
 	if err := r.reconcileORIPs(ctx, orips, now, rep); err != nil {
 		rep.Errors = append(rep.Errors, err)
@@ -117,13 +133,33 @@ func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	return rep, nil
 }
 
-func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world World, sb Sandboxes, now time.Time, rep *Report) error {
+func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world World, sb Sandboxes, nads *NADs, now time.Time, rep *Report) error {
 	verdicts, err := Classify(p, world, sb)
 	if err != nil {
 		return err
 	}
-	stats := PoolStats{Pool: p.Name, Range: p.Spec.Range, Capacity: capacity(p.Spec.Range).Int64(), Allocated: len(verdicts)}
-	defer func() { rep.Stats = append(rep.Stats, stats) }()
+	// The figures are the pool's once this pass is done with it: what it
+	// releases is free again (the gauges must not say "full" for a minute
+	// after the pass that emptied it).
+	ages := map[string]time.Duration{}
+	var released map[string]bool
+	defer func() {
+		left := make([]Verdict, 0, len(verdicts))
+		stats := PoolStats{Pool: p.Name, Range: p.Spec.Range, Orphaned: nads.Orphaned(p)}
+		for _, v := range verdicts {
+			if released[v.Offset] {
+				continue
+			}
+			left = append(left, v)
+			if v.Stale() {
+				stats.Stale++
+				stats.OldestStale = max(stats.OldestStale, ages[v.Offset])
+			}
+		}
+		stats.Allocated = len(left)
+		stats.Usage = nads.Usage(p, left)
+		rep.Stats = append(rep.Stats, stats)
+	}()
 	old := decodeSightings(p.Annotations[StaleSinceAnnotation])
 	seen := sightings{}
 	due := map[string]shim.IPAllocation{}
@@ -132,13 +168,12 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world Worl
 		if !v.Stale() {
 			continue
 		}
-		stats.Stale++
 		s, ok := old[v.Offset]
 		if !ok || s.holder != holderOf(v.ContainerID) {
 			// Recorded to the second, rounded up: never a grace shorter than Grace.
 			s = sighting{holder: holderOf(v.ContainerID), since: ceilSecond(now)}
-		} else if age := now.Sub(s.since); age > stats.OldestStale {
-			stats.OldestStale = age
+		} else if age := now.Sub(s.since); age > 0 {
+			ages[v.Offset] = age
 		}
 		seen[v.Offset] = s
 		row := Row{Kind: "allocation", Pool: p.Name, IP: v.IP.String(), PodRef: v.PodRef, Container: v.ContainerID, IfName: v.IfName, Reason: v.Reason, Since: s.since}
@@ -167,7 +202,7 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world Worl
 	}
 
 	if len(due) > 0 {
-		released, err := r.release(ctx, p, due, rep)
+		released, err = r.release(ctx, p, due, rep)
 		for off := range due {
 			if released[off] {
 				delete(seen, off)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,10 +29,20 @@ type cluster struct {
 	// the pass's list and its fresh look.
 	beforePod func(ref string)
 	down      bool
+	// nads are the NADs; nadErr, when set, fails their list.
+	nads   []NAD
+	nadErr error
+	// nadLists counts the NAD lists.
+	nadLists int
 }
 
+// storageNAD is Harvester's storage-network NAD, naming the fixture's pool.
+var storageNAD = NAD{Namespace: "harvester-system", Name: "storagenetwork-sg8d8",
+	Config: `{"cniVersion":"0.3.1","type":"bridge","bridge":"mgmt-br","promiscMode":true,"vlan":50,` +
+		`"ipam":{"type":"harvester-ipam","range":"192.168.50.0/24","exclude":["192.168.50.1/32","192.168.50.2/32"]}}`}
+
 func newCluster(pods ...*corev1.Pod) *cluster {
-	c := &cluster{pods: map[string]*corev1.Pod{}, nodes: map[string]bool{"node-a": true}}
+	c := &cluster{pods: map[string]*corev1.Pod{}, nodes: map[string]bool{"node-a": true}, nads: []NAD{storageNAD}}
 	for _, p := range pods {
 		c.pods[p.Namespace+"/"+p.Name] = p
 	}
@@ -70,6 +81,14 @@ func (c *cluster) Nodes(context.Context) ([]string, error) {
 }
 
 func (c *cluster) Node(_ context.Context, name string) (bool, error) { return c.nodes[name], nil }
+
+func (c *cluster) NADs(context.Context) ([]NAD, error) {
+	c.nadLists++
+	if c.nadErr != nil {
+		return nil, c.nadErr
+	}
+	return append([]NAD(nil), c.nads...), nil
+}
 
 func (c *cluster) Event(_ context.Context, ev *corev1.Event) error {
 	c.events = append(c.events, ev)
@@ -154,7 +173,9 @@ func TestPassWaitsForTheGracePeriod(t *testing.T) {
 	assert.Contains(t, f.c.events[0].Message, "released 192.168.50.4 of pod longhorn-system/gone (container dead, ifname \"lhnet1\"), reservation 192.168.50.4 deleted")
 	assert.Equal(t, "OrphanedReservationDeleted", f.c.events[1].Reason)
 	require.Len(t, rep.Stats, 1)
-	assert.Equal(t, PoolStats{Pool: poolName, Range: "192.168.50.0/24", Capacity: 254, Allocated: 2, Stale: 1, OldestStale: 11 * time.Minute}, rep.Stats[0])
+	assert.Equal(t, PoolStats{Pool: poolName, Range: "192.168.50.0/24", Allocated: 1, Stale: 0,
+		Usage: Usage{Size: big.NewInt(252), InUse: 1, Free: big.NewInt(251), NAD: "harvester-system/storagenetwork-sg8d8"}}, rep.Stats[0],
+		"the figures after the release, the NAD's excludes not counted")
 }
 
 // The world changed between the pass's list and its release: the pod came

@@ -21,6 +21,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -115,6 +116,21 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 				assert.Equal(t, "rancher/harvester-ipam:v9.9.9", c.Image)
 				assert.Equal(t, []string{"--namespace=kube-system", "--grace=30m", "--dry-run", "--interval=1m", "--metrics-addr=:9420"}, c.Args)
 				assert.Equal(t, int32(9420), c.Ports[0].ContainerPort)
+			},
+		},
+		{
+			name: "deleting orphaned pools", namespace: "kube-system",
+			set:  []string{"reconciler.deleteOrphanedPools=true"},
+			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				assert.Contains(t, string(mustJSON(t, objs, "CronJob")), `"--delete-orphaned-pools"`)
+				for _, o := range objs {
+					if o.GetKind() != "Role" || !strings.HasSuffix(o.GetName(), "-reconciler") {
+						continue
+					}
+					role := typed[rbacv1.Role](t, []unstructured.Unstructured{o}, "Role")
+					assert.Equal(t, []string{"get", "list", "update", "patch", "delete"}, role.Rules[0].Verbs, "ippools delete, for the flag only")
+				}
 			},
 		},
 		{
@@ -222,6 +238,8 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "create", core, "events", "kube-system"}, {reconciler, "patch", core, "events", "kube-system"},
 		{reconciler, "get", core, "pods", "longhorn-system"}, {reconciler, "list", core, "pods", "longhorn-system"},
 		{reconciler, "list", core, "pods", ""}, {reconciler, "get", core, "nodes", ""}, {reconciler, "list", core, "nodes", ""},
+		{reconciler, "get", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"},
+		{reconciler, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
 	}
 	denied := []q{
 		{plugin, "create", wb, "ippools", "kube-system"}, {plugin, "delete", wb, "ippools", "kube-system"},
@@ -229,8 +247,10 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{plugin, "get", "coordination.k8s.io", "leases", "default"},
 		{plugin, "create", wb, "overlappingrangeipreservations", "kube-system"}, {plugin, "list", core, "pods", ""},
 		{plugin, "get", core, "secrets", "kube-system"},
-		{reconciler, "create", wb, "ippools", "kube-system"}, {reconciler, "delete", wb, "ippools", "kube-system"},
+		{reconciler, "create", wb, "ippools", "kube-system"}, {reconciler, "delete", wb, "ippools", "kube-system"}, // reconciler.deleteOrphanedPools=false
 		{reconciler, "create", wb, "overlappingrangeipreservations", "kube-system"},
+		{reconciler, "update", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"}, // the follower is off
+		{reconciler, "watch", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
 		{reconciler, "delete", core, "pods", "longhorn-system"}, {reconciler, "update", core, "nodes", ""},
 		{reconciler, "get", core, "secrets", "kube-system"}, {reconciler, "list", core, "secrets", ""},
 		{reconciler, "create", core, "events", "longhorn-system"},

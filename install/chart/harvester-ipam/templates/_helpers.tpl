@@ -33,6 +33,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.reconciler.dryRun }}
 - --dry-run
 {{- end }}
+{{- if .Values.reconciler.deleteOrphanedPools }}
+- --delete-orphaned-pools
+{{- end }}
 {{- end -}}
 
 {{/* A container that needs no privilege at all. */}}

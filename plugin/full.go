@@ -1,0 +1,225 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/rest"
+
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// rangeFull is what whereabouts says (every version) when no address is left.
+const rangeFull = "Could not allocate IP in range"
+
+// Bounds of the explanation of a full range: it runs on the failure path
+// only, and must not turn a quick failure into a slow one.
+const (
+	explainTimeout  = 10 * time.Second
+	explainPodNS    = 3  // namespaces whose pods are listed
+	explainPodPages = 10 // pages of 500 pods, per namespace
+	explainNames    = 5  // pods named in the message
+)
+
+// explainFull says in words why a range is full: for each pool of the
+// config, one fresh read, how many entries it holds and how many of those
+// the reconciler would release (the extra entries of pods holding more than
+// one, the entries of pods that are gone or finished), naming the pods, and
+// what to run. Pods are listed with whereabouts' identity, in the
+// namespaces the entries name: whereabouts' own ClusterRole grants pods
+// list, this chart's Role does not add it; when the list fails the pool's
+// own facts are still given.
+func (p *Plugin) explainFull(store *shim.Store, cfg *conf.Config) (facts, hint string) {
+	ctx, cancel := context.WithTimeout(context.Background(), explainTimeout)
+	defer cancel()
+	var parts []string
+	for _, pl := range cfg.Pools {
+		pool, err := store.Pool(ctx, pl.Name)
+		switch {
+		case err != nil:
+			parts = append(parts, fmt.Sprintf("pool %s/%s could not be read (%v)", store.Namespace(), pl.Name, err))
+			continue
+		case pool == nil:
+			parts = append(parts, fmt.Sprintf("pool %s/%s does not exist", store.Namespace(), pl.Name))
+			continue
+		}
+		parts = append(parts, p.explainPool(ctx, store.Namespace(), pool, cfg.Kubeconfig()))
+	}
+	hint = "see every pool's stale entries with `harvester-ipam-reconciler inspect`; release them now with " +
+		"`harvester-ipam-reconciler --grace 0 --dry-run` (to see), then without --dry-run; if none is stale, widen the range"
+	return strings.Join(parts, "; "), hint
+}
+
+func (p *Plugin) explainPool(ctx context.Context, ns string, pool *shim.Pool, kubeconfig string) string {
+	byPod := map[string][]shim.IPAllocation{}
+	for _, a := range pool.Spec.Allocations {
+		byPod[a.PodRef] = append(byPod[a.PodRef], a)
+	}
+	stale := map[string]int{} // podref -> entries the reconciler would release
+	var dups []string
+	for ref, as := range byPod {
+		if len(as) > 1 && ref != "" {
+			stale[ref] = len(as) - 1
+			dups = append(dups, ref)
+		}
+	}
+	sort.Slice(dups, func(i, j int) bool {
+		if len(byPod[dups[i]]) != len(byPod[dups[j]]) {
+			return len(byPod[dups[i]]) > len(byPod[dups[j]])
+		}
+		return dups[i] < dups[j]
+	})
+
+	gone, podsNote := p.gonePods(ctx, kubeconfig, byPod)
+	for _, ref := range gone {
+		stale[ref] = len(byPod[ref])
+	}
+	total := 0
+	for _, n := range stale {
+		total += n
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "pool %s/%s (%s) holds %d entries, %d of them what the reconciler would release", ns, pool.Name, pool.Spec.Range, len(pool.Spec.Allocations), total)
+	var why []string
+	if len(dups) > 0 {
+		extra := 0
+		named := make([]string, 0, explainNames)
+		for i, ref := range dups {
+			extra += len(byPod[ref]) - 1
+			if i < explainNames {
+				named = append(named, ref+" holds "+strconv.Itoa(len(byPod[ref])))
+			}
+		}
+		why = append(why, fmt.Sprintf("%d extra entries of %d pods holding more than one (%s)", extra, len(dups), more(named, len(dups))))
+	}
+	if len(gone) > 0 {
+		n := 0
+		for _, ref := range gone {
+			n += len(byPod[ref])
+		}
+		why = append(why, fmt.Sprintf("%d entries of %d pods gone or finished (%s)", n, len(gone), more(gone[:min(len(gone), explainNames)], len(gone))))
+	}
+	if podsNote != "" {
+		why = append(why, podsNote)
+	}
+	if len(why) > 0 {
+		b.WriteString(": " + strings.Join(why, "; "))
+	}
+	return b.String()
+}
+
+// gonePods lists the pods of the namespaces the entries name (the busiest
+// first, a few at most) and returns the podrefs that are gone or finished
+// (Succeeded, Failed), sorted; note says what could not be checked.
+func (p *Plugin) gonePods(ctx context.Context, kubeconfig string, byPod map[string][]shim.IPAllocation) (gone []string, note string) {
+	perNS := map[string]int{}
+	for ref, as := range byPod {
+		if ns, _, ok := strings.Cut(ref, "/"); ok && ns != "" {
+			perNS[ns] += len(as)
+		}
+	}
+	nss := make([]string, 0, len(perNS))
+	for ns := range perNS {
+		nss = append(nss, ns)
+	}
+	sort.Slice(nss, func(i, j int) bool {
+		if perNS[nss[i]] != perNS[nss[j]] {
+			return perNS[nss[i]] > perNS[nss[j]]
+		}
+		return nss[i] < nss[j]
+	})
+	if len(nss) == 0 {
+		return nil, ""
+	}
+	list := p.Pods
+	if list == nil {
+		list = kubePods
+	}
+	checked := map[string]bool{}
+	var notes []string
+	for i, ns := range nss {
+		if i == explainPodNS {
+			notes = append(notes, fmt.Sprintf("pods of %d more namespaces not checked", len(nss)-i))
+			break
+		}
+		pods, err := list(ctx, kubeconfig, ns)
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("could not check pods in %s (%v)", ns, err))
+			continue
+		}
+		checked[ns] = true
+		present := map[string]bool{}
+		for _, pod := range pods {
+			if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+				present[pod.Namespace+"/"+pod.Name] = true
+			}
+		}
+		for ref := range byPod {
+			if pns, _, _ := strings.Cut(ref, "/"); pns == ns && !present[ref] {
+				gone = append(gone, ref)
+			}
+		}
+	}
+	sort.Strings(gone)
+	if len(checked) > 0 {
+		notes = append(notes, "nodes not checked")
+	}
+	return gone, strings.Join(notes, "; ")
+}
+
+func more(names []string, total int) string {
+	s := strings.Join(names, ", ")
+	if total > len(names) {
+		s += fmt.Sprintf(", and %d more", total-len(names))
+	}
+	return s
+}
+
+// kubePods lists a namespace's pods through a bare REST client on the
+// kubeconfig: the typed core client and its scheme would be linked into
+// every exec of the plugin for a path taken only when a range is full.
+func kubePods(ctx context.Context, kubeconfig, namespace string) ([]corev1.Pod, error) {
+	kube, err := conf.LoadKubeconfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
+	cfg := rest.CopyConfig(kube.Rest)
+	cfg.APIPath, cfg.GroupVersion = "/api", &corev1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	rc, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	cont := ""
+	for page := 0; page < explainPodPages; page++ {
+		var l corev1.PodList
+		err := rc.Get().Namespace(namespace).Resource("pods").
+			VersionedParams(&metav1.ListOptions{Limit: 500, Continue: cont}, metav1.ParameterCodec).
+			Timeout(explainTimeout).Do(ctx).Into(&l)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l.Items...)
+		if cont = l.Continue; cont == "" {
+			return out, nil
+		}
+	}
+	return nil, errors.New("too many pods to list here")
+}

@@ -1,0 +1,118 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+// When whereabouts finds the range full, the CNI error says so in words:
+// the pool, its entries, how many of them the reconciler would release and
+// whose, and what to run; with the delegate's code kept. When the pods cannot
+// be listed (whereabouts' identity without pods list), it says so and still
+// gives what the pool alone tells.
+func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
+	const lh = "longhorn-system"
+	full := &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: "192.168.60.0-29", Namespace: "kube-system"},
+		Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "192.168.60.0/29", Allocations: map[string]alloc{
+			"1": {ContainerID: "a1", PodRef: lh + "/im-a", IfName: "lhnet1"},
+			"2": {ContainerID: "a2", PodRef: lh + "/im-a", IfName: "lhnet1"},
+			"3": {ContainerID: "a3", PodRef: lh + "/im-a"},
+			"4": {ContainerID: "g1", PodRef: lh + "/im-gone", IfName: "lhnet1"},
+			"5": {ContainerID: "b1", PodRef: lh + "/im-b", IfName: "lhnet1"},
+			"6": {ContainerID: "c1", PodRef: lh + "/im-c", IfName: "lhnet1"},
+		}}}
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: lh, Name: "im-a"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: lh, Name: "im-b"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: lh, Name: "im-c"}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
+	}
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New(`User "system:serviceaccount:kube-system:harvester-whereabouts" cannot list resource "pods"`))
+	tests := []struct {
+		name    string
+		list    func(ctx context.Context, kubeconfig, ns string) ([]corev1.Pod, error)
+		want    []string
+		notWant []string
+	}{{
+		name: "pods listed",
+		list: func(_ context.Context, _, ns string) ([]corev1.Pod, error) {
+			require.Equal(t, lh, ns)
+			return pods, nil
+		},
+		want: []string{
+			"whereabouts ADD: Could not allocate IP in range",
+			"pool kube-system/192.168.60.0-29 (192.168.60.0/29) holds 6 entries, 4 of them what the reconciler would release",
+			"2 extra entries of 1 pods holding more than one (longhorn-system/im-a holds 3)",
+			"2 entries of 2 pods gone or finished (longhorn-system/im-c, longhorn-system/im-gone)",
+			"nodes not checked",
+		},
+	}, {
+		name: "pods cannot be listed",
+		list: func(context.Context, string, string) ([]corev1.Pod, error) { return nil, forbidden },
+		want: []string{
+			"holds 6 entries, 2 of them what the reconciler would release: 2 extra entries of 1 pods holding more than one (longhorn-system/im-a holds 3)",
+			`could not check pods in longhorn-system (pods is forbidden: User "system:serviceaccount:kube-system:harvester-whereabouts" cannot list resource "pods")`,
+		},
+		notWant: []string{"gone or finished", "nodes not checked"},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, full)
+			r.p.Pods = tt.list
+			stdin := []byte(fmt.Sprintf(`{"cniVersion":"0.3.1","name":"storagenetwork","type":"bridge",
+				"ipam":{"type":"harvester-ipam","range":"192.168.60.0/29","configuration_path":%q,"harvester_ipam":{"checkpoint_dir":%q}}}`, r.flat, r.cpDir))
+			reads := 0
+			r.api.Hook = func(c *fake.Call) error {
+				if c.Resource == fake.Pools && c.Verb == "get" && c.From == shim.Fresh && len(r.calls()) > 0 {
+					reads++
+				}
+				return nil
+			}
+			err := r.p.Add(args(t, "new", "lhnet1", "IgnoreUnknown=true;K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=im-new", stdin))
+			var ce *cnitypes.Error
+			require.ErrorAs(t, err, &ce)
+			t.Logf("%s", ce.Error())
+			assert.Equal(t, uint(cnitypes.ErrInternal), ce.Code, "the delegate's code")
+			for _, w := range tt.want {
+				assert.Contains(t, ce.Error(), w)
+			}
+			for _, w := range tt.notWant {
+				assert.NotContains(t, ce.Error(), w)
+			}
+			assert.Contains(t, ce.Details, "harvester-ipam-reconciler inspect")
+			assert.Contains(t, ce.Details, "--grace 0 --dry-run")
+			assert.Equal(t, 2, reads, "whereabouts' own read, then one fresh read of the pool to explain")
+			assert.Contains(t, r.log.String(), "holds 6 entries")
+		})
+	}
+}
+
+// Any other failure of the delegate is passed on as it was.
+func TestAddOtherDelegateFailuresAreNotExplained(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.p.Pods = func(context.Context, string, string) ([]corev1.Pod, error) {
+		t.Fatal("pods listed for a failure that is not a full range")
+		return nil, nil
+	}
+	r.del.Before = func(verb string) error {
+		return &cnitypes.Error{Code: 11, Msg: "error getting IP from IPAM: k8s get error: the server was unable to return a response"}
+	}
+	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	var ce *cnitypes.Error
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, uint(11), ce.Code)
+	assert.Equal(t, "whereabouts ADD: error getting IP from IPAM: k8s get error: the server was unable to return a response", ce.Msg)
+}
