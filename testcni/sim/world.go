@@ -19,6 +19,7 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
 	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // poolNS is the simulated whereabouts namespace.
@@ -313,6 +314,20 @@ func (c cluster) Node(_ context.Context, name string) (bool, error) {
 }
 
 func (c cluster) Event(context.Context, *corev1.Event) error { return nil }
+
+// NADs are the networks whose NAD exists.
+func (c cluster) NADs(context.Context) ([]reconcile.NAD, error) {
+	if err := c.yield(); err != nil {
+		return nil, err
+	}
+	var out []reconcile.NAD
+	for _, n := range c.w.nets {
+		if !n.deleted {
+			out = append(out, reconcile.NAD{Namespace: "harvester-system", Name: n.name, Config: string(n.config(c.w))})
+		}
+	}
+	return out, nil
+}
 
 // options are a simulated process's store options: the simulated clock and
 // random source, and no real-time timeout that could fire.
