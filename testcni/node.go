@@ -179,7 +179,7 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (nd *No
 			return nil, err
 		}
 	}
-	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"], "multus": r.Tools["multus"], "harvester-ipam": r.PluginBinary()}
+	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"], "loopback": r.Tools["loopback"], "multus": r.Tools["multus"], "harvester-ipam": r.PluginBinary()}
 	if opt.SwallowDel {
 		if err := writeSwallowingWhereabouts(filepath.Join(nd.BinDir, "whereabouts"), wb); err != nil {
 			return nil, err
@@ -241,7 +241,7 @@ func (nd *Node) writeMultusConf() error {
 		"kubeconfig": nd.Via.Kubeconfig,
 		"binDir":     nd.BinDir,
 		"cniDir":     MultusCacheDir,
-		"logFile":    nd.MultusLog, "logLevel": "debug",
+		"logFile":    nd.MultusLog, "logLevel": "verbose",
 		"delegates": []any{map[string]any{
 			"cniVersion": "0.3.1", "name": "cluster-network", "type": "bridge", "bridge": nd.bridge, "isGateway": true,
 			"ipam": map[string]any{"type": "host-local", "subnet": nd.defaultSubnet},
@@ -542,6 +542,11 @@ func tailLines(s string, n int) string {
 	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(l) > n {
 		l = l[len(l)-n:]
+	}
+	for i := range l {
+		if len(l[i]) > 400 {
+			l[i] = l[i][:400] + "…"
+		}
 	}
 	return "  " + strings.Join(l, "\n  ")
 }

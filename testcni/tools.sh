@@ -80,7 +80,8 @@ build_cnitool() {
 
 build_plugins() {
   local p
-  for p in bridge host-local; do
+  # loopback: containerd's CRI plugin sets up each sandbox's lo with it.
+  for p in bridge host-local loopback; do
     local out="$p-$PLUGINS_VERSION"; have "$out" && continue
     log "building $p $PLUGINS_VERSION"
     local d; d=$(newmod "$out")
@@ -157,6 +158,7 @@ paths() {
   echo "cnitool=$BIN/cnitool-$CNI_VERSION"
   echo "bridge=$BIN/bridge-$PLUGINS_VERSION"
   echo "host-local=$BIN/host-local-$PLUGINS_VERSION"
+  echo "loopback=$BIN/loopback-$PLUGINS_VERSION"
   echo "whereabouts-v0.9.3=$BIN/whereabouts-v0.9.3"
   echo "whereabouts-v0.8.0=$BIN/whereabouts-v0.8.0"
   echo "whereabouts-v0.7.0=$BIN/whereabouts-v0.7.0"
