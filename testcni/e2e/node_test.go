@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -9,8 +10,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
@@ -109,8 +112,9 @@ func (e *nodeEnv) run(t *testing.T, pods []testcni.Pod) []*testcni.PodSandbox {
 	return out
 }
 
-// stopRemove stops and removes sandboxes, side by side, and requires success.
-func (e *nodeEnv) stopRemove(t *testing.T, ids ...string) {
+// stop stops sandboxes side by side, as the kubelet's pod workers do, and
+// returns each stop's error.
+func (e *nodeEnv) stop(t *testing.T, ids ...string) []error {
 	t.Helper()
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
@@ -119,14 +123,20 @@ func (e *nodeEnv) stopRemove(t *testing.T, ids ...string) {
 		go func() {
 			defer wg.Done()
 			errs[i] = e.node.StopPodSandbox(ctx(t), id)
-			if errs[i] == nil {
-				errs[i] = e.node.RemovePodSandbox(ctx(t), id)
-			}
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
+	return errs
+}
+
+// stopRemove stops and removes sandboxes, side by side, and requires success.
+func (e *nodeEnv) stopRemove(t *testing.T, ids ...string) {
+	t.Helper()
+	for _, err := range e.stop(t, ids...) {
 		require.NoError(t, err)
+	}
+	for _, id := range ids {
+		require.NoError(t, e.node.RemovePodSandbox(ctx(t), id))
 	}
 }
 
@@ -185,8 +195,6 @@ func (e *nodeEnv) states(t *testing.T) map[string]runtimeapi.PodSandboxState {
 	return out
 }
 
-var _ = strings.Contains
-
 // A sandbox stopped and removed through the CRI: containerd's DEL goes
 // through Multus to the storage network's IPAM, and the address is released.
 func TestNodeStopRemoveReleases(t *testing.T) {
@@ -206,5 +214,191 @@ func TestNodeStopRemoveReleases(t *testing.T) {
 			released(t, m, pods[1])
 			assert.Empty(t, e.states(t), "no sandbox left")
 		}
+	})
+}
+
+// notReady are the node's NOTREADY sandboxes, as the kubelet finds them
+// after a reboot; it requires that there are want of them and no READY one.
+func (e *nodeEnv) notReady(t *testing.T, want int) []string {
+	t.Helper()
+	var out []string
+	for id, st := range e.states(t) {
+		require.Equal(t, runtimeapi.PodSandboxState_SANDBOX_NOTREADY, st, "sandbox %s after the reboot", id[:12])
+		out = append(out, id)
+	}
+	require.Len(t, out, want, "containerd lists the sandboxes of before the reboot")
+	return out
+}
+
+// retryStop stops a sandbox until containerd says it stopped, as the
+// kubelet's pod worker retries a failed kill; it returns the last error.
+func (e *nodeEnv) retryStop(t *testing.T, id string) error {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(ctx(t), 500*time.Millisecond, time.Minute, true, func(c context.Context) (bool, error) {
+		last = e.node.StopPodSandbox(c, id)
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w; last: %v", err, last)
+	}
+	return nil
+}
+
+// pool logs the pool for people reading the test's output.
+func logPool(t *testing.T, what string, m *testcni.MultusNetwork) []shim.Allocation {
+	t.Helper()
+	allocs := mustAllocs(t, m.Network)
+	t.Logf("%s: pool %s (%s):\n%s", what, m.PoolName(), m.IPAM, testcni.Table(allocs))
+	return allocs
+}
+
+// live requires each pod to hold one allocation, its live sandbox's, at
+// the address on its network-status; no address twice; one reservation
+// each, and nothing else in the pool.
+func liveOnly(t *testing.T, m *testcni.MultusNetwork, live []*testcni.PodSandbox) {
+	t.Helper()
+	seen := map[string]string{}
+	for _, sb := range live {
+		ip := holdsSandbox(t, m, sb)
+		if other, dup := seen[ip]; dup {
+			t.Errorf("%s given to %s and %s", ip, other, sb.Pod.Ref())
+		}
+		seen[ip] = sb.Pod.Ref()
+	}
+	allocs := mustAllocs(t, m.Network)
+	assert.Len(t, allocs, len(live), "one allocation per live sandbox, none else:\n%s", testcni.Table(allocs))
+	assert.Len(t, mustORIPs(t, m.Network), len(live), "one reservation per live sandbox")
+}
+
+// A reboot while the node cannot reach the API server (the control plane
+// comes back later than the node, or the node's network does): the kubelet
+// stops the sandboxes containerd lists NOTREADY, and each stop's DEL fails,
+// because harvester-ipam cannot read the pool and says so, so the sandbox
+// stays for the kubelet to retry; once the API server answers, the retried
+// stop releases. Three reboots in a row; in the second, the kubelet retries
+// once more while the API server is still unreachable: Multus consumed its
+// cache of the sandbox at the failed DEL and, unable to read the pod either,
+// reports success without calling any plugin, so that stop releases
+// nothing; the pod's next sandbox does, at its ADD. At the end each pod
+// holds one address, its live sandbox's; none was freed twice.
+//
+// Whereabouts alone is not run here: with the API server unreachable, its
+// DEL waits a minute for its lease and then reports success with the pool
+// untouched, which is the swallowed DEL of the next test, faster.
+func TestNodeRebootAPIUnreachableRetriedStopReleases(t *testing.T) {
+	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
+		m := e.storageNet(t, "harvester-ipam")
+		pods := e.pods(t, m, "instance-manager", 2)
+		live := e.run(t, pods)
+		liveOnly(t, m, live)
+		for round := 1; round <= 3; round++ {
+			e.node.Gate.Cut()
+			require.NoError(t, e.node.Reboot(ctx(t), false), "reboot %d", round)
+			old := e.notReady(t, len(pods))
+			for _, err := range e.stop(t, old...) {
+				require.Error(t, err, "round %d: a stop whose DEL cannot reach the pool fails", round)
+				assert.Contains(t, err.Error(), "failed to destroy network for sandbox")
+				assert.Contains(t, err.Error(), "read pool "+e.PoolNamespace+"/"+m.PoolName())
+				assert.Contains(t, err.Error(), "connection refused")
+			}
+			logPool(t, fmt.Sprintf("round %d, after the failed stops", round), m)
+			assert.Len(t, mustAllocs(t, m.Network), len(pods), "nothing released, nothing lost")
+			if round == 2 {
+				for _, err := range e.stop(t, old...) {
+					require.NoError(t, err, "Multus gives up: its cache was consumed, the pod cannot be read")
+				}
+				assert.Contains(t, e.node.MultusLogTail(200), "cannot properly delete")
+				assert.Len(t, mustAllocs(t, m.Network), len(pods), "that stop released nothing")
+			}
+			require.NoError(t, e.node.Gate.Open())
+			for _, id := range old {
+				require.NoError(t, e.retryStop(t, id), "round %d: the retried stop succeeds once the API server answers", round)
+			}
+			if round != 2 {
+				allocs := logPool(t, fmt.Sprintf("round %d, after the retried stops", round), m)
+				assert.Empty(t, allocs, "the retried stops released")
+			}
+			e.stopRemove(t, old...)
+			live = e.run(t, pods)
+			logPool(t, fmt.Sprintf("round %d, new sandboxes", round), m)
+			liveOnly(t, m, live)
+		}
+	})
+}
+
+// A DEL whose pool write whereabouts swallows (the node's `whereabouts`
+// returns success on DEL and leaves the pool, see NodeOptions.SwallowDel):
+// after three reboots, harvester-ipam's pods hold one address each, because
+// its DEL makes sure the allocation is gone and releases it itself. Beside
+// it, whereabouts alone: v0.7.0 leaks one address per pod per reboot, v0.9.3
+// hands the pod's next sandbox the address it held.
+func TestNodeRebootSwallowedDelStillReleases(t *testing.T) {
+	onEachNode(t, testcni.NodeOptions{SwallowDel: true}, func(t *testing.T, e *nodeEnv) {
+		const pods, reboots = 2, 3
+		shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
+		sp, ap := e.pods(t, shimmed, "instance-manager", pods), e.pods(t, alone, "backing-image-manager", pods)
+		live := e.run(t, append(append([]testcni.Pod{}, sp...), ap...))
+		for round := 1; round <= reboots; round++ {
+			require.NoError(t, e.node.Reboot(ctx(t), false), "reboot %d", round)
+			old := e.notReady(t, 2*pods)
+			for _, err := range e.stop(t, old...) {
+				require.NoError(t, err, "the stop succeeds: the DEL says so")
+			}
+			assert.Empty(t, mustAllocs(t, shimmed.Network), "round %d: harvester-ipam released what the swallowed DEL left", round)
+			want := pods // v0.8.0 and later gave each new sandbox the address its pod held
+			if e.WB == testcni.V070 {
+				want = pods * round
+			}
+			assert.Len(t, mustAllocs(t, alone.Network), want, "round %d: whereabouts alone keeps every address of before", round)
+			e.stopRemove(t, old...)
+			live = e.run(t, append(append([]testcni.Pod{}, sp...), ap...))
+		}
+		logPool(t, "harvester-ipam after three reboots", shimmed)
+		liveOnly(t, shimmed, live[:pods])
+		allocs := logPool(t, "whereabouts alone after three reboots", alone)
+		want := pods // v0.8.0 and later: the same address again, to the new sandbox
+		if e.WB == testcni.V070 {
+			want = pods * (reboots + 1)
+		}
+		assert.Len(t, allocs, want, "whereabouts %s alone", e.WB)
+		for _, sb := range live[pods:] {
+			assert.Contains(t, ipsOf(allocs, sb.Pod.Ref()), storageIP(t, alone, sb.Pod), "the live sandbox's address is held")
+		}
+	})
+}
+
+func ipsOf(allocs []shim.Allocation, podRef string) []string {
+	var out []string
+	for _, a := range testcni.Of(allocs, podRef) {
+		out = append(out, a.IP.String())
+	}
+	return out
+}
+
+// A reboot that loses containerd's root too (the disk replaced or wiped):
+// containerd knows no sandbox of before, so no DEL can come. Twice. Under
+// harvester-ipam each pod holds one address, its new sandbox's ADD having
+// released the old; whereabouts v0.7.0 alone leaks one address per pod per
+// reboot; v0.9.3 alone hands the pod the address it held.
+func TestNodeRebootLosingRootNoDelComes(t *testing.T) {
+	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
+		const pods, reboots = 2, 2
+		shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
+		all := append(e.pods(t, shimmed, "instance-manager", pods), e.pods(t, alone, "backing-image-manager", pods)...)
+		live := e.run(t, all)
+		for round := 1; round <= reboots; round++ {
+			require.NoError(t, e.node.Reboot(ctx(t), true), "reboot %d, losing containerd's root", round)
+			assert.Empty(t, e.states(t), "containerd knows no sandbox of before")
+			live = e.run(t, all)
+			logPool(t, fmt.Sprintf("reboot %d", round), alone)
+		}
+		logPool(t, "harvester-ipam", shimmed)
+		liveOnly(t, shimmed, live[:pods])
+		want := pods
+		if e.WB == testcni.V070 {
+			want = pods * (reboots + 1)
+		}
+		assert.Len(t, mustAllocs(t, alone.Network), want, "whereabouts %s alone after %d reboots", e.WB, reboots)
 	})
 }
