@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -87,27 +89,34 @@ func (e *nodeEnv) pods(t *testing.T, m *testcni.MultusNetwork, prefix string, n 
 	return out
 }
 
-// run runs a new sandbox of each pod, side by side as the kubelet's pod
-// workers do, and marks each pod running.
+// run syncs each pod as the kubelet's pod workers do, side by side: a new
+// sandbox for each pod without a ready one, retried when its start fails
+// (Multus gives up reading the pod after 2.5 s, which a loaded machine can
+// take); each pod is marked running.
 func (e *nodeEnv) run(t *testing.T, pods []testcni.Pod) []*testcni.PodSandbox {
 	t.Helper()
 	out := make([]*testcni.PodSandbox, len(pods))
 	errs := make([]error, len(pods))
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []error
 	for i, p := range pods {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := e.node.RunPodSandbox(ctx(t), p)
-			if err == nil {
-				err = e.node.MarkRunning(ctx(t), sb)
-			}
-			out[i], errs[i] = sb, err
+			s, err := e.node.SyncPod(ctx(t), p, 2*time.Minute)
+			out[i], errs[i] = s.Sandbox, err
+			mu.Lock()
+			failures = append(failures, s.Failures...)
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	for _, err := range errs {
 		require.NoError(t, err)
+	}
+	if len(failures) > 0 {
+		t.Logf("the kubelet retried %d failed sandbox start(s); the first: %v", len(failures), failures[0])
 	}
 	return out
 }
@@ -245,6 +254,14 @@ func (e *nodeEnv) retryStop(t *testing.T, id string) error {
 	return nil
 }
 
+// multusLog is all Multus logged on the node.
+func (e *nodeEnv) multusLog(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(e.node.MultusLog)
+	require.NoError(t, err)
+	return string(b)
+}
+
 // pool logs the pool for people reading the test's output.
 func logPool(t *testing.T, what string, m *testcni.MultusNetwork) []shim.Allocation {
 	t.Helper()
@@ -293,22 +310,24 @@ func TestNodeRebootAPIUnreachableRetriedStopReleases(t *testing.T) {
 		live := e.run(t, pods)
 		liveOnly(t, m, live)
 		for round := 1; round <= 3; round++ {
+			began := time.Now()
 			e.node.Gate.Cut()
 			require.NoError(t, e.node.Reboot(ctx(t), false), "reboot %d", round)
 			old := e.notReady(t, len(pods))
+			t.Logf("round %d: rebooted in %s", round, time.Since(began).Round(time.Millisecond))
 			for _, err := range e.stop(t, old...) {
 				require.Error(t, err, "round %d: a stop whose DEL cannot reach the pool fails", round)
 				assert.Contains(t, err.Error(), "failed to destroy network for sandbox")
 				assert.Contains(t, err.Error(), "read pool "+e.PoolNamespace+"/"+m.PoolName())
 				assert.Contains(t, err.Error(), "connection refused")
 			}
-			logPool(t, fmt.Sprintf("round %d, after the failed stops", round), m)
+			logPool(t, fmt.Sprintf("round %d, after the failed stops (%s)", round, time.Since(began).Round(time.Millisecond)), m)
 			assert.Len(t, mustAllocs(t, m.Network), len(pods), "nothing released, nothing lost")
 			if round == 2 {
 				for _, err := range e.stop(t, old...) {
 					require.NoError(t, err, "Multus gives up: its cache was consumed, the pod cannot be read")
 				}
-				assert.Contains(t, e.node.MultusLogTail(200), "cannot properly delete")
+				assert.Contains(t, e.multusLog(t), "cannot properly delete")
 				assert.Len(t, mustAllocs(t, m.Network), len(pods), "that stop released nothing")
 			}
 			require.NoError(t, e.node.Gate.Open())
@@ -321,7 +340,7 @@ func TestNodeRebootAPIUnreachableRetriedStopReleases(t *testing.T) {
 			}
 			e.stopRemove(t, old...)
 			live = e.run(t, pods)
-			logPool(t, fmt.Sprintf("round %d, new sandboxes", round), m)
+			logPool(t, fmt.Sprintf("round %d, new sandboxes (round took %s)", round, time.Since(began).Round(time.Millisecond)), m)
 			liveOnly(t, m, live)
 		}
 	})
@@ -401,4 +420,172 @@ func TestNodeRebootLosingRootNoDelComes(t *testing.T) {
 		}
 		assert.Len(t, mustAllocs(t, alone.Network), want, "whereabouts %s alone after %d reboots", e.WB, reboots)
 	})
+}
+
+// The storage network is disabled (its NAD deleted) while pods run, then
+// their sandboxes are stopped and removed through the CRI. Multus takes the
+// storage network's config from its cache: harvester-ipam's DEL releases.
+// With Multus' cache of a sandbox lost too, Multus cannot find the NAD,
+// deletes only the cluster network and reports success, so the address stays
+// in the pool; once Longhorn deletes that pod, the reconciler releases it,
+// and keeps what a running pod holds.
+func TestNodeNADDeletedWhilePodsRun(t *testing.T) {
+	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
+		m := e.storageNet(t, "harvester-ipam")
+		pods := e.pods(t, m, "instance-manager", 3)
+		cached, lost, keeper := pods[0], pods[1], pods[2]
+		live := e.run(t, pods)
+		require.NoError(t, m.DeleteNAD(ctx(t)))
+
+		e.stopRemove(t, live[0].ID)
+		released(t, m, cached)
+
+		removed, err := e.node.ForgetMultusCache(live[1].ID)
+		require.NoError(t, err)
+		require.NotEmpty(t, removed, "Multus had cached the sandbox")
+		e.stopRemove(t, live[1].ID)
+		assert.Contains(t, e.multusLog(t), "but continue to delete clusterNetwork", "Multus looked the NAD up and failed")
+		held := testcni.Of(mustAllocs(t, m.Network), lost.Ref())
+		require.Len(t, held, 1, "the stop reported success, the address stayed")
+		assert.Equal(t, live[1].ID, held[0].ContainerID)
+
+		require.NoError(t, rig.DeletePod(ctx(t), lost))
+		res, err := e.Reconciler(ctx(t), "--grace", "0s")
+		require.NoError(t, err)
+		require.Zero(t, res.Exit, "reconciler:\n%s%s", res.Stdout, res.Stderr)
+		t.Logf("reconciler:\n%s", res.Stdout)
+		assert.Contains(t, res.Stdout, "pod gone")
+		released(t, m, lost)
+		liveOnly(t, m, live[2:])
+		_ = keeper
+	})
+}
+
+// Thirty pods started at once through containerd, then all stopped and
+// removed at once; twice. Every pod gets its own address, and nothing is
+// left behind.
+func TestNodeThirtyPodsAtOnce(t *testing.T) {
+	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
+		m := e.storageNet(t, "harvester-ipam")
+		pods := e.pods(t, m, "instance-manager", 30)
+		for round := 1; round <= 2; round++ {
+			began := time.Now()
+			live := e.run(t, pods)
+			started := time.Since(began)
+			liveOnly(t, m, live)
+			began = time.Now()
+			e.stopRemove(t, ids(live)...)
+			t.Logf("round %d: 30 sandboxes started in %s, stopped and removed in %s", round, started.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+			allocs := mustAllocs(t, m.Network)
+			assert.Empty(t, allocs, "round %d: nothing left:\n%s", round, testcni.Table(allocs))
+			assert.Empty(t, mustORIPs(t, m.Network), "round %d: no reservation left", round)
+			assert.Empty(t, e.states(t), "round %d: no sandbox left", round)
+		}
+	})
+}
+
+// containerd restarted without a reboot (an upgrade, a crash): the shims and
+// sandboxes keep running, containerd lists them READY again, and no CNI call
+// is made, so the pool is not even written. A stop afterwards still releases.
+func TestNodeContainerdRestartKeepsSandboxes(t *testing.T) {
+	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
+		m := e.storageNet(t, "harvester-ipam")
+		pods := e.pods(t, m, "instance-manager", 2)
+		live := e.run(t, pods)
+		before := e.poolVersion(t, m)
+		require.NoError(t, e.node.RestartContainerd(ctx(t)))
+		states := e.states(t)
+		require.Len(t, states, len(live))
+		for _, sb := range live {
+			assert.Equal(t, runtimeapi.PodSandboxState_SANDBOX_READY, states[sb.ID], "sandbox of %s", sb.Pod.Ref())
+			st, err := e.node.PodSandboxStatus(ctx(t), sb.ID)
+			require.NoError(t, err)
+			assert.Equal(t, sb.IP, st.GetNetwork().GetIp(), "the same eth0 address")
+		}
+		assert.Equal(t, before, e.poolVersion(t, m), "the pool was not written")
+		liveOnly(t, m, live)
+
+		e.stopRemove(t, live[0].ID)
+		released(t, m, pods[0])
+		liveOnly(t, m, live[1:])
+	})
+}
+
+func (e *nodeEnv) poolVersion(t *testing.T, m *testcni.MultusNetwork) string {
+	t.Helper()
+	p, err := rig.WB.WhereaboutsV1alpha1().IPPools(e.PoolNamespace).Get(ctx(t), m.PoolName(), metav1.GetOptions{})
+	require.NoError(t, err)
+	return p.ResourceVersion
+}
+
+// The network-status Multus writes under a real runtime (the cluster
+// network's eth0 with the address containerd reports, and lhnet1) is what
+// the reconciler reads: `harvester-ipam-reconciler inspect` shows each
+// running pod's allocation live. After a reboot that lost containerd's root,
+// whereabouts v0.7.0 alone holds two addresses for its pod: inspect names
+// the old one stale (the network-status names the new one), and a pass
+// releases it and keeps the new one.
+func TestNodeNetworkStatusReadByReconciler(t *testing.T) {
+	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
+		shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
+		pods := []testcni.Pod{e.pod(t, shimmed, "instance-manager"), e.pod(t, alone, "backing-image-manager")}
+		live := e.run(t, pods)
+		for i, m := range []*testcni.MultusNetwork{shimmed, alone} {
+			st, err := m.NetworkStatus(ctx(t), pods[i])
+			require.NoError(t, err)
+			require.Len(t, st, 2, "network-status of %s: %+v", pods[i].Ref(), st)
+			assert.Equal(t, testcni.NetworkStatus{Name: "cluster-network", Interface: "eth0", IPs: []string{live[i].IP}, Default: true}, st[0])
+			assert.Equal(t, "lhnet1", st[1].Interface)
+		}
+		e.inspect(t, map[*testcni.MultusNetwork][2]int{shimmed: {1, 0}, alone: {1, 0}})
+
+		require.NoError(t, e.node.Reboot(ctx(t), true))
+		live = e.run(t, pods)
+		stale := 0
+		if e.WB == testcni.V070 {
+			stale = 1 // v0.7.0 gave the new sandbox a new address
+		}
+		out := e.inspect(t, map[*testcni.MultusNetwork][2]int{shimmed: {1, 0}, alone: {1 + stale, stale}})
+		assert.NotContains(t, out, storageIP(t, shimmed, pods[0])+" ", "harvester-ipam's live allocation is not stale")
+		assert.NotContains(t, out, storageIP(t, alone, pods[1])+" ", "the live allocation is not stale")
+		if stale > 0 {
+			assert.Contains(t, out, "newer sandbox holds another address")
+		}
+
+		res, err := e.Reconciler(ctx(t), "--grace", "0s")
+		require.NoError(t, err)
+		require.Zero(t, res.Exit, "reconciler:\n%s%s", res.Stdout, res.Stderr)
+		t.Logf("reconciler:\n%s", res.Stdout)
+		liveOnly(t, shimmed, live[:1])
+		liveOnly(t, alone, live[1:])
+	})
+}
+
+// pod creates one pod object on the node asking for m.
+func (e *nodeEnv) pod(t *testing.T, m *testcni.MultusNetwork, name string) testcni.Pod {
+	t.Helper()
+	p, err := e.node.CreatePod(ctx(t), m, name)
+	require.NoError(t, err)
+	return p
+}
+
+// inspect runs `harvester-ipam-reconciler inspect` and requires, for each
+// network's pool, the allocated and stale counts given; it returns the output.
+func (e *nodeEnv) inspect(t *testing.T, want map[*testcni.MultusNetwork][2]int) string {
+	t.Helper()
+	res, err := e.Reconciler(ctx(t), "inspect")
+	require.NoError(t, err)
+	require.Zero(t, res.Exit, "inspect:\n%s%s", res.Stdout, res.Stderr)
+	t.Logf("inspect:\n%s", res.Stdout)
+	for m, w := range want {
+		var row []string
+		for _, line := range strings.Split(res.Stdout, "\n") {
+			if f := strings.Fields(line); len(f) == 6 && f[0] == m.PoolName() {
+				row = f
+			}
+		}
+		require.NotNil(t, row, "inspect has a row for pool %s", m.PoolName())
+		assert.Equal(t, []string{fmt.Sprint(w[0]), fmt.Sprint(w[1])}, row[3:5], "pool %s (%s): ALLOCATED, STALE", m.PoolName(), m.IPAM)
+	}
+	return res.Stdout
 }

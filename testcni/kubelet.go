@@ -1,0 +1,77 @@
+package testcni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Sync is what the kubelet's pod worker did for one pod.
+type Sync struct {
+	Sandbox *PodSandbox
+	// Failures are the steps that failed and were retried, oldest first.
+	Failures []error
+}
+
+// SyncPod does what the kubelet's pod worker does for a pod bound to this
+// node that should run: it keeps a READY sandbox, else stops and removes the
+// pod's sandboxes that are not ready, runs a new one and marks the pod
+// running. A failed step is retried every second, as the kubelet's next
+// sync would, until timeout; containerd has already torn down a sandbox
+// whose start failed (CNI DEL), or lists it NOTREADY for the next sync.
+func (nd *Node) SyncPod(ctx context.Context, pod Pod, timeout time.Duration) (Sync, error) {
+	var s Sync
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+		sb, err := nd.syncOnce(ctx, pod)
+		if err != nil {
+			last = err
+			s.Failures = append(s.Failures, err)
+			return false, nil
+		}
+		s.Sandbox = sb
+		return true, nil
+	})
+	if err != nil {
+		return s, fmt.Errorf("sync pod %s on %s: %w; last failure: %v", pod.Ref(), nd.Name, err, last)
+	}
+	return s, nil
+}
+
+func (nd *Node) syncOnce(ctx context.Context, pod Pod) (*PodSandbox, error) {
+	sbs, err := nd.SandboxesOf(ctx, pod)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range sbs {
+		if s.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+			st, err := nd.PodSandboxStatus(ctx, s.Id)
+			if err != nil {
+				return nil, err
+			}
+			return &PodSandbox{ID: s.Id, Pod: pod, UID: s.Metadata.GetUid(), Attempt: s.Metadata.GetAttempt(), IP: st.GetNetwork().GetIp()}, nil
+		}
+	}
+	var errs []error
+	for _, s := range sbs {
+		if err := nd.StopPodSandbox(ctx, s.Id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := nd.RemovePodSandbox(ctx, s.Id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	sb, err := nd.RunPodSandbox(ctx, pod)
+	if err != nil {
+		return nil, err
+	}
+	return sb, nd.MarkRunning(ctx, sb)
+}
