@@ -141,11 +141,20 @@ func (e *nodeEnv) stop(t *testing.T, ids ...string) []error {
 // stopRemove stops and removes sandboxes, side by side, and requires success.
 func (e *nodeEnv) stopRemove(t *testing.T, ids ...string) {
 	t.Helper()
-	for _, err := range e.stop(t, ids...) {
-		require.NoError(t, err)
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = e.node.StopPodSandbox(ctx(t), id); errs[i] == nil {
+				errs[i] = e.node.RemovePodSandbox(ctx(t), id)
+			}
+		}()
 	}
-	for _, id := range ids {
-		require.NoError(t, e.node.RemovePodSandbox(ctx(t), id))
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
 	}
 }
 
@@ -336,7 +345,16 @@ func TestNodeRebootAPIUnreachableRetriedStopReleases(t *testing.T) {
 			}
 			if round != 2 {
 				allocs := logPool(t, fmt.Sprintf("round %d, after the retried stops", round), m)
-				assert.Empty(t, allocs, "the retried stops released")
+				log := e.multusLog(t)
+				for _, a := range allocs {
+					// Multus reads the pod for 2.5 s at most (250 ms a try), which a
+					// loaded machine can exceed; with its cache consumed by the failed
+					// DEL, it then reports success without calling any plugin, as in
+					// round 2. The pod's next ADD releases what stays.
+					require.Contains(t, log, a.ContainerID+": no such file or directory, cannot properly delete",
+						"round %d: the retried stop released %s, unless Multus gave up on it", round, a)
+					t.Logf("round %d: Multus could not read the pod in time at the retried stop and gave up; the next ADD releases %s", round, a)
+				}
 			}
 			e.stopRemove(t, old...)
 			live = e.run(t, pods)
