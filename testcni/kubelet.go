@@ -17,16 +17,25 @@ type Sync struct {
 	Failures []error
 }
 
+// syncBackoff spaces the retries of a failed sync: the kubelet's pod worker
+// retries after 10 to 15 s; the tests start at a second and grow to that,
+// so that a failure costs little but a node that fails many sandbox starts
+// at once (Multus' reads of the pod time out on a loaded machine) is not
+// hammered by their retries.
+var syncBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.5, Steps: 10, Cap: 10 * time.Second}
+
 // SyncPod does what the kubelet's pod worker does for a pod bound to this
 // node that should run: it keeps a READY sandbox, else stops and removes the
 // pod's sandboxes that are not ready, runs a new one and marks the pod
-// running. A failed step is retried every second, as the kubelet's next
-// sync would, until timeout; containerd has already torn down a sandbox
-// whose start failed (CNI DEL), or lists it NOTREADY for the next sync.
+// running. A failed step is retried, as the kubelet's next sync would,
+// until timeout; containerd has already torn down a sandbox whose start
+// failed (CNI DEL), or lists it NOTREADY for the next sync.
 func (nd *Node) SyncPod(ctx context.Context, pod Pod, timeout time.Duration) (Sync, error) {
 	var s Sync
 	var last error
-	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := syncBackoff.DelayFunc().Until(ctx, true, false, func(ctx context.Context) (bool, error) {
 		sb, err := nd.syncOnce(ctx, pod)
 		if err != nil {
 			last = err

@@ -33,14 +33,36 @@ type nodeEnv struct {
 	node *testcni.Node
 }
 
-// onEachNode runs f once per node delegate, side by side with each other
-// and every other parallel test, each on a node (containerd) of its own.
-func onEachNode(t *testing.T, opt testcni.NodeOptions, f func(t *testing.T, e *nodeEnv)) {
-	t.Parallel()
-	for _, v := range nodeDelegates {
-		t.Run("whereabouts "+v, func(t *testing.T) {
+// TestNode runs the real-node scenarios, each once per node delegate on a
+// node (containerd) of its own, side by side with each other and apart from
+// the other tests: as a test that runs in turn, it is done before the
+// parallel tests start. Dozens of Multus processes on two cores make
+// Multus' own 250 ms reads of the pod time out, in these scenarios and in
+// the cnitool ones beside them, so the two do not share the CPU. The longest
+// scenarios come first, so that they start first.
+func TestNode(t *testing.T) {
+	for _, sc := range []struct {
+		name string
+		opt  testcni.NodeOptions
+		f    func(t *testing.T, e *nodeEnv)
+	}{
+		{"ThirtyPodsAtOnce", testcni.NodeOptions{}, nodeThirtyPodsAtOnce},
+		{"RebootAPIUnreachableRetriedStopReleases", testcni.NodeOptions{}, nodeRebootAPIUnreachableRetriedStopReleases},
+		{"RebootSwallowedDelStillReleases", testcni.NodeOptions{SwallowDel: true}, nodeRebootSwallowedDelStillReleases},
+		{"RebootLosingRootNoDelComes", testcni.NodeOptions{}, nodeRebootLosingRootNoDelComes},
+		{"NetworkStatusReadByReconciler", testcni.NodeOptions{}, nodeNetworkStatusReadByReconciler},
+		{"NADDeletedWhilePodsRun", testcni.NodeOptions{}, nodeNADDeletedWhilePodsRun},
+		{"ContainerdRestartKeepsSandboxes", testcni.NodeOptions{}, nodeContainerdRestartKeepsSandboxes},
+		{"StopRemoveReleases", testcni.NodeOptions{}, nodeStopRemoveReleases},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
-			f(t, newNodeEnv(t, v, opt))
+			for _, v := range nodeDelegates {
+				t.Run("whereabouts "+v, func(t *testing.T) {
+					t.Parallel()
+					sc.f(t, newNodeEnv(t, v, sc.opt))
+				})
+			}
 		})
 	}
 }
@@ -215,24 +237,22 @@ func (e *nodeEnv) states(t *testing.T) map[string]runtimeapi.PodSandboxState {
 
 // A sandbox stopped and removed through the CRI: containerd's DEL goes
 // through Multus to the storage network's IPAM, and the address is released.
-func TestNodeStopRemoveReleases(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
-		for _, ipam := range []string{"harvester-ipam", "whereabouts"} {
-			m := e.storageNet(t, ipam)
-			pods := e.pods(t, m, "instance-manager-"+strings.TrimPrefix(ipam, "harvester-"), 2)
-			sbs := e.run(t, pods)
-			for _, sb := range sbs {
-				ip := holdsSandbox(t, m, sb)
-				t.Logf("%s: %s sandbox %s has %s on lhnet1, %s on eth0", ipam, sb.Pod.Ref(), sb.ID[:12], ip, sb.IP)
-			}
-			e.stopRemove(t, sbs[0].ID)
-			released(t, m, pods[0])
-			holdsSandbox(t, m, sbs[1])
-			e.stopRemove(t, sbs[1].ID)
-			released(t, m, pods[1])
-			assert.Empty(t, e.states(t), "no sandbox left")
+func nodeStopRemoveReleases(t *testing.T, e *nodeEnv) {
+	for _, ipam := range []string{"harvester-ipam", "whereabouts"} {
+		m := e.storageNet(t, ipam)
+		pods := e.pods(t, m, "instance-manager-"+strings.TrimPrefix(ipam, "harvester-"), 2)
+		sbs := e.run(t, pods)
+		for _, sb := range sbs {
+			ip := holdsSandbox(t, m, sb)
+			t.Logf("%s: %s sandbox %s has %s on lhnet1, %s on eth0", ipam, sb.Pod.Ref(), sb.ID[:12], ip, sb.IP)
 		}
-	})
+		e.stopRemove(t, sbs[0].ID)
+		released(t, m, pods[0])
+		holdsSandbox(t, m, sbs[1])
+		e.stopRemove(t, sbs[1].ID)
+		released(t, m, pods[1])
+		assert.Empty(t, e.states(t), "no sandbox left")
+	}
 }
 
 // notReady are the node's NOTREADY sandboxes, as the kubelet finds them
@@ -312,56 +332,54 @@ func liveOnly(t *testing.T, m *testcni.MultusNetwork, live []*testcni.PodSandbox
 // Whereabouts alone is not run here: with the API server unreachable, its
 // DEL waits a minute for its lease and then reports success with the pool
 // untouched, which is the swallowed DEL of the next test, faster.
-func TestNodeRebootAPIUnreachableRetriedStopReleases(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
-		m := e.storageNet(t, "harvester-ipam")
-		pods := e.pods(t, m, "instance-manager", 2)
-		live := e.run(t, pods)
-		liveOnly(t, m, live)
-		for round := 1; round <= 3; round++ {
-			began := time.Now()
-			e.node.Gate.Cut()
-			require.NoError(t, e.node.Reboot(ctx(t), false), "reboot %d", round)
-			old := e.notReady(t, len(pods))
-			t.Logf("round %d: rebooted in %s", round, time.Since(began).Round(time.Millisecond))
-			for _, err := range e.stop(t, old...) {
-				require.Error(t, err, "round %d: a stop whose DEL cannot reach the pool fails", round)
-				assert.Contains(t, err.Error(), "failed to destroy network for sandbox")
-				assert.Contains(t, err.Error(), "read pool "+e.PoolNamespace+"/"+m.PoolName())
-				assert.Contains(t, err.Error(), "connection refused")
-			}
-			logPool(t, fmt.Sprintf("round %d, after the failed stops (%s)", round, time.Since(began).Round(time.Millisecond)), m)
-			assert.Len(t, mustAllocs(t, m.Network), len(pods), "nothing released, nothing lost")
-			if round == 2 {
-				for _, err := range e.stop(t, old...) {
-					require.NoError(t, err, "Multus gives up: its cache was consumed, the pod cannot be read")
-				}
-				assert.Contains(t, e.multusLog(t), "cannot properly delete")
-				assert.Len(t, mustAllocs(t, m.Network), len(pods), "that stop released nothing")
-			}
-			require.NoError(t, e.node.Gate.Open())
-			for _, id := range old {
-				require.NoError(t, e.retryStop(t, id), "round %d: the retried stop succeeds once the API server answers", round)
-			}
-			if round != 2 {
-				allocs := logPool(t, fmt.Sprintf("round %d, after the retried stops", round), m)
-				log := e.multusLog(t)
-				for _, a := range allocs {
-					// Multus reads the pod for 2.5 s at most (250 ms a try), which a
-					// loaded machine can exceed; with its cache consumed by the failed
-					// DEL, it then reports success without calling any plugin, as in
-					// round 2. The pod's next ADD releases what stays.
-					require.Contains(t, log, a.ContainerID+": no such file or directory, cannot properly delete",
-						"round %d: the retried stop released %s, unless Multus gave up on it", round, a)
-					t.Logf("round %d: Multus could not read the pod in time at the retried stop and gave up; the next ADD releases %s", round, a)
-				}
-			}
-			e.stopRemove(t, old...)
-			live = e.run(t, pods)
-			logPool(t, fmt.Sprintf("round %d, new sandboxes (round took %s)", round, time.Since(began).Round(time.Millisecond)), m)
-			liveOnly(t, m, live)
+func nodeRebootAPIUnreachableRetriedStopReleases(t *testing.T, e *nodeEnv) {
+	m := e.storageNet(t, "harvester-ipam")
+	pods := e.pods(t, m, "instance-manager", 2)
+	live := e.run(t, pods)
+	liveOnly(t, m, live)
+	for round := 1; round <= 3; round++ {
+		began := time.Now()
+		e.node.Gate.Cut()
+		require.NoError(t, e.node.Reboot(ctx(t), false), "reboot %d", round)
+		old := e.notReady(t, len(pods))
+		t.Logf("round %d: rebooted in %s", round, time.Since(began).Round(time.Millisecond))
+		for _, err := range e.stop(t, old...) {
+			require.Error(t, err, "round %d: a stop whose DEL cannot reach the pool fails", round)
+			assert.Contains(t, err.Error(), "failed to destroy network for sandbox")
+			assert.Contains(t, err.Error(), "read pool "+e.PoolNamespace+"/"+m.PoolName())
+			assert.Contains(t, err.Error(), "connection refused")
 		}
-	})
+		logPool(t, fmt.Sprintf("round %d, after the failed stops (%s)", round, time.Since(began).Round(time.Millisecond)), m)
+		assert.Len(t, mustAllocs(t, m.Network), len(pods), "nothing released, nothing lost")
+		if round == 2 {
+			for _, err := range e.stop(t, old...) {
+				require.NoError(t, err, "Multus gives up: its cache was consumed, the pod cannot be read")
+			}
+			assert.Contains(t, e.multusLog(t), "cannot properly delete")
+			assert.Len(t, mustAllocs(t, m.Network), len(pods), "that stop released nothing")
+		}
+		require.NoError(t, e.node.Gate.Open())
+		for _, id := range old {
+			require.NoError(t, e.retryStop(t, id), "round %d: the retried stop succeeds once the API server answers", round)
+		}
+		if round != 2 {
+			allocs := logPool(t, fmt.Sprintf("round %d, after the retried stops", round), m)
+			log := e.multusLog(t)
+			for _, a := range allocs {
+				// Multus reads the pod for 2.5 s at most (250 ms a try), which a
+				// loaded machine can exceed; with its cache consumed by the failed
+				// DEL, it then reports success without calling any plugin, as in
+				// round 2. The pod's next ADD releases what stays.
+				require.Contains(t, log, a.ContainerID+": no such file or directory, cannot properly delete",
+					"round %d: the retried stop released %s, unless Multus gave up on it", round, a)
+				t.Logf("round %d: Multus could not read the pod in time at the retried stop and gave up; the next ADD releases %s", round, a)
+			}
+		}
+		e.stopRemove(t, old...)
+		live = e.run(t, pods)
+		logPool(t, fmt.Sprintf("round %d, new sandboxes (round took %s)", round, time.Since(began).Round(time.Millisecond)), m)
+		liveOnly(t, m, live)
+	}
 }
 
 // A DEL whose pool write whereabouts swallows (the node's `whereabouts`
@@ -370,39 +388,37 @@ func TestNodeRebootAPIUnreachableRetriedStopReleases(t *testing.T) {
 // its DEL makes sure the allocation is gone and releases it itself. Beside
 // it, whereabouts alone: v0.7.0 leaks one address per pod per reboot, v0.9.3
 // hands the pod's next sandbox the address it held.
-func TestNodeRebootSwallowedDelStillReleases(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{SwallowDel: true}, func(t *testing.T, e *nodeEnv) {
-		const pods, reboots = 2, 3
-		shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
-		sp, ap := e.pods(t, shimmed, "instance-manager", pods), e.pods(t, alone, "backing-image-manager", pods)
-		live := e.run(t, append(append([]testcni.Pod{}, sp...), ap...))
-		for round := 1; round <= reboots; round++ {
-			require.NoError(t, e.node.Reboot(ctx(t), false), "reboot %d", round)
-			old := e.notReady(t, 2*pods)
-			for _, err := range e.stop(t, old...) {
-				require.NoError(t, err, "the stop succeeds: the DEL says so")
-			}
-			assert.Empty(t, mustAllocs(t, shimmed.Network), "round %d: harvester-ipam released what the swallowed DEL left", round)
-			want := pods // v0.8.0 and later gave each new sandbox the address its pod held
-			if e.WB == testcni.V070 {
-				want = pods * round
-			}
-			assert.Len(t, mustAllocs(t, alone.Network), want, "round %d: whereabouts alone keeps every address of before", round)
-			e.stopRemove(t, old...)
-			live = e.run(t, append(append([]testcni.Pod{}, sp...), ap...))
+func nodeRebootSwallowedDelStillReleases(t *testing.T, e *nodeEnv) {
+	const pods, reboots = 2, 3
+	shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
+	sp, ap := e.pods(t, shimmed, "instance-manager", pods), e.pods(t, alone, "backing-image-manager", pods)
+	live := e.run(t, append(append([]testcni.Pod{}, sp...), ap...))
+	for round := 1; round <= reboots; round++ {
+		require.NoError(t, e.node.Reboot(ctx(t), false), "reboot %d", round)
+		old := e.notReady(t, 2*pods)
+		for _, err := range e.stop(t, old...) {
+			require.NoError(t, err, "the stop succeeds: the DEL says so")
 		}
-		logPool(t, "harvester-ipam after three reboots", shimmed)
-		liveOnly(t, shimmed, live[:pods])
-		allocs := logPool(t, "whereabouts alone after three reboots", alone)
-		want := pods // v0.8.0 and later: the same address again, to the new sandbox
+		assert.Empty(t, mustAllocs(t, shimmed.Network), "round %d: harvester-ipam released what the swallowed DEL left", round)
+		want := pods // v0.8.0 and later gave each new sandbox the address its pod held
 		if e.WB == testcni.V070 {
-			want = pods * (reboots + 1)
+			want = pods * round
 		}
-		assert.Len(t, allocs, want, "whereabouts %s alone", e.WB)
-		for _, sb := range live[pods:] {
-			assert.Contains(t, ipsOf(allocs, sb.Pod.Ref()), storageIP(t, alone, sb.Pod), "the live sandbox's address is held")
-		}
-	})
+		assert.Len(t, mustAllocs(t, alone.Network), want, "round %d: whereabouts alone keeps every address of before", round)
+		e.stopRemove(t, old...)
+		live = e.run(t, append(append([]testcni.Pod{}, sp...), ap...))
+	}
+	logPool(t, "harvester-ipam after three reboots", shimmed)
+	liveOnly(t, shimmed, live[:pods])
+	allocs := logPool(t, "whereabouts alone after three reboots", alone)
+	want := pods // v0.8.0 and later: the same address again, to the new sandbox
+	if e.WB == testcni.V070 {
+		want = pods * (reboots + 1)
+	}
+	assert.Len(t, allocs, want, "whereabouts %s alone", e.WB)
+	for _, sb := range live[pods:] {
+		assert.Contains(t, ipsOf(allocs, sb.Pod.Ref()), storageIP(t, alone, sb.Pod), "the live sandbox's address is held")
+	}
 }
 
 func ipsOf(allocs []shim.Allocation, podRef string) []string {
@@ -418,26 +434,24 @@ func ipsOf(allocs []shim.Allocation, podRef string) []string {
 // harvester-ipam each pod holds one address, its new sandbox's ADD having
 // released the old; whereabouts v0.7.0 alone leaks one address per pod per
 // reboot; v0.9.3 alone hands the pod the address it held.
-func TestNodeRebootLosingRootNoDelComes(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
-		const pods, reboots = 2, 2
-		shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
-		all := append(e.pods(t, shimmed, "instance-manager", pods), e.pods(t, alone, "backing-image-manager", pods)...)
-		live := e.run(t, all)
-		for round := 1; round <= reboots; round++ {
-			require.NoError(t, e.node.Reboot(ctx(t), true), "reboot %d, losing containerd's root", round)
-			assert.Empty(t, e.states(t), "containerd knows no sandbox of before")
-			live = e.run(t, all)
-			logPool(t, fmt.Sprintf("reboot %d", round), alone)
-		}
-		logPool(t, "harvester-ipam", shimmed)
-		liveOnly(t, shimmed, live[:pods])
-		want := pods
-		if e.WB == testcni.V070 {
-			want = pods * (reboots + 1)
-		}
-		assert.Len(t, mustAllocs(t, alone.Network), want, "whereabouts %s alone after %d reboots", e.WB, reboots)
-	})
+func nodeRebootLosingRootNoDelComes(t *testing.T, e *nodeEnv) {
+	const pods, reboots = 2, 2
+	shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
+	all := append(e.pods(t, shimmed, "instance-manager", pods), e.pods(t, alone, "backing-image-manager", pods)...)
+	live := e.run(t, all)
+	for round := 1; round <= reboots; round++ {
+		require.NoError(t, e.node.Reboot(ctx(t), true), "reboot %d, losing containerd's root", round)
+		assert.Empty(t, e.states(t), "containerd knows no sandbox of before")
+		live = e.run(t, all)
+		logPool(t, fmt.Sprintf("reboot %d", round), alone)
+	}
+	logPool(t, "harvester-ipam", shimmed)
+	liveOnly(t, shimmed, live[:pods])
+	want := pods
+	if e.WB == testcni.V070 {
+		want = pods * (reboots + 1)
+	}
+	assert.Len(t, mustAllocs(t, alone.Network), want, "whereabouts %s alone after %d reboots", e.WB, reboots)
 }
 
 // The storage network is disabled (its NAD deleted) while pods run, then
@@ -447,86 +461,80 @@ func TestNodeRebootLosingRootNoDelComes(t *testing.T) {
 // deletes only the cluster network and reports success, so the address stays
 // in the pool; once Longhorn deletes that pod, the reconciler releases it,
 // and keeps what a running pod holds.
-func TestNodeNADDeletedWhilePodsRun(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
-		m := e.storageNet(t, "harvester-ipam")
-		pods := e.pods(t, m, "instance-manager", 3)
-		cached, lost, keeper := pods[0], pods[1], pods[2]
-		live := e.run(t, pods)
-		require.NoError(t, m.DeleteNAD(ctx(t)))
+func nodeNADDeletedWhilePodsRun(t *testing.T, e *nodeEnv) {
+	m := e.storageNet(t, "harvester-ipam")
+	pods := e.pods(t, m, "instance-manager", 3)
+	cached, lost, keeper := pods[0], pods[1], pods[2]
+	live := e.run(t, pods)
+	require.NoError(t, m.DeleteNAD(ctx(t)))
 
-		e.stopRemove(t, live[0].ID)
-		released(t, m, cached)
+	e.stopRemove(t, live[0].ID)
+	released(t, m, cached)
 
-		removed, err := e.node.ForgetMultusCache(live[1].ID)
-		require.NoError(t, err)
-		require.NotEmpty(t, removed, "Multus had cached the sandbox")
-		e.stopRemove(t, live[1].ID)
-		assert.Contains(t, e.multusLog(t), "but continue to delete clusterNetwork", "Multus looked the NAD up and failed")
-		held := testcni.Of(mustAllocs(t, m.Network), lost.Ref())
-		require.Len(t, held, 1, "the stop reported success, the address stayed")
-		assert.Equal(t, live[1].ID, held[0].ContainerID)
+	removed, err := e.node.ForgetMultusCache(live[1].ID)
+	require.NoError(t, err)
+	require.NotEmpty(t, removed, "Multus had cached the sandbox")
+	e.stopRemove(t, live[1].ID)
+	assert.Contains(t, e.multusLog(t), "but continue to delete clusterNetwork", "Multus looked the NAD up and failed")
+	held := testcni.Of(mustAllocs(t, m.Network), lost.Ref())
+	require.Len(t, held, 1, "the stop reported success, the address stayed")
+	assert.Equal(t, live[1].ID, held[0].ContainerID)
 
-		require.NoError(t, rig.DeletePod(ctx(t), lost))
-		res, err := e.Reconciler(ctx(t), "--grace", "0s")
-		require.NoError(t, err)
-		require.Zero(t, res.Exit, "reconciler:\n%s%s", res.Stdout, res.Stderr)
-		t.Logf("reconciler:\n%s", res.Stdout)
-		assert.Contains(t, res.Stdout, "pod gone")
-		released(t, m, lost)
-		liveOnly(t, m, live[2:])
-		_ = keeper
-	})
+	require.NoError(t, rig.DeletePod(ctx(t), lost))
+	res, err := e.Reconciler(ctx(t), "--grace", "0s")
+	require.NoError(t, err)
+	require.Zero(t, res.Exit, "reconciler:\n%s%s", res.Stdout, res.Stderr)
+	t.Logf("reconciler:\n%s", res.Stdout)
+	assert.Contains(t, res.Stdout, "pod gone")
+	released(t, m, lost)
+	liveOnly(t, m, live[2:])
+	_ = keeper
 }
 
 // Thirty pods started at once through containerd, then all stopped and
 // removed at once; twice. Every pod gets its own address, and nothing is
 // left behind.
-func TestNodeThirtyPodsAtOnce(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
-		m := e.storageNet(t, "harvester-ipam")
-		pods := e.pods(t, m, "instance-manager", 30)
-		for round := 1; round <= 2; round++ {
-			began := time.Now()
-			live := e.run(t, pods)
-			started := time.Since(began)
-			liveOnly(t, m, live)
-			began = time.Now()
-			e.stopRemove(t, ids(live)...)
-			t.Logf("round %d: 30 sandboxes started in %s, stopped and removed in %s", round, started.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
-			allocs := mustAllocs(t, m.Network)
-			assert.Empty(t, allocs, "round %d: nothing left:\n%s", round, testcni.Table(allocs))
-			assert.Empty(t, mustORIPs(t, m.Network), "round %d: no reservation left", round)
-			assert.Empty(t, e.states(t), "round %d: no sandbox left", round)
-		}
-	})
+func nodeThirtyPodsAtOnce(t *testing.T, e *nodeEnv) {
+	m := e.storageNet(t, "harvester-ipam")
+	pods := e.pods(t, m, "instance-manager", 30)
+	for round := 1; round <= 2; round++ {
+		began := time.Now()
+		live := e.run(t, pods)
+		started := time.Since(began)
+		liveOnly(t, m, live)
+		began = time.Now()
+		e.stopRemove(t, ids(live)...)
+		t.Logf("round %d: 30 sandboxes started in %s, stopped and removed in %s", round, started.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+		allocs := mustAllocs(t, m.Network)
+		assert.Empty(t, allocs, "round %d: nothing left:\n%s", round, testcni.Table(allocs))
+		assert.Empty(t, mustORIPs(t, m.Network), "round %d: no reservation left", round)
+		assert.Empty(t, e.states(t), "round %d: no sandbox left", round)
+	}
 }
 
 // containerd restarted without a reboot (an upgrade, a crash): the shims and
 // sandboxes keep running, containerd lists them READY again, and no CNI call
 // is made, so the pool is not even written. A stop afterwards still releases.
-func TestNodeContainerdRestartKeepsSandboxes(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
-		m := e.storageNet(t, "harvester-ipam")
-		pods := e.pods(t, m, "instance-manager", 2)
-		live := e.run(t, pods)
-		before := e.poolVersion(t, m)
-		require.NoError(t, e.node.RestartContainerd(ctx(t)))
-		states := e.states(t)
-		require.Len(t, states, len(live))
-		for _, sb := range live {
-			assert.Equal(t, runtimeapi.PodSandboxState_SANDBOX_READY, states[sb.ID], "sandbox of %s", sb.Pod.Ref())
-			st, err := e.node.PodSandboxStatus(ctx(t), sb.ID)
-			require.NoError(t, err)
-			assert.Equal(t, sb.IP, st.GetNetwork().GetIp(), "the same eth0 address")
-		}
-		assert.Equal(t, before, e.poolVersion(t, m), "the pool was not written")
-		liveOnly(t, m, live)
+func nodeContainerdRestartKeepsSandboxes(t *testing.T, e *nodeEnv) {
+	m := e.storageNet(t, "harvester-ipam")
+	pods := e.pods(t, m, "instance-manager", 2)
+	live := e.run(t, pods)
+	before := e.poolVersion(t, m)
+	require.NoError(t, e.node.RestartContainerd(ctx(t)))
+	states := e.states(t)
+	require.Len(t, states, len(live))
+	for _, sb := range live {
+		assert.Equal(t, runtimeapi.PodSandboxState_SANDBOX_READY, states[sb.ID], "sandbox of %s", sb.Pod.Ref())
+		st, err := e.node.PodSandboxStatus(ctx(t), sb.ID)
+		require.NoError(t, err)
+		assert.Equal(t, sb.IP, st.GetNetwork().GetIp(), "the same eth0 address")
+	}
+	assert.Equal(t, before, e.poolVersion(t, m), "the pool was not written")
+	liveOnly(t, m, live)
 
-		e.stopRemove(t, live[0].ID)
-		released(t, m, pods[0])
-		liveOnly(t, m, live[1:])
-	})
+	e.stopRemove(t, live[0].ID)
+	released(t, m, pods[0])
+	liveOnly(t, m, live[1:])
 }
 
 func (e *nodeEnv) poolVersion(t *testing.T, m *testcni.MultusNetwork) string {
@@ -543,40 +551,38 @@ func (e *nodeEnv) poolVersion(t *testing.T, m *testcni.MultusNetwork) string {
 // whereabouts v0.7.0 alone holds two addresses for its pod: inspect names
 // the old one stale (the network-status names the new one), and a pass
 // releases it and keeps the new one.
-func TestNodeNetworkStatusReadByReconciler(t *testing.T) {
-	onEachNode(t, testcni.NodeOptions{}, func(t *testing.T, e *nodeEnv) {
-		shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
-		pods := []testcni.Pod{e.pod(t, shimmed, "instance-manager"), e.pod(t, alone, "backing-image-manager")}
-		live := e.run(t, pods)
-		for i, m := range []*testcni.MultusNetwork{shimmed, alone} {
-			st, err := m.NetworkStatus(ctx(t), pods[i])
-			require.NoError(t, err)
-			require.Len(t, st, 2, "network-status of %s: %+v", pods[i].Ref(), st)
-			assert.Equal(t, testcni.NetworkStatus{Name: "cluster-network", Interface: "eth0", IPs: []string{live[i].IP}, Default: true}, st[0])
-			assert.Equal(t, "lhnet1", st[1].Interface)
-		}
-		e.inspect(t, map[*testcni.MultusNetwork][2]int{shimmed: {1, 0}, alone: {1, 0}})
-
-		require.NoError(t, e.node.Reboot(ctx(t), true))
-		live = e.run(t, pods)
-		stale := 0
-		if e.WB == testcni.V070 {
-			stale = 1 // v0.7.0 gave the new sandbox a new address
-		}
-		out := e.inspect(t, map[*testcni.MultusNetwork][2]int{shimmed: {1, 0}, alone: {1 + stale, stale}})
-		assert.NotContains(t, out, storageIP(t, shimmed, pods[0])+" ", "harvester-ipam's live allocation is not stale")
-		assert.NotContains(t, out, storageIP(t, alone, pods[1])+" ", "the live allocation is not stale")
-		if stale > 0 {
-			assert.Contains(t, out, "newer sandbox holds another address")
-		}
-
-		res, err := e.Reconciler(ctx(t), "--grace", "0s")
+func nodeNetworkStatusReadByReconciler(t *testing.T, e *nodeEnv) {
+	shimmed, alone := e.storageNet(t, "harvester-ipam"), e.storageNet(t, "whereabouts")
+	pods := []testcni.Pod{e.pod(t, shimmed, "instance-manager"), e.pod(t, alone, "backing-image-manager")}
+	live := e.run(t, pods)
+	for i, m := range []*testcni.MultusNetwork{shimmed, alone} {
+		st, err := m.NetworkStatus(ctx(t), pods[i])
 		require.NoError(t, err)
-		require.Zero(t, res.Exit, "reconciler:\n%s%s", res.Stdout, res.Stderr)
-		t.Logf("reconciler:\n%s", res.Stdout)
-		liveOnly(t, shimmed, live[:1])
-		liveOnly(t, alone, live[1:])
-	})
+		require.Len(t, st, 2, "network-status of %s: %+v", pods[i].Ref(), st)
+		assert.Equal(t, testcni.NetworkStatus{Name: "cluster-network", Interface: "eth0", IPs: []string{live[i].IP}, Default: true}, st[0])
+		assert.Equal(t, "lhnet1", st[1].Interface)
+	}
+	e.inspect(t, map[*testcni.MultusNetwork][2]int{shimmed: {1, 0}, alone: {1, 0}})
+
+	require.NoError(t, e.node.Reboot(ctx(t), true))
+	live = e.run(t, pods)
+	stale := 0
+	if e.WB == testcni.V070 {
+		stale = 1 // v0.7.0 gave the new sandbox a new address
+	}
+	out := e.inspect(t, map[*testcni.MultusNetwork][2]int{shimmed: {1, 0}, alone: {1 + stale, stale}})
+	assert.NotContains(t, out, storageIP(t, shimmed, pods[0])+" ", "harvester-ipam's live allocation is not stale")
+	assert.NotContains(t, out, storageIP(t, alone, pods[1])+" ", "the live allocation is not stale")
+	if stale > 0 {
+		assert.Contains(t, out, "newer sandbox holds another address")
+	}
+
+	res, err := e.Reconciler(ctx(t), "--grace", "0s")
+	require.NoError(t, err)
+	require.Zero(t, res.Exit, "reconciler:\n%s%s", res.Stdout, res.Stderr)
+	t.Logf("reconciler:\n%s", res.Stdout)
+	liveOnly(t, shimmed, live[:1])
+	liveOnly(t, alone, live[1:])
 }
 
 // pod creates one pod object on the node asking for m.
