@@ -97,6 +97,7 @@ func (r *Rig) nodeAssets(ctx context.Context) (*nodeAssets, error) {
 		if a.err = checkRuntime(); a.err != nil {
 			return
 		}
+		removeStaleCgroups()
 		dir := filepath.Join(r.Dir, "node-assets")
 		a.init = filepath.Join(dir, "nodeinit")
 		if a.err = r.build(ctx, a.init, "./testcni/nodeinit"); a.err != nil {
@@ -166,7 +167,7 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (nd *No
 		Root: filepath.Join(dir, "root"), Socket: filepath.Join(dir, "containerd.sock"),
 		BinDir: filepath.Join(dir, "bin"), ConfDir: filepath.Join(dir, "net.d"), VarLibCNI: filepath.Join(dir, "var-lib-cni"),
 		Log: filepath.Join(dir, "containerd.log"), MultusLog: filepath.Join(dir, "multus.log"),
-		rig: r, cgroupParent: "/" + filepath.Base(r.Dir) + "-" + name,
+		rig: r, cgroupParent: fmt.Sprintf("/%s%d-%s", cgroupPrefix, os.Getpid(), name),
 		defaultSubnet: fmt.Sprintf("10.245.%d.0/24", i%250), bridge: fmt.Sprintf("cni%d", i),
 	}
 	defer func() {
@@ -492,27 +493,52 @@ func (nd *Node) Close() {
 	}
 }
 
-// removeCgroups removes the node's cgroups, deepest first, from every
-// hierarchy the rig sees; runc leaves those of killed sandboxes behind, and
-// a reboot would not have them.
-func removeCgroups(parent string) {
+// cgroupPrefix starts the name of every node's cgroup parent, followed by
+// the rig's PID: a rig that was killed leaves its sandboxes' cgroups in the
+// machine's hierarchies, and the next rig removes them.
+const cgroupPrefix = "harvester-ipam-rig-"
+
+// cgroupMounts are the mount points of the cgroup hierarchies the rig sees.
+func cgroupMounts() []string {
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return
+		return nil
 	}
+	var out []string
 	for _, line := range strings.Split(string(mi), "\n") {
 		f := strings.Fields(line)
-		sep := -1
 		for i, x := range f {
-			if x == "-" {
-				sep = i
-				break
+			if x == "-" && i+1 < len(f) && (f[i+1] == "cgroup" || f[i+1] == "cgroup2") && len(f) > 4 {
+				out = append(out, f[4])
 			}
 		}
-		if sep < 0 || sep+1 >= len(f) || (f[sep+1] != "cgroup" && f[sep+1] != "cgroup2") {
-			continue
+	}
+	return out
+}
+
+// removeStaleCgroups removes the cgroups of rigs whose process is gone.
+func removeStaleCgroups() {
+	for _, m := range cgroupMounts() {
+		entries, _ := os.ReadDir(m)
+		for _, e := range entries {
+			rest, ok := strings.CutPrefix(e.Name(), cgroupPrefix)
+			pid, _, _ := strings.Cut(rest, "-")
+			if !ok || !e.IsDir() || pid == "" {
+				continue
+			}
+			if _, err := os.Stat("/proc/" + pid); errors.Is(err, os.ErrNotExist) {
+				removeCgroups("/" + e.Name())
+			}
 		}
-		top := filepath.Join(f[4], parent)
+	}
+}
+
+// removeCgroups removes a cgroup and those under it, deepest first, from
+// every hierarchy the rig sees; runc leaves those of killed sandboxes behind,
+// and a reboot would not have them. A cgroup that still has processes stays.
+func removeCgroups(parent string) {
+	for _, m := range cgroupMounts() {
+		top := filepath.Join(m, parent)
 		var dirs []string
 		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
