@@ -56,31 +56,43 @@ func (nd *Node) syncOnce(ctx context.Context, pod Pod) (*PodSandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	var ready *PodSandbox
 	for _, s := range sbs {
 		if s.State == runtimeapi.PodSandboxState_SANDBOX_READY {
 			st, err := nd.PodSandboxStatus(ctx, s.Id)
 			if err != nil {
 				return nil, err
 			}
-			return &PodSandbox{ID: s.Id, Pod: pod, UID: s.Metadata.GetUid(), Attempt: s.Metadata.GetAttempt(), IP: st.GetNetwork().GetIp()}, nil
+			ready = &PodSandbox{ID: s.Id, Pod: pod, UID: s.Metadata.GetUid(), Attempt: s.Metadata.GetAttempt(), IP: st.GetNetwork().GetIp()}
+			break
 		}
 	}
-	var errs []error
+	if ready == nil {
+		// The kubelet kills the pod, every sandbox of it, before it makes a new one.
+		var errs []error
+		for _, s := range sbs {
+			if err := nd.StopPodSandbox(ctx, s.Id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return nil, errors.Join(errs...)
+		}
+		if ready, err = nd.RunPodSandbox(ctx, pod); err != nil {
+			return nil, err
+		}
+		if err := nd.MarkRunning(ctx, ready); err != nil {
+			return nil, err
+		}
+	}
+	// Its garbage collector removes the pod's sandboxes that are neither
+	// ready nor its newest (containerd tears their network down once more).
 	for _, s := range sbs {
-		if err := nd.StopPodSandbox(ctx, s.Id); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := nd.RemovePodSandbox(ctx, s.Id); err != nil {
-			errs = append(errs, err)
+		if s.Id != ready.ID && s.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+			if err := nd.RemovePodSandbox(ctx, s.Id); err != nil {
+				return nil, err
+			}
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	sb, err := nd.RunPodSandbox(ctx, pod)
-	if err != nil {
-		return nil, err
-	}
-	return sb, nd.MarkRunning(ctx, sb)
+	return ready, nil
 }

@@ -48,6 +48,7 @@ func TestNode(t *testing.T) {
 	}{
 		{"ThirtyPodsAtOnce", testcni.NodeOptions{}, nodeThirtyPodsAtOnce},
 		{"RebootAPIUnreachableRetriedStopReleases", testcni.NodeOptions{}, nodeRebootAPIUnreachableRetriedStopReleases},
+		{"RebootAPIUnreachableWhereaboutsAloneSwallows", testcni.NodeOptions{}, nodeRebootAPIUnreachableWhereaboutsAloneSwallows},
 		{"RebootSwallowedDelStillReleases", testcni.NodeOptions{SwallowDel: true}, nodeRebootSwallowedDelStillReleases},
 		{"RebootLosingRootNoDelComes", testcni.NodeOptions{}, nodeRebootLosingRootNoDelComes},
 		{"NetworkStatusReadByReconciler", testcni.NodeOptions{}, nodeNetworkStatusReadByReconciler},
@@ -380,6 +381,36 @@ func nodeRebootAPIUnreachableRetriedStopReleases(t *testing.T, e *nodeEnv) {
 		logPool(t, fmt.Sprintf("round %d, new sandboxes (round took %s)", round, time.Since(began).Round(time.Millisecond)), m)
 		liveOnly(t, m, live)
 	}
+}
+
+// The same reboot with whereabouts alone: its DEL cannot reach the pool
+// either, waits for its lease until its one-minute limit, logs the error and
+// reports success, so the stop succeeds, the kubelet does not retry it, and
+// the address stays in the pool with no sandbox: the swallowed DEL that the
+// next test has a wrapper stand in for, to be quick. Here the API server
+// comes back before the kubelet removes the old sandbox, and containerd's
+// DEL at that removal (Multus, its cache consumed, reads the pod and the NAD
+// again) releases it; with the pod deleted meanwhile, or containerd's root
+// lost, no such DEL comes.
+func nodeRebootAPIUnreachableWhereaboutsAloneSwallows(t *testing.T, e *nodeEnv) {
+	m := e.storageNet(t, "whereabouts")
+	pod := e.pod(t, m, "instance-manager")
+	live := e.run(t, []testcni.Pod{pod})
+	e.node.Gate.Cut()
+	require.NoError(t, e.node.Reboot(ctx(t), false))
+	old := e.notReady(t, 1)
+	began := time.Now()
+	require.NoError(t, e.node.StopPodSandbox(ctx(t), old[0]), "whereabouts' DEL reports success")
+	t.Logf("the stop took %s: whereabouts waited for its lease", time.Since(began).Round(time.Millisecond))
+	allocs := logPool(t, "after the stop, the API server unreachable", m)
+	require.Len(t, allocs, 1, "the address stays")
+	assert.Equal(t, live[0].ID, allocs[0].ContainerID)
+	assert.Len(t, oripsOf(t, m.Network, pod.Ref()), 1, "and its reservation")
+
+	require.NoError(t, e.node.Gate.Open())
+	live = e.run(t, []testcni.Pod{pod}) // a new sandbox, then the old one removed
+	logPool(t, "the pod's next sandbox, the old one removed", m)
+	liveOnly(t, m, live)
 }
 
 // A DEL whose pool write whereabouts swallows (the node's `whereabouts`
