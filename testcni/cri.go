@@ -16,9 +16,9 @@ import (
 )
 
 // criTimeout bounds one CRI call: a sandbox's start runs Multus, bridge,
-// host-local, harvester-ipam and whereabouts, which waits up to seconds for
-// its lease when many sandboxes start at once.
-const criTimeout = 2 * time.Minute
+// host-local, harvester-ipam and whereabouts, which waits for its lease, up
+// to two minutes, when many sandboxes start at once on a loaded machine.
+const criTimeout = 3 * time.Minute
 
 // Labels the kubelet puts on a sandbox; containerd reads the pod's identity
 // for CNI_ARGS from the sandbox metadata.

@@ -127,7 +127,7 @@ func (e *nodeEnv) run(t *testing.T, pods []testcni.Pod) []*testcni.PodSandbox {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := e.node.SyncPod(ctx(t), p, 2*time.Minute)
+			s, err := e.node.SyncPod(ctx(t), p, 4*time.Minute)
 			out[i], errs[i] = s.Sandbox, err
 			mu.Lock()
 			failures = append(failures, s.Failures...)
