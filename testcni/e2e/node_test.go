@@ -38,8 +38,7 @@ type nodeEnv struct {
 // the other tests: as a test that runs in turn, it is done before the
 // parallel tests start. Dozens of Multus processes on two cores make
 // Multus' own 250 ms reads of the pod time out, in these scenarios and in
-// the cnitool ones beside them, so the two do not share the CPU. The longest
-// scenarios come first, so that they start first.
+// the cnitool ones beside them, so the two do not share the CPU.
 func TestNode(t *testing.T) {
 	for _, sc := range []struct {
 		name string
