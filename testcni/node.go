@@ -286,11 +286,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
     max_conf_num = 1
-`, nd.Root, nd.Socket, filepath.Join(nd.Dir, "opt"), SandboxImage, nd.BinDir, nd.ConfDir)
+`, nd.Root, nd.Socket, filepath.Join(nd.Dir, "opt"), SandboxImage, mustLook("runc"), nd.BinDir, nd.ConfDir)
 	return writeFile(filepath.Join(nd.Dir, "config.toml"), []byte(conf))
 }
 
