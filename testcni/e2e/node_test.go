@@ -408,7 +408,15 @@ func nodeRebootAPIUnreachableWhereaboutsAloneSwallows(t *testing.T, e *nodeEnv) 
 
 	require.NoError(t, e.node.Gate.Open())
 	live = e.run(t, []testcni.Pod{pod}) // a new sandbox, then the old one removed
-	logPool(t, "the pod's next sandbox, the old one removed", m)
+	allocs = logPool(t, "the pod's next sandbox, the old one removed", m)
+	if e.WB == testcni.V070 && len(allocs) == 2 && strings.Contains(e.multusLog(t), old[0]+": no such file or directory, cannot properly delete") {
+		// On a loaded machine Multus may not read the pod in 2.5 s at these
+		// later DELs either; then it calls no plugin, and v0.7.0 keeps the
+		// address of before: the leak, for good.
+		t.Logf("Multus gave up on the later DELs of %s: whereabouts v0.7.0 alone leaked %s", old[0][:12], allocs)
+		assert.Contains(t, []string{allocs[0].ContainerID, allocs[1].ContainerID}, old[0])
+		return
+	}
 	liveOnly(t, m, live)
 }
 
@@ -505,7 +513,12 @@ func nodeNADDeletedWhilePodsRun(t *testing.T, e *nodeEnv) {
 	require.NoError(t, err)
 	require.NotEmpty(t, removed, "Multus had cached the sandbox")
 	e.stopRemove(t, live[1].ID)
-	assert.Contains(t, e.multusLog(t), "but continue to delete clusterNetwork", "Multus looked the NAD up and failed")
+	// Multus read the pod and failed to get the NAD; or, on a loaded
+	// machine, could not read the pod in 2.5 s. Either way it calls no IPAM.
+	log := e.multusLog(t)
+	if !strings.Contains(log, "but continue to delete clusterNetwork") {
+		assert.Contains(t, log, live[1].ID+": no such file or directory, cannot properly delete", "Multus gave up on the storage network")
+	}
 	held := testcni.Of(mustAllocs(t, m.Network), lost.Ref())
 	require.Len(t, held, 1, "the stop reported success, the address stayed")
 	assert.Equal(t, live[1].ID, held[0].ContainerID)
