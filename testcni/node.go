@@ -147,7 +147,7 @@ func versionIs(out, want string) bool {
 // StartNode starts a node for tenant t: its node object, its CNI bin and
 // conf dirs (Multus with a cluster network of bridge + host-local), its gate
 // to the API server, and containerd with the rig's sandbox image.
-func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (nd *Node, err error) {
+func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Node, err error) {
 	assets, err := r.nodeAssets(ctx)
 	if err != nil {
 		return nil, err
@@ -162,7 +162,7 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (nd *No
 	i := nodeSeq.Add(1)
 	name := t.Node("node")
 	dir := filepath.Join(r.Dir, "nodes", name)
-	nd = &Node{
+	nd := &Node{
 		Name: name, Tenant: t, Whereabouts: opt.Whereabouts, Dir: dir,
 		Root: filepath.Join(dir, "root"), Socket: filepath.Join(dir, "containerd.sock"),
 		BinDir: filepath.Join(dir, "bin"), ConfDir: filepath.Join(dir, "net.d"), VarLibCNI: filepath.Join(dir, "var-lib-cni"),
@@ -173,6 +173,7 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (nd *No
 	defer func() {
 		if err != nil {
 			nd.Close()
+			err = fmt.Errorf("start node %s: %w", name, err)
 		}
 	}()
 	for _, d := range []string{nd.Root, nd.BinDir, nd.ConfDir, nd.VarLibCNI} {
