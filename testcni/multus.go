@@ -39,13 +39,19 @@ var NADResource = schema.GroupVersionResource{Group: "k8s.cni.cncf.io", Version:
 
 // InstallNADCRD installs the NetworkAttachmentDefinition CRD from the Multus
 // module's own deployment manifest (the first document of
-// deployments/multus-daemonset.yml), and waits until it serves.
+// deployments/multus-daemonset.yml), and waits until it serves. tools.sh
+// copies that document beside the Multus binary: the rig runs in a network
+// namespace of its own, where a cold module cache cannot be filled.
 func (r *Rig) InstallNADCRD(ctx context.Context) error {
-	dir, err := moduleDir(ctx, MultusModule)
-	if err != nil {
-		return err
+	manifest := r.Tools["multus-nad-crd"]
+	if _, err := os.Stat(manifest); err != nil {
+		// A cache filled before tools.sh copied the CRD: the module cache may have it.
+		dir, err := moduleDir(ctx, MultusModule)
+		if err != nil {
+			return fmt.Errorf("the NAD CRD: run testcni/tools.sh multus (it copies it to %s): %w", manifest, err)
+		}
+		manifest = filepath.Join(dir, "deployments", "multus-daemonset.yml")
 	}
-	manifest := filepath.Join(dir, "deployments", "multus-daemonset.yml")
 	b, err := os.ReadFile(manifest)
 	if err != nil {
 		return fmt.Errorf("the NAD CRD: %w", err)

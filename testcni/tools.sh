@@ -80,7 +80,8 @@ build_cnitool() {
 
 build_plugins() {
   local p
-  for p in bridge host-local; do
+  # loopback: containerd's CRI plugin sets up each sandbox's lo with it.
+  for p in bridge host-local loopback; do
     local out="$p-$PLUGINS_VERSION"; have "$out" && continue
     log "building $p $PLUGINS_VERSION"
     local d; d=$(newmod "$out")
@@ -116,11 +117,30 @@ build_whereabouts() {
 }
 
 build_multus() {
-  local out="multus-$MULTUS_VERSION"; have "$out" && return 0
-  log "building multus $MULTUS_VERSION"
-  local d; d=$(newmod "$out")
-  (cd "$d" && go get "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@$MULTUS_VERSION")
-  install_bin "$out" "$d" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
+  local out="multus-$MULTUS_VERSION"
+  if ! have "$out"; then
+    log "building multus $MULTUS_VERSION"
+    local d; d=$(newmod "$out")
+    (cd "$d" && go get "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@$MULTUS_VERSION")
+    install_bin "$out" "$d" gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus
+  fi
+  multus_crd
+}
+
+# multus_crd copies the NetworkAttachmentDefinition CRD (the first document of
+# Multus' deployments/multus-daemonset.yml) beside the binary: the rig installs
+# it from there, inside its network namespace, where no module can be fetched.
+multus_crd() {
+  local out="$BIN/multus-$MULTUS_VERSION-nad-crd.yaml"; [[ -s "$out" ]] && return 0
+  local dir
+  dir=$(cd "$SRC" && go mod download -json "gopkg.in/k8snetworkplumbingwg/multus-cni.v4@$MULTUS_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  awk 'BEGIN { RS = "\n---\n" } /kind: CustomResourceDefinition/ { print; exit }' "$dir/deployments/multus-daemonset.yml" >"$out.tmp"
+  if ! grep -q 'name: network-attachment-definitions.k8s.cni.cncf.io' "$out.tmp"; then
+    echo "tools: no NetworkAttachmentDefinition CRD in $dir/deployments/multus-daemonset.yml" >&2
+    rm -f "$out.tmp"; return 1
+  fi
+  mv -f "$out.tmp" "$out"
+  log "copied the NAD CRD of multus $MULTUS_VERSION to $out"
 }
 
 # helm renders and lints install/chart in the tests, as a user would.
@@ -138,10 +158,12 @@ paths() {
   echo "cnitool=$BIN/cnitool-$CNI_VERSION"
   echo "bridge=$BIN/bridge-$PLUGINS_VERSION"
   echo "host-local=$BIN/host-local-$PLUGINS_VERSION"
+  echo "loopback=$BIN/loopback-$PLUGINS_VERSION"
   echo "whereabouts-v0.9.3=$BIN/whereabouts-v0.9.3"
   echo "whereabouts-v0.8.0=$BIN/whereabouts-v0.8.0"
   echo "whereabouts-v0.7.0=$BIN/whereabouts-v0.7.0"
   echo "multus=$BIN/multus-$MULTUS_VERSION"
+  echo "multus-nad-crd=$BIN/multus-$MULTUS_VERSION-nad-crd.yaml"
   echo "helm=$BIN/helm-$HELM_VERSION"
 }
 

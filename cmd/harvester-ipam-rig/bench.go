@@ -82,6 +82,9 @@ func bench(ctx context.Context, rig *testcni.Rig) error {
 	if err := b.latency(ctx, n); err != nil {
 		return err
 	}
+	if err := b.node(ctx); err != nil {
+		return err
+	}
 	if err := b.storm(ctx); err != nil {
 		return err
 	}

@@ -62,5 +62,5 @@ func demo(ctx context.Context, rig *testcni.Rig) error {
 		fmt.Printf("%-40s %d sandboxes, %d address(es) held, %d leaked, %d of 28 usable left\n",
 			titles[j]+":", restarts, held, held-1, 28-len(allocs))
 	}
-	return nil
+	return rebootDemo(ctx, rig)
 }
