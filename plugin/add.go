@@ -60,7 +60,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 
 	earlier := shim.EarlierSandboxes(pod.Ref(), args.ContainerID)
 	for _, pool := range cfg.Pools {
-		if err := p.reclaim(ctx, store, pool.Name, cfg.IPAM.NetworkName, earlier, pod.Ref(), log); err != nil {
+		if err := p.reclaim(ctx, store, cp, pool.Name, cfg.IPAM.NetworkName, earlier, pod.Ref(), log); err != nil {
 			return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", pod.Ref(), pool.Name), err)
 		}
 	}
@@ -107,7 +107,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // sandbox, there is nothing to do now (an entry the cache has not seen yet is
 // released by the next ADD or by the reconciler, never wrongly, since every
 // write reads fresh). Otherwise it plans on a fresh read and releases.
-func (p *Plugin) reclaim(ctx context.Context, store *shim.Store, pool, network string, earlier shim.Picker, podRef string, log *logger) error {
+func (p *Plugin) reclaim(ctx context.Context, store *shim.Store, cp checkpoint.Dir, pool, network string, earlier shim.Picker, podRef string, log *logger) error {
 	cached, err := store.CachedPool(ctx, pool)
 	if err != nil {
 		return err
@@ -119,5 +119,20 @@ func (p *Plugin) reclaim(ctx context.Context, store *shim.Store, pool, network s
 	if err != nil {
 		return err
 	}
-	return p.release(ctx, store, plan, "add", "earlier sandbox of "+podRef, log)
+	if err := p.release(ctx, store, plan, "add", "earlier sandbox of "+podRef, log); err != nil {
+		return err
+	}
+	// An earlier sandbox on this node may never get its DEL (a reboot that
+	// lost containerd's state): its records of this pool are done with.
+	seen := map[string]bool{}
+	for _, e := range plan.Entries {
+		if seen[e.ContainerID] {
+			continue
+		}
+		seen[e.ContainerID] = true
+		if _, err := cp.ForgetPool(e.ContainerID, store.Namespace(), pool); err != nil {
+			log.Errorf("forget the checkpoint of %s: %v", e.ContainerID, err)
+		}
+	}
+	return nil
 }

@@ -573,3 +573,22 @@ func TestErrText(t *testing.T) {
 	assert.Equal(t, "m", errText(&cnitypes.Error{Msg: "m"}))
 	assert.Equal(t, "x", errText(errors.New("x")))
 }
+
+// A sandbox that never got its DEL leaves its checkpoint; once the next
+// sandbox's ADD released its entries, the record is forgotten too, or such
+// records pile up on the node forever (Multus never forwards GC).
+func TestAddForgetsTheRecordsOfWhatItReleased(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.record(t, "old1", "192.168.50.2/24")
+	other := checkpoint.Record{ContainerID: "old1", IfName: "lhnet2", Network: "othernet", PodRef: "longhorn-system/im-a",
+		Kubeconfig: r.kubeconfig(), Namespace: "kube-system", Pools: []checkpoint.Pool{{Name: "10.9.0.0-24", Range: "10.9.0.0/24"}}}
+	require.NoError(t, checkpoint.Dir(r.cpDir).Write(other))
+	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	recs, errs := checkpoint.Dir(r.cpDir).List()
+	require.Empty(t, errs)
+	var left []string
+	for _, rec := range recs {
+		left = append(left, rec.ContainerID+":"+rec.IfName)
+	}
+	assert.ElementsMatch(t, []string{"new:lhnet1", "old1:lhnet2"}, left, "old1's record of this pool is gone; its record of another pool stays")
+}

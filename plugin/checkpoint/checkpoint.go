@@ -276,6 +276,41 @@ func (d Dir) Remove(containerID, ifName string) error {
 	return nil
 }
 
+// ForgetPool removes the records of a container that name a pool (in a
+// namespace): its entries there were released by someone else (the pod's
+// next sandbox), and no DEL may ever come for it. It returns how many it
+// removed; a record that does not read is left alone.
+func (d Dir) ForgetPool(containerID, namespace, pool string) (int, error) {
+	if ValidateContainerID(containerID) != nil {
+		return 0, nil // no file can be named after it: nothing recorded
+	}
+	paths, err := filepath.Glob(filepath.Join(string(d), containerID+":*.json"))
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		r, err := Decode(data)
+		if err != nil || r.ContainerID != containerID || r.Namespace != namespace {
+			continue
+		}
+		for _, pl := range r.Pools {
+			if pl.Name == pool {
+				if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return removed, fmt.Errorf("remove checkpoint %s: %w", p, err)
+				}
+				removed++
+				break
+			}
+		}
+	}
+	return removed, nil
+}
+
 // List returns every record in the directory. Files that do not parse are
 // returned as errors beside the records, so that one bad file hides nothing.
 func (d Dir) List() ([]Record, []error) {

@@ -209,3 +209,32 @@ func TestEveryRecordIsOnDiskBeforeItIsRenamedIntoPlace(t *testing.T) {
 		assert.Equal(t, tt.want, s.log, "durable=%v", tt.durable)
 	}
 }
+
+func TestForgetPool(t *testing.T) {
+	d := Dir(t.TempDir())
+	a := record("a", "lhnet1")
+	b := record("a", "lhnet2")
+	b.Pools = []Pool{{Name: "10.9.0.0-24", Range: "10.9.0.0/24"}}
+	c := record("c", "lhnet1")
+	other := record("a", "lhnet3")
+	other.Namespace = "harvester-system"
+	for _, r := range []Record{a, b, c, other} {
+		require.NoError(t, d.Write(r))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(string(d), "a:junk.json"), []byte("{"), 0o600))
+	n, err := d.ForgetPool("a", "kube-system", "192.168.50.0-24")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	recs, _ := d.List()
+	var left []string
+	for _, r := range recs {
+		left = append(left, r.ContainerID+":"+r.IfName+"@"+r.Namespace)
+	}
+	assert.ElementsMatch(t, []string{"a:lhnet2@kube-system", "c:lhnet1@kube-system", "a:lhnet3@harvester-system"}, left,
+		"only a's record of that pool in that namespace; a record that does not read stays")
+	_, err = os.Stat(filepath.Join(string(d), "a:junk.json"))
+	assert.NoError(t, err)
+	n, err = d.ForgetPool("../x", "kube-system", "192.168.50.0-24")
+	assert.NoError(t, err)
+	assert.Zero(t, n)
+}
