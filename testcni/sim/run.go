@@ -33,7 +33,7 @@ type Options struct {
 
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
-	return Options{Whereabouts: whereabouts, Steps: 24, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute}
+	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute}
 }
 
 // Result is one schedule's outcome.

@@ -166,6 +166,7 @@ func (w *world) startSandbox(a *actor, p *pod) {
 		return
 	}
 	sb.state = sbLive
+	w.s.dirty = true
 	p.phase = podRunning
 	// Multus writes the network-status at the end of ADD (and fails the ADD
 	// when it cannot). Now and then it names only some of the interfaces (a

@@ -45,6 +45,11 @@ type sched struct {
 	steps   int
 	changes map[int]bool
 	lowest  int
+	// envOf is the actor whose environment the process has.
+	envOf *actor
+	// dirty says that something the invariants read changed since the last
+	// check: a write to the API server, or a sandbox changing state.
+	dirty bool
 }
 
 type actor struct {
@@ -107,6 +112,7 @@ var cniVars = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_IFNAME", "CNI_ARGS
 
 // setEnv makes the process's environment the actor's.
 func (a *actor) setEnv() {
+	a.s.envOf = a
 	for _, k := range cniVars {
 		if v, ok := a.env[k]; ok {
 			_ = os.Setenv(k, v)
@@ -168,11 +174,14 @@ func (s *sched) run(until time.Time) bool {
 		}
 		a := s.choose(runnable)
 		s.cur = a
-		a.setEnv()
+		if s.envOf != a {
+			a.setEnv()
+		}
 		a.wake <- struct{}{}
 		<-s.back
 		s.cur = nil
-		if s.check != nil {
+		if s.check != nil && s.dirty {
+			s.dirty = false
 			if bad := s.check(); len(bad) > 0 {
 				s.violations = append(s.violations, bad...)
 				return false

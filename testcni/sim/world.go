@@ -196,6 +196,9 @@ func (w *world) request(c *fake.Call) error {
 		panic(goExit{})
 	}
 	w.stats["requests"]++
+	if c.Verb != "get" && c.Verb != "list" {
+		w.s.dirty = true
+	}
 	if w.quiet || !isProcess(a) {
 		return nil
 	}
