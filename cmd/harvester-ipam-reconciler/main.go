@@ -75,6 +75,17 @@ func main() {
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(args)
+	// A word left over is a typo or a misplaced command: refuse it rather
+	// than run a pass the operator did not ask for.
+	if fs.NArg() > 0 {
+		hint := ""
+		if a := fs.Arg(0); a == "inspect" || a == "unfollow" {
+			hint = " (inspect and unfollow come first)"
+		}
+		fmt.Fprintf(os.Stderr, "harvester-ipam-reconciler: unexpected argument %q%s\n", fs.Arg(0), hint)
+		fs.Usage()
+		os.Exit(2)
+	}
 	if o.need < 0 || (o.need > 0 && !inspect) {
 		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: --need takes a count above 0, with inspect")
 		os.Exit(2)

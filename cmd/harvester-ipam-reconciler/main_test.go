@@ -1,0 +1,61 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The test binary runs as the command when asked, so a test sees exactly
+// what an operator's shell sees: the exit status and stderr.
+func TestMain(m *testing.M) {
+	if os.Getenv("RECONCILER_TEST_RUN_MAIN") == "1" {
+		os.Args = append([]string{"harvester-ipam-reconciler"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func runMain(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "RECONCILER_TEST_RUN_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), string(out)
+	}
+	require.NoError(t, err, "%s", out)
+	return 0, string(out)
+}
+
+// A word the command does not know is refused before anything runs: a
+// mistyped "inspect" must not become a releasing pass.
+func TestStrayArgumentsAreRefused(t *testing.T) {
+	// The kubeconfig does not exist: a command that got past its flags
+	// fails on it (exit 1) without reaching any cluster.
+	kc := "--kubeconfig=" + t.TempDir() + "/missing"
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"inspct", kc}, 2, `unexpected argument "inspct"`},
+		{[]string{kc, "inspect"}, 2, `unexpected argument "inspect" (inspect and unfollow come first)`},
+		{[]string{"--dry-run", "inspect", kc}, 2, `unexpected argument "inspect"`},
+		{[]string{"inspect", kc, "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"--need", "3", kc}, 2, "--need takes a count above 0, with inspect"},
+		{[]string{"--no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
+		{[]string{kc}, 1, "kubeconfig:"},
+		{[]string{"inspect", kc}, 1, "kubeconfig:"},
+	} {
+		code, out := runMain(t, tc.args...)
+		assert.Equal(t, tc.code, code, "%v: %s", tc.args, out)
+		assert.Contains(t, out, tc.says, "%v", tc.args)
+	}
+}
