@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // proc is a server the rig runs, with its log in the rig's directory.
@@ -256,20 +258,16 @@ current-context: rig
 }
 
 func waitFor(ctx context.Context, limit time.Duration, p *proc, ready func() error) error {
-	deadline := time.Now().Add(limit)
 	var last error
-	for time.Now().Before(deadline) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, limit, true, func(context.Context) (bool, error) {
 		if p.exited() {
-			return fmt.Errorf("%s exited while starting; its log ends:\n%s", p.name, p.tail())
+			return false, fmt.Errorf("%s exited while starting; its log ends:\n%s", p.name, p.tail())
 		}
-		if last = ready(); last == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+		last = ready()
+		return last == nil, nil
+	})
+	if err != nil && wait.Interrupted(err) {
+		return errors.Join(fmt.Errorf("%s not ready after %s; its log ends:\n%s", p.name, limit, p.tail()), last)
 	}
-	return errors.Join(fmt.Errorf("%s not ready after %s; its log ends:\n%s", p.name, limit, p.tail()), last)
+	return err
 }

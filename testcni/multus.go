@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
@@ -63,17 +64,15 @@ func (r *Rig) InstallNADCRD(ctx context.Context) error {
 	if err := r.Apply(ctx, crd, false); err != nil {
 		return fmt.Errorf("install the NAD CRD: %w", err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := r.Dynamic.Resource(NADResource).Namespace("default").List(ctx, metav1.ListOptions{Limit: 1})
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the NAD CRD is not served: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = r.Dynamic.Resource(NADResource).Namespace("default").List(ctx, metav1.ListOptions{Limit: 1})
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the NAD CRD is not served: %w (%v)", err, last)
 	}
+	return nil
 }
 
 // moduleDir downloads (or finds in the module cache) one module version,

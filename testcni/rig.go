@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -212,18 +213,16 @@ func (r *Rig) installCRDs(ctx context.Context) error {
 		}
 	}
 	// The CRDs serve once established.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err1 := r.WB.WhereaboutsV1alpha1().IPPools(PoolNamespace).List(ctx, metav1.ListOptions{})
-		_, err2 := r.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(PoolNamespace).List(ctx, metav1.ListOptions{})
-		if err1 == nil && err2 == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("whereabouts CRDs not served: %v %v", err1, err2)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var err1, err2 error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err1 = r.WB.WhereaboutsV1alpha1().IPPools(PoolNamespace).List(ctx, metav1.ListOptions{Limit: 1})
+		_, err2 = r.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(PoolNamespace).List(ctx, metav1.ListOptions{Limit: 1})
+		return err1 == nil && err2 == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("whereabouts CRDs not served: %w (%v; %v)", err, err1, err2)
 	}
+	return nil
 }
 
 // EnsureNamespace creates a namespace if it does not exist.
