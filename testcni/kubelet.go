@@ -96,3 +96,27 @@ func (nd *Node) syncOnce(ctx context.Context, pod Pod) (*PodSandbox, error) {
 	}
 	return ready, nil
 }
+
+// KillPodSandbox does what the kubelet does for a pod that is deleted: it
+// stops the sandbox (CNI DEL) and removes it, and a failed step (a DEL that
+// answered "try again", as a plugin must while the API server cannot be
+// reached) is retried, as the pod worker's next sync would, until timeout.
+func (nd *Node) KillPodSandbox(ctx context.Context, id string, timeout time.Duration) (failures []error, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err = syncBackoff.DelayFunc().Until(ctx, true, false, func(ctx context.Context) (bool, error) {
+		err := nd.StopPodSandbox(ctx, id)
+		if err == nil {
+			err = nd.RemovePodSandbox(ctx, id)
+		}
+		if err != nil {
+			failures = append(failures, err)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return failures, fmt.Errorf("kill sandbox %.12s on %s: %w; %d failures, the last: %v", id, nd.Name, err, len(failures), failures[len(failures)-1])
+	}
+	return failures, nil
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -72,6 +73,14 @@ func createNAD(t *testing.T, ns, name string, labels map[string]string, config s
 	obj.SetLabels(labels)
 	out, err := rig.Dynamic.Resource(testcni.NADResource).Namespace(ns).Create(ctx(t), obj, metav1.CreateOptions{})
 	require.NoError(t, err, "create NAD %s/%s", ns, name)
+	// The rig has no namespace controller: a NAD outlives its namespace, and
+	// every reconciler pass of every later test would read it.
+	t.Cleanup(func() {
+		err := rig.Dynamic.Resource(testcni.NADResource).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete NAD %s/%s: %v", ns, name, err)
+		}
+	})
 	return out
 }
 
@@ -196,8 +205,11 @@ func unfollow(t *testing.T, kubeconfig string, args ...string) run {
 // (resourceVersion unchanged); a labelled NAD whose config does not parse,
 // or has no ipam, is left alone with a Warning Event. `unfollow` then switches
 // every followed NAD back, byte for byte, and leaves the others alone.
+//
+// Not parallel: while its NAD that does not parse exists, a reconciler
+// cannot know the NADs (any NAD may name a pool), and the tests that run
+// one assert on what the NADs say.
 func TestFollowerSwitchesHarvesterNADs(t *testing.T) {
-	t.Parallel()
 	ns := followNamespace(t)
 	storage := map[string]string{storageLabel: settingHash(`{"vlan":50,"clusterNetwork":"mgmt","range":"192.168.50.0/24"}`)}
 	// Harvester's NAD as it really comes: the bridge template, whitespace
