@@ -98,7 +98,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var requests atomic.Int64
-	r, err := newReconciler(o, &requests)
+	r, err := newReconciler(ctx, o, &requests, o.interval > 0 && !inspect)
 	if err != nil {
 		fail(err)
 	}
@@ -130,7 +130,9 @@ func main() {
 	}
 }
 
-func newReconciler(o options, requests *atomic.Int64) (*reconcile.Reconciler, error) {
+// newReconciler connects to the cluster; a loop (watch) reads pods and nodes
+// from informers, a single pass lists them.
+func newReconciler(ctx context.Context, o options, requests *atomic.Int64, watch bool) (*reconcile.Reconciler, error) {
 	var rc *rest.Config
 	var err error
 	if o.kubeconfig != "" {
@@ -162,9 +164,15 @@ func newReconciler(o options, requests *atomic.Int64) (*reconcile.Reconciler, er
 	if err != nil {
 		return nil, err
 	}
+	cluster := reconcile.NewKubeCluster(kube, dyn, 10*time.Second, 500)
+	if watch {
+		if cluster, err = reconcile.NewCachedCluster(ctx, kube, dyn, 10*time.Second, 500, 2*time.Minute); err != nil {
+			return nil, err
+		}
+	}
 	return &reconcile.Reconciler{
 		Store:   shim.New(api, o.namespace, shim.Options{Identity: "harvester-ipam-reconciler/" + hostname()}),
-		Cluster: reconcile.NewKubeCluster(kube, dyn, 10*time.Second, 500),
+		Cluster: cluster,
 		Grace:   o.grace, DryRun: o.dryRun, DeleteOrphanedPools: o.deleteOrphanedPools,
 	}, nil
 }

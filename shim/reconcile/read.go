@@ -16,6 +16,10 @@ import (
 // the pass (nothing can be judged); a failed node list only keeps every
 // node-gone case live.
 func (r *Reconciler) readWorld(ctx context.Context, pools []shim.Pool) (World, error) {
+	return readWorldFrom(ctx, r.Cluster, pools)
+}
+
+func readWorldFrom(ctx context.Context, c Cluster, pools []shim.Pool) (World, error) {
 	nss := map[string]bool{}
 	for _, p := range pools {
 		for _, a := range p.Spec.Allocations {
@@ -32,7 +36,7 @@ func (r *Reconciler) readWorld(ctx context.Context, pools []shim.Pool) (World, e
 
 	w := World{Pods: map[string]*corev1.Pod{}, Nodes: map[string]bool{}}
 	for _, ns := range names {
-		pods, err := r.Cluster.Pods(ctx, ns)
+		pods, err := c.Pods(ctx, ns)
 		if err != nil {
 			return World{}, err
 		}
@@ -41,7 +45,7 @@ func (r *Reconciler) readWorld(ctx context.Context, pools []shim.Pool) (World, e
 			w.Pods[p.Namespace+"/"+p.Name] = p
 		}
 	}
-	nodes, err := r.Cluster.Nodes(ctx)
+	nodes, err := c.Nodes(ctx)
 	if err == nil {
 		w.NodesKnown = true
 		for _, n := range nodes {
@@ -57,8 +61,10 @@ func (r *Reconciler) readWorld(ctx context.Context, pools []shim.Pool) (World, e
 const freshGETs = 20
 
 // freshWorld looks again at the pods (and their nodes) of the due entries,
-// right before they are released.
+// right before they are released, from the API server even when the first
+// look came from a cache.
 func (r *Reconciler) freshWorld(ctx context.Context, due map[string]shim.IPAllocation) (World, error) {
+	fresh := freshOf(r.Cluster)
 	pods := map[string]bool{}
 	for _, a := range due {
 		pods[a.PodRef] = true
@@ -70,7 +76,7 @@ func (r *Reconciler) freshWorld(ctx context.Context, due map[string]shim.IPAlloc
 		}
 		p := shim.Pool{}
 		p.Spec.Allocations = allocs
-		return r.readWorld(ctx, []shim.Pool{p})
+		return readWorldFrom(ctx, fresh, []shim.Pool{p})
 	}
 	refs := make([]string, 0, len(pods))
 	for ref := range pods {
@@ -83,7 +89,7 @@ func (r *Reconciler) freshWorld(ctx context.Context, due map[string]shim.IPAlloc
 		if !ok {
 			continue
 		}
-		pod, err := r.Cluster.Pod(ctx, ns, name)
+		pod, err := fresh.Pod(ctx, ns, name)
 		if err != nil {
 			return World{}, err
 		}
@@ -93,7 +99,7 @@ func (r *Reconciler) freshWorld(ctx context.Context, due map[string]shim.IPAlloc
 		w.Pods[ref] = pod
 		if node := pod.Spec.NodeName; node != "" {
 			if _, done := w.Nodes[node]; !done {
-				exists, err := r.Cluster.Node(ctx, node)
+				exists, err := fresh.Node(ctx, node)
 				if err != nil {
 					w.NodesKnown = false // in doubt: the node may exist
 					continue

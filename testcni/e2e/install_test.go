@@ -238,6 +238,7 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "create", core, "events", "kube-system"}, {reconciler, "patch", core, "events", "kube-system"},
 		{reconciler, "get", core, "pods", "longhorn-system"}, {reconciler, "list", core, "pods", "longhorn-system"},
 		{reconciler, "list", core, "pods", ""}, {reconciler, "get", core, "nodes", ""}, {reconciler, "list", core, "nodes", ""},
+		{reconciler, "watch", core, "pods", ""}, {reconciler, "watch", core, "nodes", ""}, // the loop's informers
 		{reconciler, "get", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"},
 		{reconciler, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
 	}
