@@ -22,15 +22,20 @@ import (
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
-// bencher measures harvester-ipam (delegating to whereabouts v0.8.0) against
-// whereabouts v0.8.0 alone, in one run, on the same API server, by exec'ing
+// bencher measures harvester-ipam (delegating to whereabouts wb) against
+// whereabouts wb alone, in one run, on the same API server, by exec'ing
 // the IPAM binaries as the runtime does (process start included).
 type bencher struct {
 	rig   *testcni.Rig
 	netns string
+	wb    string // the delegate of the sections that compare one
 	seq   int
 	mu    sync.Mutex
 }
+
+// benchDelegates are the whereabouts versions the latency and large-pool
+// sections run on: Harvester's, and the one before it.
+var benchDelegates = []string{testcni.V093, testcni.V080}
 
 type side struct {
 	name  string
@@ -42,8 +47,14 @@ type side struct {
 }
 
 func (b *bencher) sides(rngH, rngW string) (h, w side) {
-	return side{name: "harvester-ipam", bin: b.rig.PluginBinary(), typ: "harvester-ipam", path: b.rig.CNIDir(testcni.V080), rng: rngH},
-		side{name: "whereabouts v0.8.0", bin: b.rig.Tools["whereabouts-v0.8.0"], typ: "whereabouts", path: b.rig.CNIDir(testcni.V080), rng: rngW}
+	return side{name: "harvester-ipam", bin: b.rig.PluginBinary(), typ: "harvester-ipam", path: b.rig.CNIDir(b.wb), rng: rngH},
+		side{name: "whereabouts " + b.wb, bin: b.rig.Tools["whereabouts-"+b.wb], typ: "whereabouts", path: b.rig.CNIDir(b.wb), rng: rngW}
+}
+
+// delegateRange is the /16 10.(base+2k+side).0.0 of the k-th delegate: every
+// delegate's sections have pools of their own.
+func delegateRange(base, k, side int) string {
+	return fmt.Sprintf("10.%d.0.0/16", base+2*k+side)
 }
 
 func (s side) conf(flat string) []byte {
@@ -74,29 +85,36 @@ func bench(ctx context.Context, rig *testcni.Rig) error {
 	if err != nil {
 		return err
 	}
-	b := &bencher{rig: rig, netns: sb.Path}
+	b := &bencher{rig: rig, netns: sb.Path, wb: testcni.V093}
 	host, _ := os.Hostname()
 	fmt.Printf("# harvester-ipam bench\n\n%s, %d CPUs, %s; %s; kube-apiserver v1.37.0 and etcd v3.6.16 on loopback; %d sandboxes\n\n",
 		host, runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02"), n)
 
-	if err := b.latency(ctx, n); err != nil {
-		return err
+	for k, wb := range benchDelegates {
+		b.wb = wb
+		if err := b.latency(ctx, n, k); err != nil {
+			return err
+		}
 	}
 	if err := b.node(ctx); err != nil {
 		return err
 	}
+	b.wb = testcni.V093
 	if err := b.storm(ctx); err != nil {
 		return err
 	}
-	if err := b.largePool(ctx); err != nil {
-		return err
+	for k, wb := range benchDelegates {
+		b.wb = wb
+		if err := b.largePool(ctx, k); err != nil {
+			return err
+		}
 	}
 	return b.reconciler(ctx)
 }
 
 // latency: ADD then DEL of n sandboxes, one at a time, the two sides interleaved.
-func (b *bencher) latency(ctx context.Context, n int) error {
-	h, w := b.sides("10.200.0.0/16", "10.201.0.0/16")
+func (b *bencher) latency(ctx context.Context, n, k int) error {
+	h, w := b.sides(delegateRange(210, k, 0), delegateRange(210, k, 1))
 	var addH, addW, delH, delW []time.Duration
 	var rssH, rssW []int64
 	type sb struct{ id, pod string }
@@ -129,8 +147,8 @@ func (b *bencher) latency(ctx context.Context, n int) error {
 			}
 		}
 	}
-	fmt.Printf("## One sandbox at a time (%d sandboxes, process start included)\n\n", n)
-	fmt.Println("| | harvester-ipam | whereabouts v0.8.0 alone | ratio |")
+	fmt.Printf("## One sandbox at a time, on whereabouts %s (%d sandboxes, process start included)\n\n", b.wb, n)
+	fmt.Printf("| | harvester-ipam -> whereabouts %s | whereabouts %s alone | ratio |\n", b.wb, b.wb)
 	fmt.Println("|---|---|---|---|")
 	row := func(what string, hv, wv []time.Duration) {
 		fmt.Printf("| %s median | %s | %s | %.2fx |\n", what, ms(median(hv)), ms(median(wv)), ratio(median(hv), median(wv)))
@@ -148,6 +166,7 @@ func (b *bencher) latency(ctx context.Context, n int) error {
 func (b *bencher) storm(ctx context.Context) error {
 	const pods, sandboxes = 20, 5
 	h, w := b.sides("10.202.0.0/24", "10.203.0.0/24")
+	h.name = "harvester-ipam -> " + b.wb
 	w7 := side{name: "whereabouts v0.7.0", bin: b.rig.Tools["whereabouts-v0.7.0"], typ: "whereabouts", path: b.rig.CNIDir(testcni.V070), rng: "10.204.0.0/24"}
 	h7 := side{name: "harvester-ipam -> v0.7.0", bin: b.rig.PluginBinary(), typ: "harvester-ipam", path: b.rig.CNIDir(testcni.V070), rng: "10.205.0.0/24"}
 	fmt.Printf("## Crash-loop storm: %d pods at once, each recreated %d times without DEL\n\n", pods, sandboxes)
@@ -186,16 +205,16 @@ func (b *bencher) storm(ctx context.Context) error {
 }
 
 // largePool: 10,000 allocations of other pods in one pool.
-func (b *bencher) largePool(ctx context.Context) error {
+func (b *bencher) largePool(ctx context.Context, k int) error {
 	const size, runs = 10000, 10
-	h, w := b.sides("10.64.0.0/16", "10.65.0.0/16")
+	h, w := b.sides(delegateRange(64, k, 0), delegateRange(64, k, 1))
 	for _, sd := range []side{h, w} {
 		if err := b.fill(ctx, names.Pool(sd.rng, ""), sd.rng, size); err != nil {
 			return err
 		}
 	}
 	// The reclaim step as the plugin runs it, timed by its own debug log.
-	logFile := filepath.Join(b.rig.Dir, "bench-large.log")
+	logFile := filepath.Join(b.rig.Dir, "bench-large-"+b.wb+".log")
 	hd := h
 	hd.extra = fmt.Sprintf(`,"log_level":"debug","log_file":%q`, logFile)
 	var reclaim, reclaimOne, addH, addW []time.Duration
@@ -240,13 +259,13 @@ func (b *bencher) largePool(ctx context.Context) error {
 			}
 		}
 	}
-	fmt.Printf("## A large pool: %d allocations of other pods (%d runs each)\n\n", size, runs)
+	fmt.Printf("## A large pool, on whereabouts %s: %d allocations of other pods (%d runs each)\n\n", b.wb, size, runs)
 	fmt.Println("| | median | p95 | share of harvester-ipam's ADD median |")
 	fmt.Println("|---|---|---|---|")
 	fmt.Printf("| reclaim step, nothing to release (a read from the watch cache) | %s | %s | %.1f%% |\n", ms(median(reclaim)), ms(p95(reclaim)), 100*ratio(median(reclaim), median(addH)))
 	fmt.Printf("| reclaim step, one earlier sandbox (cached read, fresh read, guarded patch) | %s | %s | %.1f%% |\n", ms(median(reclaimOne)), ms(p95(reclaimOne)), 100*ratio(median(reclaimOne), median(addH)))
 	fmt.Printf("| ADD, harvester-ipam | %s | %s | |\n", ms(median(addH)), ms(p95(addH)))
-	fmt.Printf("| ADD, whereabouts v0.8.0 alone | %s | %s | ratio %.2fx |\n\n", ms(median(addW)), ms(p95(addW)), ratio(median(addH), median(addW)))
+	fmt.Printf("| ADD, whereabouts %s alone | %s | %s | ratio %.2fx |\n\n", b.wb, ms(median(addW)), ms(p95(addW)), ratio(median(addH), median(addW)))
 	return nil
 }
 
