@@ -36,6 +36,10 @@ type NodeOptions struct {
 	// SwallowDel makes the node's `whereabouts` a wrapper whose DEL returns
 	// success without touching the pool (see swallowingWhereabouts).
 	SwallowDel bool
+	// RetryDeleteOnError sets Multus' retryDeleteOnError: it keeps its cache
+	// of a sandbox until a DEL of it succeeds (by default it drops the cache
+	// at the first DEL, failed or not).
+	RetryDeleteOnError bool
 }
 
 // Node is a Kubernetes node without its kubelet: containerd (and runc, and
@@ -67,6 +71,7 @@ type Node struct {
 	MultusLog string
 
 	rig           *Rig
+	opt           NodeOptions
 	cgroupParent  string
 	defaultSubnet string
 	bridge        string
@@ -167,7 +172,7 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 		Root: filepath.Join(dir, "root"), Socket: filepath.Join(dir, "containerd.sock"),
 		BinDir: filepath.Join(dir, "bin"), ConfDir: filepath.Join(dir, "net.d"), VarLibCNI: filepath.Join(dir, "var-lib-cni"),
 		Log: filepath.Join(dir, "containerd.log"), MultusLog: filepath.Join(dir, "multus.log"),
-		rig: r, cgroupParent: fmt.Sprintf("/%s%d-%s", cgroupPrefix, os.Getpid(), name),
+		rig: r, opt: opt, cgroupParent: fmt.Sprintf("/%s%d-%s", cgroupPrefix, os.Getpid(), name),
 		defaultSubnet: fmt.Sprintf("10.245.%d.0/24", i%250), bridge: fmt.Sprintf("cni%d", i),
 	}
 	defer func() {
@@ -244,6 +249,7 @@ func (nd *Node) writeMultusConf() error {
 		"binDir":     nd.BinDir,
 		"cniDir":     MultusCacheDir,
 		"logFile":    nd.MultusLog, "logLevel": "verbose",
+		"retryDeleteOnError": nd.opt.RetryDeleteOnError,
 		"delegates": []any{map[string]any{
 			"cniVersion": "0.3.1", "name": "cluster-network", "type": "bridge", "bridge": nd.bridge, "isGateway": true,
 			"ipam": map[string]any{"type": "host-local", "subnet": nd.defaultSubnet},
