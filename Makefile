@@ -35,8 +35,9 @@ IMAGE ?= bin/harvester-ipam-image.tar
 image:
 	$(GO) run ./cmd/harvester-ipam-image -version $(VERSION) -o $(IMAGE)
 
-# The main job on an embedded default: a crash-looping storage-network pod
-# under whereabouts alone and under harvester-ipam, on a local API server.
+# The main job on an embedded default: the leaks whereabouts v0.9.3 alone
+# keeps and harvester-ipam -> v0.9.3 releases (and v0.7.0's crash loop and
+# node reboot), side by side on a local API server; fails if one does not.
 demo: tools
 	$(GO) run ./cmd/harvester-ipam-rig demo
 

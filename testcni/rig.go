@@ -141,6 +141,11 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 			}
 		}
 		r.cniPaths[v] = d
+		// The same, but whereabouts swallows DEL: for networks with SwallowDel.
+		delete(links, "whereabouts")
+		if r.cniPaths[v+swallowDel], err = swallowingCNIDir(d+swallowDel, links, tools["whereabouts-"+v]); err != nil {
+			return nil, err
+		}
 	}
 
 	fmt.Fprintf(progress, "rig: starting etcd and kube-apiserver in %s\n", dir)
@@ -256,6 +261,26 @@ func (r *Rig) Close() {
 	if os.Getenv("HARVESTER_IPAM_RIG_KEEP") == "" {
 		os.RemoveAll(r.Dir)
 	}
+}
+
+// swallowDel keys the CNI_PATH of a version whose whereabouts swallows DEL.
+const swallowDel = "+swallow-del"
+
+// swallowingCNIDir makes dir a CNI_PATH of links whose whereabouts is
+// writeSwallowingWhereabouts' wrapper around wb.
+func swallowingCNIDir(dir string, links map[string]string, wb string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for name, target := range links {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			return "", err
+		}
+	}
+	if err := writeSwallowingWhereabouts(filepath.Join(dir, "whereabouts"), wb); err != nil {
+		return "", fmt.Errorf("swallowing whereabouts in %s: %w", dir, err)
+	}
+	return dir, nil
 }
 
 // PoolName is the IPPool of a network's range.

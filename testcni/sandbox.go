@@ -35,6 +35,10 @@ type Network struct {
 	// LogFile and LogLevel are whereabouts' log_file and log_level, which
 	// harvester-ipam shares.
 	LogFile, LogLevel string
+	// SwallowDel puts on the network's CNI_PATH a whereabouts whose DEL
+	// returns success without touching the pool (writeSwallowingWhereabouts):
+	// whereabouts' own DEL on a storage failure, had on demand.
+	SwallowDel bool
 
 	rig *Rig
 }
@@ -126,6 +130,9 @@ func (n *Network) writeConf(ipam map[string]any) error {
 // cniPath is where cnitool finds the plugins of this network.
 func (n *Network) cniPath() string {
 	p := n.rig.cniPaths[n.Whereabouts]
+	if n.SwallowDel {
+		p = n.rig.cniPaths[n.Whereabouts+swallowDel]
+	}
 	if n.Crashpoints {
 		p = n.rig.crashBin + ":" + p
 	}

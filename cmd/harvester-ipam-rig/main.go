@@ -2,7 +2,7 @@
 // API server, the real whereabouts and bridge plugins, cnitool and network
 // namespaces, all in a network namespace of its own.
 //
-//	harvester-ipam-rig demo    a crash-looping storage-network pod, under whereabouts alone and under harvester-ipam
+//	harvester-ipam-rig demo    the leaks whereabouts v0.9.3 alone keeps (and v0.7.0's crash loop and reboot), beside harvester-ipam
 //	harvester-ipam-rig bench   harvester-ipam against whereabouts alone: latency, storm, large pool, reconciler, RSS
 //	harvester-ipam-rig up      start the rig, print how to reach it, wait for Ctrl-C
 package main
