@@ -145,7 +145,7 @@ func testExhaustionIsSeenAndSaid(t *testing.T, e *env) {
 	p, err := rig.WB.WhereaboutsV1alpha1().IPPools(e.PoolNamespace).Get(c, old.PoolName(), metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Contains(t, p.Annotations, "harvester-ipam.harvesterhci.io/orphaned-since")
-	time.Sleep(grace + 1500*time.Millisecond)
+	sleepPastGrace()
 	out := e.reconcile(t, "--delete-orphaned-pools")
 	t.Logf("pass:\n%s", out)
 	_, err = rig.WB.WhereaboutsV1alpha1().IPPools(e.PoolNamespace).Get(c, old.PoolName(), metav1.GetOptions{})
