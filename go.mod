@@ -6,6 +6,7 @@ replace github.com/gogo/protobuf => github.com/gogo/protobuf v1.3.2
 
 require (
 	github.com/containernetworking/cni v1.3.0
+	github.com/evanphx/json-patch v5.6.0+incompatible
 	github.com/go-logr/logr v1.4.3
 	github.com/k8snetworkplumbingwg/whereabouts v0.8.0
 	github.com/stretchr/testify v1.9.0
@@ -18,7 +19,6 @@ require (
 require (
 	github.com/davecgh/go-spew v1.1.1 // indirect
 	github.com/emicklei/go-restful/v3 v3.11.0 // indirect
-	github.com/evanphx/json-patch v5.6.0+incompatible // indirect
 	github.com/go-openapi/jsonpointer v0.19.6 // indirect
 	github.com/go-openapi/jsonreference v0.20.2 // indirect
 	github.com/go-openapi/swag v0.22.3 // indirect
