@@ -32,6 +32,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"go/build"
 	"io"
 	"os"
 	"os/exec"
@@ -53,6 +54,7 @@ func main() {
 		outDir     = flag.String("out", "", "keep each package's gremlins JSON and log here (default: a temporary dir)")
 		listLived  = flag.Bool("lived", true, "list the mutants that lived or were not covered")
 		moduleRoot = flag.String("root", ".", "the module's root")
+		from       = flag.String("from", "", "tally the gremlins JSON an earlier run kept with -out in this dir, without running gremlins")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: %s [flags] PKGDIR...\n", os.Args[0])
@@ -86,7 +88,12 @@ func main() {
 		pkg = strings.TrimSuffix(strings.TrimPrefix(filepath.ToSlash(filepath.Clean(pkg)), "./"), "/")
 		t0 := time.Now()
 		fmt.Fprintf(os.Stderr, "mutate: %s ...\n", pkg)
-		res, err := unleash(*gremlins, root, pkg, wrapper, dir, *workers, *coeff)
+		var res *result
+		if *from != "" {
+			res, err = readResult(filepath.Join(*from, strings.ReplaceAll(pkg, "/", "_")+".json"))
+		} else {
+			res, err = unleash(*gremlins, root, pkg, wrapper, dir, *workers, *coeff)
+		}
 		check(err)
 		r, err := tally(root, pkg, res, eqs)
 		check(err)
@@ -179,13 +186,17 @@ func unleash(gremlins, root, pkg, wrapper, dir string, workers, coeff int) (*res
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("gremlins on %s: %w (see %s)", pkg, err, logf.Name())
 	}
-	b, err := os.ReadFile(out)
+	return readResult(out)
+}
+
+func readResult(path string) (*result, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	var r result
 	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("gremlins output %s: %w", out, err)
+		return nil, fmt.Errorf("gremlins output %s: %w", path, err)
 	}
 	return &r, nil
 }
@@ -205,6 +216,7 @@ type row struct {
 	pkg                                          string
 	killed, timedOut, lived, notCovered, viable0 int
 	excused                                      int
+	unbuilt                                      map[string]int // file -> mutants, of files outside the default build
 	mutants                                      []mutant
 	elapsed                                      time.Duration
 }
@@ -227,7 +239,7 @@ func (r row) coverage() float64 {
 
 // tally counts the mutants of pkg's own files (not its subpackages').
 func tally(root, pkg string, res *result, eqs *equivalents) (row, error) {
-	r := row{pkg: pkg}
+	r := row{pkg: pkg, unbuilt: map[string]int{}}
 	lines := map[string][]string{}
 	for _, f := range res.Files {
 		name := filepath.ToSlash(f.Filename)
@@ -235,6 +247,16 @@ func tally(root, pkg string, res *result, eqs *equivalents) (row, error) {
 			continue // a subpackage's: measured on its own, if at all
 		}
 		file := pkg + "/" + name
+		// gremlins mutates every .go file, but `go test` builds only those
+		// of the default build: a file behind a build tag (crash_on.go,
+		// `crashpoints`) is not what the unit tests run, so it is not
+		// counted either way, and the table says so.
+		if ok, err := build.Default.MatchFile(filepath.Join(root, pkg), name); err != nil {
+			return r, err
+		} else if !ok {
+			r.unbuilt[file] += len(f.Mutations)
+			continue
+		}
 		src, ok := lines[file]
 		if !ok {
 			b, err := os.ReadFile(filepath.Join(root, file))
@@ -300,6 +322,14 @@ func printTable(w io.Writer, rows []row, minEff, minCov float64) (failed bool) {
 
 func printMutants(w io.Writer, rows []row) {
 	for _, r := range rows {
+		files := make([]string, 0, len(r.unbuilt))
+		for f := range r.unbuilt {
+			files = append(files, f)
+		}
+		sort.Strings(files)
+		for _, f := range files {
+			fmt.Fprintf(w, "  not counted  %s: %d mutants in a file outside the default build (a build tag)\n", f, r.unbuilt[f])
+		}
 		for _, m := range r.mutants {
 			switch {
 			case m.excused != nil:
