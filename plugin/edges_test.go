@@ -85,4 +85,3 @@ func TestCheckNamesAnEntryOfAnotherPod(t *testing.T) {
 		})
 	}
 }
-
