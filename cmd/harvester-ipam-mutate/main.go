@@ -19,7 +19,7 @@
 // too. A `go` wrapper first on PATH narrows that coverage run to `./PKG`, so
 // that a subpackage's files are "not covered" and never run, and the table
 // counts only PKG's own files. Each mutant is then tested by gremlins with
-// `go test PKG`: the package's own tests only.
+// `go test PKG` (the wrapper adds -vet=off): the package's own tests only.
 //
 // Conventions (those of PIT rather than gremlins'): a mutant whose tests time
 // out is counted as killed (the run did not pass), shown in its own column;
@@ -142,11 +142,15 @@ func writeGoWrapper(dir string) (string, error) {
 		return "", err
 	}
 	script := `#!/usr/bin/env bash
-# Written by harvester-ipam-mutate: gremlins measures coverage over ./PKG/...;
-# count only the package's own tests on its own code.
+# Written by harvester-ipam-mutate. gremlins measures coverage over ./PKG/...:
+# count only the package's own tests on its own code. And no vet in a
+# mutant's test run: a mutant is killed by a failing test, not by vet.
 args=("$@")
-if [[ ${1:-} == test && " $* " == *" -coverprofile "* && ${args[-1]} == ./*/... ]]; then
-  args[-1]=${args[-1]%/...}
+if [[ ${1:-} == test ]]; then
+  if [[ " $* " == *" -coverprofile "* && ${args[-1]} == ./*/... ]]; then
+    args[-1]=${args[-1]%/...}
+  fi
+  args=(test -vet=off "${args[@]:1}")
 fi
 exec ` + shellQuote(real) + ` "${args[@]}"
 `
