@@ -79,7 +79,11 @@ func main() {
 		check(err)
 		check(os.MkdirAll(dir, 0o755))
 	}
-	wrapper, err := writeGoWrapper(dir)
+	realGo, err := exec.LookPath("go")
+	check(err)
+	realGo, err = filepath.Abs(realGo)
+	check(err)
+	wrapper, err := writeGoWrapper(dir, realGo)
 	check(err)
 
 	start := time.Now()
@@ -128,15 +132,7 @@ func check(err error) {
 
 // writeGoWrapper writes a `go` that narrows gremlins' coverage run
 // (`go test ... -coverprofile F ./PKG/...`) to the package itself.
-func writeGoWrapper(dir string) (string, error) {
-	real, err := exec.LookPath("go")
-	if err != nil {
-		return "", err
-	}
-	real, err = filepath.Abs(real)
-	if err != nil {
-		return "", err
-	}
+func writeGoWrapper(dir, real string) (string, error) {
 	bin := filepath.Join(dir, "gowrap")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return "", err

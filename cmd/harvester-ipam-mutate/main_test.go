@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -50,4 +53,25 @@ func TestScores(t *testing.T) {
 	assert.InDelta(t, 90.0, r.efficacy(), 0.01)
 	assert.InDelta(t, 100*10/11.0, r.coverage(), 0.01)
 	assert.Equal(t, 100.0, row{}.efficacy())
+}
+
+// The go wrapper narrows gremlins' coverage run to the package and turns
+// vet off in test runs; anything else goes through as it is.
+func TestGoWrapper(t *testing.T) {
+	dir := t.TempDir()
+	// The wrapper over a `go` that prints its arguments.
+	fakeGo := filepath.Join(dir, "fake go")
+	require.NoError(t, os.WriteFile(fakeGo, []byte("#!/bin/sh\necho \"$@\"\n"), 0o755))
+	bin, err := writeGoWrapper(dir, fakeGo)
+	require.NoError(t, err)
+	wrapper := filepath.Join(bin, "go")
+	for _, tt := range []struct{ args, want string }{
+		{"test -cover -coverprofile /tmp/w/coverage ./shim/...", "test -vet=off -cover -coverprofile /tmp/w/coverage ./shim"},
+		{"test -timeout 3s -failfast github.com/x/shim", "test -vet=off -timeout 3s -failfast github.com/x/shim"},
+		{"mod download", "mod download"},
+	} {
+		out, err := exec.Command(wrapper, strings.Fields(tt.args)...).Output()
+		require.NoError(t, err, tt.args)
+		assert.Equal(t, tt.want, strings.TrimSpace(string(out)))
+	}
 }
