@@ -122,7 +122,9 @@ func TestWriteRows(t *testing.T) {
 // failingCluster fails every Event.
 type failingCluster struct{ *cluster }
 
-func (failingCluster) Event(context.Context, *corev1.Event) error { return errors.New("events are forbidden") }
+func (failingCluster) Event(context.Context, *corev1.Event) error {
+	return errors.New("events are forbidden")
+}
 
 // A pass that releases many entries of a pool tells of the first nine one
 // by one and sums up the rest in a tenth Event; Events that cannot be
