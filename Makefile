@@ -63,7 +63,7 @@ fuzz:
 # mutate/equivalent.txt. About MUTATE_TIME on 2 shared cores (docs/testing.md).
 MUTATE_PKGS        ?= conf plugin plugin/checkpoint shim shim/reconcile
 MUTATE_WORKERS     ?= 2
-MUTATE_COEFFICIENT ?= 5
+MUTATE_COEFFICIENT ?= 10
 MUTATE_EFFICACY    ?= 90
 MUTATE_COVERAGE    ?= 85
 mutate:

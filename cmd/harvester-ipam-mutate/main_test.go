@@ -49,8 +49,8 @@ func TestEquivalentsRefuseWhatTheyCannotMatch(t *testing.T) {
 }
 
 func TestScores(t *testing.T) {
-	r := row{killed: 8, timedOut: 1, lived: 1, notCovered: 1}
-	assert.InDelta(t, 90.0, r.efficacy(), 0.01)
+	r := row{killed: 9, timedOut: 3, lived: 1, notCovered: 1, viable0: 2}
+	assert.InDelta(t, 90.0, r.efficacy(), 0.01, "timed out and not viable count in neither")
 	assert.InDelta(t, 100*10/11.0, r.coverage(), 0.01)
 	assert.Equal(t, 100.0, row{}.efficacy())
 }
