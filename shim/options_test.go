@@ -30,7 +30,13 @@ func (c *recClock) Now() time.Time { return c.now }
 func (c *recClock) Sleep(_ context.Context, d time.Duration) error {
 	c.waits = append(c.waits, d)
 	c.now = c.now.Add(d)
-	return c.err
+	if c.err != nil {
+		return c.err
+	}
+	if len(c.waits) > 100000 {
+		return errors.New("test clock: a loop that never ends")
+	}
+	return nil
 }
 
 // spyAPI is the fake API server, and what each request asked for.
