@@ -14,7 +14,7 @@ import (
 func TestEquivalentsMatchByFileMutatorAndSource(t *testing.T) {
 	es, err := parseEquivalents(strings.NewReader(`
 # a comment
-shim/clock.go  CONDITIONALS_BOUNDARY  ` + "`if b.Cap > 0 &&   d > float64(b.Cap) {`" + `  a reason, with ` + "`code`" + ` in it
+shim/clock.go  CONDITIONALS_BOUNDARY  `+"`if b.Cap > 0 &&   d > float64(b.Cap) {`"+`  a reason, with `+"`code`"+` in it
 `), "eq.txt")
 	require.NoError(t, err)
 	require.Len(t, es.list, 1)
