@@ -154,6 +154,9 @@ func TestAReservationThatKeepsChangingIsGivenUp(t *testing.T) {
 	api.Hook = func(c *fake.Call) error {
 		if c.Verb == "delete" && c.Resource == fake.Reservations {
 			deletes++
+			if deletes > 100 {
+				return errors.New("a loop that never ends") // fail now, not at the test binary's timeout
+			}
 			return apierrors.NewConflict(schema.GroupResource{Resource: "overlappingrangeipreservations"}, c.Name, errors.New("changed"))
 		}
 		return nil
@@ -221,4 +224,24 @@ func TestTheLeaseIsKept(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Under the Lease, the pools are listed once to judge every candidate
+// reservation of a release, and again only for one that changed under its
+// delete.
+func TestThePoolsAreListedOnceUnderTheLease(t *testing.T) {
+	s, api, _ := newStore(manyOld(5)...)
+	lists := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "list" && c.Resource == fake.Pools {
+			lists++
+		}
+		return nil
+	}
+	plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current"))
+	require.NoError(t, err)
+	deleted, err := s.ReleaseReservations(context.Background(), plan)
+	require.NoError(t, err)
+	assert.Len(t, deleted, 5)
+	assert.Equal(t, 1, lists)
 }
