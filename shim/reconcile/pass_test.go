@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
 )
 
 func TestClassifyORIPsIsSortedByName(t *testing.T) {
@@ -201,4 +202,30 @@ func (n *nsRecording) Nodes(ctx context.Context) ([]string, error) {
 		return nil, errors.New("refused")
 	}
 	return n.cluster.Nodes(ctx)
+}
+
+// A dry run does not forget the sighting of a reservation backed again.
+func TestADryRunKeepsOrphanSightings(t *testing.T) {
+	f := newFixture(t, running())
+	o := f.api.AllReservations("kube-system")[1]
+	require.Equal(t, "192.168.50.5", o.Name)
+	o.Annotations = map[string]string{OrphanSinceAnnotation: f.now.Format(time.RFC3339)}
+	f.api.Put(&o)
+	f.r.DryRun = true
+	writes := 0
+	f.api.Hook = func(c *fake.Call) error {
+		if c.Verb != "get" && c.Verb != "list" {
+			writes++
+		}
+		return nil
+	}
+	_, err := f.r.Pass(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, writes)
+	assert.Contains(t, f.api.AllReservations("kube-system")[1].Annotations, OrphanSinceAnnotation)
+
+	f.r.DryRun = false
+	_, err = f.r.Pass(context.Background())
+	require.NoError(t, err)
+	assert.NotContains(t, f.api.AllReservations("kube-system")[1].Annotations, OrphanSinceAnnotation, "backed: forgotten")
 }
