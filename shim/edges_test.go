@@ -245,3 +245,38 @@ func TestThePoolsAreListedOnceUnderTheLease(t *testing.T) {
 	assert.Len(t, deleted, 5)
 	assert.Equal(t, 1, lists)
 }
+
+func TestPlanEmpty(t *testing.T) {
+	assert.True(t, shim.Plan{Pool: "p"}.Empty())
+	assert.False(t, shim.Plan{Pool: "p", Entries: []shim.Allocation{{Offset: "1"}}}.Empty())
+}
+
+// A release reads the pool fresh once for each patch of at most 1000
+// removals, and no more.
+func TestEachChunkOfARemovalReadsThePoolOnce(t *testing.T) {
+	for _, n := range []int{1, 1000, 1001} {
+		allocs := map[string]alloc{}
+		for i := 0; i < n; i++ {
+			allocs[strconv.Itoa(2+i)] = alloc{ContainerID: "old", PodRef: "ns/p"}
+		}
+		s, api, _ := newStore(pool("10.0.0.0-16", "10.0.0.0/16", allocs))
+		plan, err := s.Plan(context.Background(), "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "new"))
+		require.NoError(t, err)
+		gets, patches := 0, 0
+		api.Hook = func(c *fake.Call) error {
+			switch {
+			case c.Verb == "get" && c.Resource == fake.Pools:
+				gets++
+			case c.Verb == "patch":
+				patches++
+			}
+			return nil
+		}
+		removed, err := s.RemoveAllocations(context.Background(), plan)
+		require.NoError(t, err)
+		assert.Len(t, removed, n)
+		want := (n + 999) / 1000
+		assert.Equal(t, want, patches, "%d entries", n)
+		assert.Equal(t, want, gets, "%d entries", n)
+	}
+}
