@@ -64,11 +64,12 @@ fuzz:
 MUTATE_PKGS        ?= conf plugin plugin/checkpoint shim shim/reconcile
 MUTATE_WORKERS     ?= 2
 MUTATE_COEFFICIENT ?= 10
+MUTATE_MIN_TIMEOUT ?= 2m
 MUTATE_EFFICACY    ?= 90
 MUTATE_COVERAGE    ?= 85
 mutate:
 	testcni/tools.sh gremlins
 	$(GO) run ./cmd/harvester-ipam-mutate -gremlins "$$(testcni/tools.sh dir)/gremlins-v0.5.0" \
-		-workers $(MUTATE_WORKERS) -timeout-coefficient $(MUTATE_COEFFICIENT) \
+		-workers $(MUTATE_WORKERS) -timeout-coefficient $(MUTATE_COEFFICIENT) -min-timeout $(MUTATE_MIN_TIMEOUT) \
 		-efficacy $(MUTATE_EFFICACY) -coverage $(MUTATE_COVERAGE) \
 		-equivalent mutate/equivalent.txt $(MUTATE_OUT) $(MUTATE_PKGS)

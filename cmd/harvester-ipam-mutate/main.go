@@ -50,6 +50,7 @@ func main() {
 		gremlins   = flag.String("gremlins", "gremlins", "the gremlins v0.5.0 binary")
 		workers    = flag.Int("workers", 2, "gremlins workers (go test runs at once)")
 		coeff      = flag.Int("timeout-coefficient", 10, "a mutant's test run may take this many times the coverage run")
+		minTimeout = flag.Duration("min-timeout", 2*time.Minute, "the least time a mutant's test run is given, however fast the coverage run was")
 		equivFile  = flag.String("equivalent", "mutate/equivalent.txt", "the equivalent mutants")
 		efficacy   = flag.Float64("efficacy", 90, "the lowest test efficacy a package may have (percent)")
 		coverage   = flag.Float64("coverage", 85, "the lowest mutator coverage a package may have (percent)")
@@ -85,7 +86,7 @@ func main() {
 	check(err)
 	realGo, err = filepath.Abs(realGo)
 	check(err)
-	wrapper, err := writeGoWrapper(dir, realGo)
+	wrapper, err := writeGoWrapper(dir, realGo, *minTimeout/time.Duration(*coeff))
 	check(err)
 
 	start := time.Now()
@@ -134,21 +135,39 @@ func check(err error) {
 
 // writeGoWrapper writes a `go` that narrows gremlins' coverage run
 // (`go test ... -coverprofile F ./PKG/...`) to the package itself.
-func writeGoWrapper(dir, real string) (string, error) {
+// writeGoWrapper writes a `go` that narrows gremlins' coverage run to the
+// package itself, turns vet off in test runs, and makes the coverage run last
+// at least minCoverage: gremlins gives each mutant's test run its coverage
+// run's time times the coefficient, and on a loaded machine a fast coverage
+// run would leave a mutant too little time to compile (a timeout that no test
+// caused).
+func writeGoWrapper(dir, real string, minCoverage time.Duration) (string, error) {
 	bin := filepath.Join(dir, "gowrap")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return "", err
 	}
 	script := `#!/usr/bin/env bash
 # Written by harvester-ipam-mutate. gremlins measures coverage over ./PKG/...:
-# count only the package's own tests on its own code. And no vet in a
-# mutant's test run: a mutant is killed by a failing test, not by vet.
+# count only the package's own tests on its own code, and take at least
+# MIN_MS ms (a floor under each mutant's timeout). And no vet in a mutant's
+# test run: a mutant is killed by a failing test, not by vet.
+MIN_MS=` + fmt.Sprint(minCoverage.Milliseconds()) + `
 args=("$@")
 if [[ ${1:-} == test ]]; then
+  cover=0
   if [[ " $* " == *" -coverprofile "* && ${args[-1]} == ./*/... ]]; then
     args[-1]=${args[-1]%/...}
+    cover=1
   fi
   args=(test -vet=off "${args[@]:1}")
+  if (( cover )); then
+    start=$(date +%s%3N)
+    ` + shellQuote(real) + ` "${args[@]}"
+    rc=$?
+    left=$(( MIN_MS - ($(date +%s%3N) - start) ))
+    if (( left > 0 )); then sleep "$(( left / 1000 )).$(printf '%03d' $(( left % 1000 )))"; fi
+    exit $rc
+  fi
 fi
 exec ` + shellQuote(real) + ` "${args[@]}"
 `

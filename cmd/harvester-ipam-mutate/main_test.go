@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,7 +63,7 @@ func TestGoWrapper(t *testing.T) {
 	// The wrapper over a `go` that prints its arguments.
 	fakeGo := filepath.Join(dir, "fake go")
 	require.NoError(t, os.WriteFile(fakeGo, []byte("#!/bin/sh\necho \"$@\"\n"), 0o755))
-	bin, err := writeGoWrapper(dir, fakeGo)
+	bin, err := writeGoWrapper(dir, fakeGo, 300*time.Millisecond)
 	require.NoError(t, err)
 	wrapper := filepath.Join(bin, "go")
 	for _, tt := range []struct{ args, want string }{
@@ -70,8 +71,12 @@ func TestGoWrapper(t *testing.T) {
 		{"test -timeout 3s -failfast github.com/x/shim", "test -vet=off -timeout 3s -failfast github.com/x/shim"},
 		{"mod download", "mod download"},
 	} {
+		start := time.Now()
 		out, err := exec.Command(wrapper, strings.Fields(tt.args)...).Output()
 		require.NoError(t, err, tt.args)
 		assert.Equal(t, tt.want, strings.TrimSpace(string(out)))
+		if strings.Contains(tt.args, "-coverprofile") {
+			assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "the coverage run lasts the floor")
+		}
 	}
 }
