@@ -105,6 +105,9 @@ func main() {
 		r, err := tally(root, pkg, res, eqs)
 		check(err)
 		r.elapsed = time.Since(t0)
+		if *from != "" {
+			r.elapsed = time.Duration(res.ElapsedTime * float64(time.Second))
+		}
 		fmt.Fprintf(os.Stderr, "mutate: %s done in %s\n", pkg, r.elapsed.Round(time.Second))
 		rows = append(rows, r)
 	}
@@ -178,7 +181,8 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 
 // result is gremlins' JSON output (its internal/report OutputResult).
 type result struct {
-	Files []struct {
+	ElapsedTime float64 `json:"elapsed_time"` // seconds, gremlins' own (after coverage)
+	Files       []struct {
 		Filename  string `json:"file_name"`
 		Mutations []struct {
 			Type   string `json:"type"`
