@@ -72,13 +72,26 @@ func (c *clock) Sleep(ctx context.Context, d time.Duration) error {
 		return err
 	}
 	c.now = c.now.Add(d)
+	return runaway(c.now)
+}
+
+// testEpoch is when every test clock starts.
+var testEpoch = time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+
+// runaway fails a wait that takes a test clock a day past its start: no test
+// waits that long, so a loop that waits for ever (a planted bug, say) fails
+// at once instead of hanging until the test binary's timeout.
+func runaway(now time.Time) error {
+	if now.Sub(testEpoch) > 24*time.Hour {
+		return errors.New("test clock: waited more than a day: a loop that never ends")
+	}
 	return nil
 }
 
 func newStore(objs ...any) (*shim.Store, *fake.API, *clock) {
 	api := fake.New()
 	api.Put(objs...)
-	c := &clock{now: time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)}
+	c := &clock{now: testEpoch}
 	s := shim.New(api, ns, shim.Options{
 		Backoff: shim.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 2, Jitter: 1}, Clock: c,
 		Random: func() float64 { return 0.5 }, Identity: "harvester-ipam/test",

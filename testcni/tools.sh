@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]
+#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm|gremlins]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -14,6 +14,8 @@ CNI_VERSION=v1.3.1
 PLUGINS_VERSION=v1.9.1
 MULTUS_VERSION=v4.3.0
 HELM_VERSION=v3.14.4
+# gremlins runs the mutation tests (make mutate); not a rig tool, so `all` skips it.
+GREMLINS_VERSION=v0.5.0
 # The checksum database does not know whereabouts v0.9.3 (Harvester's current
 # chart ships it): its module hash is pinned here and checked on download.
 WHEREABOUTS_V093_SUM=h1:DbI2Xyst/FTZONuZ/O5EjHw/DaddrzSW2g/jmMXxWdQ=
@@ -152,6 +154,15 @@ build_helm() {
   install_bin "$out" "$d" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
+# gremlins plants one bug at a time in the code and runs the unit tests on it (make mutate).
+build_gremlins() {
+  local out="gremlins-$GREMLINS_VERSION"; have "$out" && return 0
+  log "building gremlins $GREMLINS_VERSION"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "github.com/go-gremlins/gremlins@$GREMLINS_VERSION")
+  install_bin "$out" "$d" github.com/go-gremlins/gremlins/cmd/gremlins
+}
+
 paths() {
   echo "etcd=$BIN/etcd-$ETCD_VERSION"
   echo "kube-apiserver=$BIN/kube-apiserver-$KUBE_VERSION"
@@ -165,6 +176,7 @@ paths() {
   echo "multus=$BIN/multus-$MULTUS_VERSION"
   echo "multus-nad-crd=$BIN/multus-$MULTUS_VERSION-nad-crd.yaml"
   echo "helm=$BIN/helm-$HELM_VERSION"
+  echo "gremlins=$BIN/gremlins-$GREMLINS_VERSION"
 }
 
 case "${1:-all}" in
@@ -179,10 +191,11 @@ case "${1:-all}" in
   whereabouts-v0.7.0) build_whereabouts v0.7.0 ;;
   multus) build_multus ;;
   helm) build_helm ;;
+  gremlins) build_gremlins ;;
   all)
     build_cnitool; build_plugins
     build_whereabouts v0.9.3; build_whereabouts v0.8.0; build_whereabouts v0.7.0
     build_etcd; build_kube_apiserver; build_multus; build_helm
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm|gremlins]" >&2; exit 2 ;;
 esac

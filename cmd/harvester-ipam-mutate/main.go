@@ -1,0 +1,475 @@
+// Command harvester-ipam-mutate runs gremlins (mutation testing) over
+// packages one at a time, each against its own unit tests, and prints a table
+// of test efficacy and mutator coverage per package; it fails when a package
+// is below the thresholds. `make mutate` runs it.
+//
+// A mutant that lives because it cannot change behaviour (an equivalent
+// mutant) is listed, with a reason, in the equivalents file
+// (mutate/equivalent.txt). Each line there names a mutant by file, mutator
+// and the source text of its line, so that it still matches when lines move:
+//
+//	shim/clock.go  CONDITIONALS_BOUNDARY  `if b.Cap > 0 && d > float64(b.Cap) {`  reason...
+//
+// An excused mutant is taken out of the counts (it is no bug a test could
+// catch) and the table says how many were; an entry that matches no mutant is
+// reported as stale.
+//
+// How a package is measured: gremlins v0.5.0 gathers coverage with
+// `go test -cover ./PKG/...` and mutates every file under PKG, subpackages
+// too. A `go` wrapper first on PATH narrows that coverage run to `./PKG`, so
+// that a subpackage's files are "not covered" and never run, and the table
+// counts only PKG's own files. Each mutant is then tested by gremlins with
+// `go test PKG` (the wrapper adds -vet=off): the package's own tests only.
+//
+// Conventions (gremlins'): efficacy is killed / (killed + lived), coverage
+// (killed + lived) / (killed + lived + not covered). A mutant whose test run
+// timed out, or that does not compile (not viable), counts in neither, and is
+// shown in its own column: on a loaded machine a slow build times out, and
+// that is no test catching a bug (raise -timeout-coefficient then).
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"go/build"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+func main() {
+	var (
+		gremlins   = flag.String("gremlins", "gremlins", "the gremlins v0.5.0 binary")
+		workers    = flag.Int("workers", 2, "gremlins workers (go test runs at once)")
+		coeff      = flag.Int("timeout-coefficient", 10, "a mutant's test run may take this many times the coverage run")
+		minTimeout = flag.Duration("min-timeout", 2*time.Minute, "the least time a mutant's test run is given, however fast the coverage run was")
+		equivFile  = flag.String("equivalent", "mutate/equivalent.txt", "the equivalent mutants")
+		efficacy   = flag.Float64("efficacy", 90, "the lowest test efficacy a package may have (percent)")
+		coverage   = flag.Float64("coverage", 85, "the lowest mutator coverage a package may have (percent)")
+		outDir     = flag.String("out", "", "keep each package's gremlins JSON and log here (default: a temporary dir)")
+		listLived  = flag.Bool("lived", true, "list the mutants that lived or were not covered")
+		moduleRoot = flag.String("root", ".", "the module's root")
+		from       = flag.String("from", "", "tally the gremlins JSON an earlier run kept with -out in this dir, without running gremlins")
+	)
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: %s [flags] PKGDIR...\n", os.Args[0])
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	root, err := filepath.Abs(*moduleRoot)
+	check(err)
+	eqs, err := readEquivalents(filepath.Join(root, *equivFile))
+	check(err)
+	dir := *outDir
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "harvester-ipam-mutate-")
+		check(err)
+		defer os.RemoveAll(dir)
+	} else {
+		dir, err = filepath.Abs(dir)
+		check(err)
+		check(os.MkdirAll(dir, 0o755))
+	}
+	realGo, err := exec.LookPath("go")
+	check(err)
+	realGo, err = filepath.Abs(realGo)
+	check(err)
+	wrapper, err := writeGoWrapper(dir, realGo, *minTimeout/time.Duration(*coeff))
+	check(err)
+
+	start := time.Now()
+	var rows []row
+	for _, pkg := range flag.Args() {
+		pkg = strings.TrimSuffix(strings.TrimPrefix(filepath.ToSlash(filepath.Clean(pkg)), "./"), "/")
+		t0 := time.Now()
+		fmt.Fprintf(os.Stderr, "mutate: %s ...\n", pkg)
+		var res *result
+		if *from != "" {
+			res, err = readResult(filepath.Join(*from, strings.ReplaceAll(pkg, "/", "_")+".json"))
+		} else {
+			res, err = unleash(*gremlins, root, pkg, wrapper, dir, *workers, *coeff)
+		}
+		check(err)
+		r, err := tally(root, pkg, res, eqs)
+		check(err)
+		r.elapsed = time.Since(t0)
+		if *from != "" {
+			r.elapsed = time.Duration(res.ElapsedTime * float64(time.Second))
+		}
+		fmt.Fprintf(os.Stderr, "mutate: %s done in %s\n", pkg, r.elapsed.Round(time.Second))
+		rows = append(rows, r)
+	}
+
+	failed := printTable(os.Stdout, rows, *efficacy, *coverage)
+	fmt.Printf("\ntotal time %s (workers %d, timeout coefficient %d)\n", time.Since(start).Round(time.Second), *workers, *coeff)
+	if *listLived {
+		printMutants(os.Stdout, rows)
+	}
+	if stale := eqs.stale(rows); len(stale) > 0 {
+		fmt.Printf("\nstale entries in %s (they match no mutant any more; remove or update them):\n", *equivFile)
+		for _, e := range stale {
+			fmt.Printf("  %s:%d: %s %s `%s`\n", *equivFile, e.lineNo, e.file, e.mutator, e.text)
+		}
+	}
+	if failed {
+		fmt.Printf("\nFAIL: a package is below efficacy %.0f%% or mutator coverage %.0f%%\n", *efficacy, *coverage)
+		os.Exit(1)
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mutate:", err)
+		os.Exit(2)
+	}
+}
+
+// writeGoWrapper writes a `go` that narrows gremlins' coverage run
+// (`go test ... -coverprofile F ./PKG/...`) to the package itself.
+// writeGoWrapper writes a `go` that narrows gremlins' coverage run to the
+// package itself, turns vet off in test runs, and makes the coverage run last
+// at least minCoverage: gremlins gives each mutant's test run its coverage
+// run's time times the coefficient, and on a loaded machine a fast coverage
+// run would leave a mutant too little time to compile (a timeout that no test
+// caused).
+func writeGoWrapper(dir, real string, minCoverage time.Duration) (string, error) {
+	bin := filepath.Join(dir, "gowrap")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return "", err
+	}
+	script := `#!/usr/bin/env bash
+# Written by harvester-ipam-mutate. gremlins measures coverage over ./PKG/...:
+# count only the package's own tests on its own code, and take at least
+# MIN_MS ms (a floor under each mutant's timeout). And no vet in a mutant's
+# test run: a mutant is killed by a failing test, not by vet.
+MIN_MS=` + fmt.Sprint(minCoverage.Milliseconds()) + `
+args=("$@")
+if [[ ${1:-} == test ]]; then
+  cover=0
+  if [[ " $* " == *" -coverprofile "* && ${args[-1]} == ./*/... ]]; then
+    args[-1]=${args[-1]%/...}
+    cover=1
+  fi
+  args=(test -vet=off "${args[@]:1}")
+  if (( cover )); then
+    start=$(date +%s%3N)
+    ` + shellQuote(real) + ` "${args[@]}"
+    rc=$?
+    left=$(( MIN_MS - ($(date +%s%3N) - start) ))
+    if (( left > 0 )); then sleep "$(( left / 1000 )).$(printf '%03d' $(( left % 1000 )))"; fi
+    exit $rc
+  fi
+fi
+exec ` + shellQuote(real) + ` "${args[@]}"
+`
+	return bin, os.WriteFile(filepath.Join(bin, "go"), []byte(script), 0o755)
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// result is gremlins' JSON output (its internal/report OutputResult).
+type result struct {
+	ElapsedTime float64 `json:"elapsed_time"` // seconds, gremlins' own (after coverage)
+	Files       []struct {
+		Filename  string `json:"file_name"`
+		Mutations []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+			Line   int    `json:"line"`
+			Column int    `json:"column"`
+		} `json:"mutations"`
+	} `json:"files"`
+}
+
+func unleash(gremlins, root, pkg, wrapper, dir string, workers, coeff int) (*result, error) {
+	safe := strings.ReplaceAll(pkg, "/", "_")
+	out := filepath.Join(dir, safe+".json")
+	logf, err := os.Create(filepath.Join(dir, safe+".log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(gremlins, "unleash",
+		"--workers", fmt.Sprint(workers),
+		"--timeout-coefficient", fmt.Sprint(coeff),
+		"-o", out)
+	cmd.Dir = filepath.Join(root, pkg)
+	cmd.Env = append(os.Environ(), "PATH="+wrapper+string(os.PathListSeparator)+os.Getenv("PATH"), "NO_COLOR=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("gremlins on %s: %w (see %s)", pkg, err, logf.Name())
+	}
+	return readResult(out)
+}
+
+func readResult(path string) (*result, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r result
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("gremlins output %s: %w", path, err)
+	}
+	return &r, nil
+}
+
+// mutant is one of a package's mutants.
+type mutant struct {
+	file    string // module-relative, slash-separated
+	line    int
+	column  int
+	mutator string
+	status  string
+	text    string // the line's source, trimmed
+	excused *equivalent
+}
+
+type row struct {
+	pkg                                          string
+	killed, timedOut, lived, notCovered, viable0 int
+	excused                                      int
+	unbuilt                                      map[string]int // file -> mutants, of files outside the default build
+	mutants                                      []mutant
+	elapsed                                      time.Duration
+}
+
+func (r row) caught() int { return r.killed }
+
+func (r row) efficacy() float64 {
+	if n := r.caught() + r.lived; n > 0 {
+		return 100 * float64(r.caught()) / float64(n)
+	}
+	return 100
+}
+
+func (r row) coverage() float64 {
+	if n := r.caught() + r.lived + r.notCovered; n > 0 {
+		return 100 * float64(r.caught()+r.lived) / float64(n)
+	}
+	return 100
+}
+
+// tally counts the mutants of pkg's own files (not its subpackages').
+func tally(root, pkg string, res *result, eqs *equivalents) (row, error) {
+	r := row{pkg: pkg, unbuilt: map[string]int{}}
+	lines := map[string][]string{}
+	for _, f := range res.Files {
+		name := filepath.ToSlash(f.Filename)
+		if strings.Contains(name, "/") {
+			continue // a subpackage's: measured on its own, if at all
+		}
+		file := pkg + "/" + name
+		// gremlins mutates every .go file, but `go test` builds only those
+		// of the default build: a file behind a build tag (crash_on.go,
+		// `crashpoints`) is not what the unit tests run, so it is not
+		// counted either way, and the table says so.
+		if ok, err := build.Default.MatchFile(filepath.Join(root, pkg), name); err != nil {
+			return r, err
+		} else if !ok {
+			r.unbuilt[file] += len(f.Mutations)
+			continue
+		}
+		src, ok := lines[file]
+		if !ok {
+			b, err := os.ReadFile(filepath.Join(root, file))
+			if err != nil {
+				return r, err
+			}
+			src = strings.Split(string(b), "\n")
+			lines[file] = src
+		}
+		for _, m := range f.Mutations {
+			mu := mutant{file: file, line: m.Line, column: m.Column, mutator: m.Type, status: m.Status}
+			if m.Line >= 1 && m.Line <= len(src) {
+				mu.text = strings.TrimSpace(src[m.Line-1])
+			}
+			if e := eqs.match(mu); e != nil {
+				mu.excused = e
+				r.excused++
+				r.mutants = append(r.mutants, mu)
+				continue
+			}
+			switch m.Status {
+			case "KILLED":
+				r.killed++
+			case "TIMED OUT":
+				r.timedOut++
+			case "LIVED":
+				r.lived++
+			case "NOT COVERED":
+				r.notCovered++
+			case "NOT VIABLE":
+				r.viable0++
+			}
+			r.mutants = append(r.mutants, mu)
+		}
+	}
+	sort.Slice(r.mutants, func(i, j int) bool {
+		a, b := r.mutants[i], r.mutants[j]
+		if a.file != b.file {
+			return a.file < b.file
+		}
+		if a.line != b.line {
+			return a.line < b.line
+		}
+		return a.column < b.column
+	})
+	return r, nil
+}
+
+func printTable(w io.Writer, rows []row, minEff, minCov float64) (failed bool) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "package\tkilled\ttimed out\tlived\tnot covered\tnot viable\texcused\tefficacy\tcoverage\ttime\t\t")
+	for _, r := range rows {
+		verdict := "ok"
+		if r.efficacy() < minEff || r.coverage() < minCov {
+			verdict, failed = "BELOW", true
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f%%\t%.1f%%\t%s\t%s\t\n", r.pkg, r.killed, r.timedOut, r.lived,
+			r.notCovered, r.viable0, r.excused, r.efficacy(), r.coverage(), r.elapsed.Round(time.Second), verdict)
+	}
+	tw.Flush()
+	return failed
+}
+
+func printMutants(w io.Writer, rows []row) {
+	for _, r := range rows {
+		files := make([]string, 0, len(r.unbuilt))
+		for f := range r.unbuilt {
+			files = append(files, f)
+		}
+		sort.Strings(files)
+		for _, f := range files {
+			fmt.Fprintf(w, "  not counted  %s: %d mutants in a file outside the default build (a build tag)\n", f, r.unbuilt[f])
+		}
+		for _, m := range r.mutants {
+			switch {
+			case m.excused != nil:
+				fmt.Fprintf(w, "  excused      %s:%d:%d %s `%s`: %s\n", m.file, m.line, m.column, m.mutator, m.text, m.excused.reason)
+			case m.status == "LIVED" || m.status == "NOT COVERED":
+				fmt.Fprintf(w, "  %-12s %s:%d:%d %s `%s`\n", strings.ToLower(m.status), m.file, m.line, m.column, m.mutator, m.text)
+			}
+		}
+	}
+}
+
+// equivalent is one line of the equivalents file.
+type equivalent struct {
+	lineNo  int
+	file    string
+	mutator string
+	text    string
+	reason  string
+	used    int
+}
+
+type equivalents struct{ list []*equivalent }
+
+// readEquivalents reads lines of the form
+//
+//	FILE  MUTATOR  `SOURCE LINE, TRIMMED`  REASON
+//
+// Blank lines and lines starting with # are skipped. The source text is
+// compared after trimming and collapsing runs of blanks.
+func readEquivalents(path string) (*equivalents, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return &equivalents{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parseEquivalents(f, path)
+}
+
+func parseEquivalents(r io.Reader, path string) (*equivalents, error) {
+	var out equivalents
+	sc := bufio.NewScanner(r)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		e, err := parseEquivalent(line)
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		e.lineNo = n
+		out.list = append(out.list, e)
+	}
+	return &out, sc.Err()
+}
+
+func parseEquivalent(line string) (*equivalent, error) {
+	fields := strings.Fields(line)
+	if len(fields) < 3 {
+		return nil, fmt.Errorf("want FILE MUTATOR `SOURCE` REASON, got %q", line)
+	}
+	e := &equivalent{file: fields[0], mutator: fields[1]}
+	open := strings.Index(line, "`")
+	end := -1
+	if open >= 0 {
+		if i := strings.Index(line[open+1:], "`"); i >= 0 {
+			end = open + 1 + i
+		}
+	}
+	if open < 0 || end < 0 {
+		return nil, fmt.Errorf("the source line must be quoted in backquotes: %q", line)
+	}
+	e.text = normalise(line[open+1 : end])
+	e.reason = strings.TrimSpace(line[end+1:])
+	if e.text == "" || e.reason == "" {
+		return nil, fmt.Errorf("an entry needs a source line and a reason: %q", line)
+	}
+	return e, nil
+}
+
+func normalise(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func (es *equivalents) match(m mutant) *equivalent {
+	for _, e := range es.list {
+		if e.file == m.file && e.mutator == m.mutator && e.text == normalise(m.text) {
+			e.used++
+			return e
+		}
+	}
+	return nil
+}
+
+// stale are the entries of the packages measured that matched no mutant.
+func (es *equivalents) stale(rows []row) []*equivalent {
+	measured := map[string]bool{}
+	for _, r := range rows {
+		measured[r.pkg] = true
+	}
+	var out []*equivalent
+	for _, e := range es.list {
+		if e.used == 0 && measured[pathDir(e.file)] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func pathDir(file string) string {
+	if i := strings.LastIndex(file, "/"); i >= 0 {
+		return file[:i]
+	}
+	return "."
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# behaviours.sh plants, one at a time on a scratch copy of the module, each
+# bug of issue 15's six (and the racing writers' reconciler), and runs the
+# test that must catch it: each must FAIL with its bug planted, and pass
+# without. It never touches the work tree. docs/testing.md has the results.
+#
+#   mutate/behaviours.sh            # all
+#   mutate/behaviours.sh 3 5        # some, by number
+set -uo pipefail
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+root=$(cd "$(dirname "$0")/.." && pwd)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+want=" $* "
+fail=0
+
+# plant NUMBER WHAT FILE PERL-SUBSTITUTION (perl -0pe) PACKAGE TEST-REGEX
+plant() {
+  local num=$1 what=$2 file=$3 expr=$4 pkg=$5 test=$6
+  if [[ $want != "  " && $want != *" ${num%[ab]} "* && $want != *" $num "* ]]; then return; fi
+  rm -rf "$scratch/m" && mkdir -p "$scratch/m"
+  (cd "$root" && tar --exclude=./.git --exclude=./bin -cf - .) | tar -C "$scratch/m" -xf -
+  if ! (cd "$scratch/m" && go test -count=1 -run "$test" "$pkg" >/dev/null 2>&1); then
+    row "$num" "$what" "FAILS CLEAN" "$test"; fail=1; return
+  fi
+  if ! perl -0pi -e "$expr" "$scratch/m/$file" || cmp -s "$root/$file" "$scratch/m/$file"; then
+    row "$num" "$what" "NOT PLANTED" "$file: the substitution matched nothing"; fail=1; return
+  fi
+  local out
+  if out=$(cd "$scratch/m" && go test -count=1 -run "$test" "$pkg" 2>&1); then
+    row "$num" "$what" "MISSED" "$test"; fail=1
+  elif grep -q -e '\[build failed\]' -e 'setup failed' <<<"$out"; then
+    row "$num" "$what" "NO BUILD" "$test"; fail=1
+    grep -m5 -e '\.go:[0-9]' <<<"$out" | sed 's/^/       /'
+  else
+    row "$num" "$what" "caught" "$test"
+  fi
+}
+row() { printf '%-4s %-66s %-8s %s\n' "$@"; }
+
+row "#" "bug planted" "result" "test"
+plant 1a 'ADD writes its checkpoint after the delegate, not before' plugin/add.go \
+  's#(\tif err := cp\.Write\(rec\); err != nil \{\n.*?\n\t\}\n)(.*?p\.at\("add-after-delegate"\)\n)#$2$1#s' \
+  ./plugin '^TestAddThatDiesAfterTheDelegateIsReleasedByADelWithTheNADGone$'
+plant 1b '(the same bug)' plugin/add.go \
+  's#(\tif err := cp\.Write\(rec\); err != nil \{\n.*?\n\t\}\n)(.*?p\.at\("add-after-delegate"\)\n)#$2$1#s' \
+  ./plugin '^TestAddRecordsTheAttachmentBeforeItDelegates$'
+plant 2 'the reconciler releases without its fresh look' shim/reconcile/reconciler.go \
+  's#stillStale\(due, fresh, sb\)#func() shim.Picker { _, _ = fresh, sb; return shim.Exactly(due) }()#' \
+  ./shim/reconcile '^TestPassKeepsWhatCameBackToLife$'
+plant 3a 'a sighting is reused after its entry changed hands (the pass)' shim/reconcile/reconciler.go \
+  's#if !ok \|\| s\.holder != holderOf\(v\.ContainerID\) \{#if !ok {#' \
+  ./shim/reconcile '^TestSightingRestartsWhenTheEntryChangesHands$'
+plant 3b 'a sighting is kept after its entry changed hands (the write)' shim/reconcile/reconciler.go \
+  's#ok && holderOf\(a\.ContainerID\) == s\.holder \{#ok && a.ContainerID == a.ContainerID {#' \
+  ./shim/reconcile '^TestSightingIsForgottenWhenTheEntryChangesHandsUnderTheWrite$'
+plant 4 'GC removes a checkpoint even when releasing its allocation failed' plugin/gc.go \
+  's#(failures = append\(failures, fmt\.Sprintf\("%s/%s: %v", rec\.ContainerID, rec\.IfName, err\)\))\n\t\t\tcontinue\n#$1\n#' \
+  ./plugin '^TestGC$'
+plant 5a 'DEL looks in the kubeconfig namespace, not the checkpoint one' plugin/del.go \
+  's#add\(poolRef\{rec\.Namespace, #add(poolRef{store.Namespace(), #' \
+  ./plugin '^TestDelReleasesInTheCheckpointsNamespace$'
+plant 5b 'DEL releases in the kubeconfig namespace, not the checkpoint one' plugin/del.go \
+  's#s := store\.In\(plan\.namespace\)#s := store#' \
+  ./plugin '^TestDelReleasesInTheCheckpointsNamespace$'
+plant 6 'the sighting patch without its resourceVersion test' shim/store.go \
+  's#(_, err = s\.api\.PatchPool\(cctx, s\.namespace, pool, )setAnnotation\(p\.ResourceVersion, p\.Annotations, key, want\)\)#$1Patch{ops: setAnnotation(p.ResourceVersion, p.Annotations, key, want).ops[1:]})#' \
+  ./shim/reconcile '^TestSightingsAreAGuardedWrite$'
+exit $fail

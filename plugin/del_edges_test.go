@@ -1,0 +1,129 @@
+package plugin
+
+import (
+	"errors"
+	"testing"
+
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+// DEL fails, so that the runtime retries, wherever the store fails it, and
+// says what it was doing; the checkpoint stays for the retry.
+func TestDelSaysWhichStepTheStoreFailed(t *testing.T) {
+	refused := errors.New("etcdserver: request timed out")
+	for _, tt := range []struct {
+		name    string
+		prepare func(t *testing.T, r *rig)
+		stdin   func(r *rig) []byte
+		fail    func(c *fake.Call) bool
+		wantMsg string
+	}{{
+		name:    "no pool named anywhere: the search of every pool",
+		stdin:   func(r *rig) []byte { return r.rangelessConfig() },
+		fail:    func(c *fake.Call) bool { return c.Verb == "list" && c.Resource == fake.Pools },
+		wantMsg: "find old1/lhnet1 in the pools of kube-system: list pools in kube-system: etcdserver: request timed out",
+	}, {
+		name: "the entry is gone, its reservation is left: judging it",
+		prepare: func(t *testing.T, r *rig) {
+			p := r.api.Pool("kube-system", poolName)
+			delete(p.Spec.Allocations, "2")
+			_, err := r.api.UpdatePool("kube-system", p)
+			require.NoError(t, err)
+			r.record(t, "old1", "192.168.50.2/24")
+		},
+		stdin:   func(r *rig) []byte { return r.config("0.3.1", "") },
+		fail:    func(c *fake.Call) bool { return c.Resource == fake.Reservations },
+		wantMsg: "release the reservations of old1: get reservation kube-system/192.168.50.2: etcdserver: request timed out",
+	}} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			if tt.prepare != nil {
+				tt.prepare(t, r)
+			}
+			r.api.Hook = func(c *fake.Call) error {
+				if tt.fail(c) {
+					return refused
+				}
+				return nil
+			}
+			err := r.p.Del(args(t, "old1", "lhnet1", "", tt.stdin(r)))
+			assert.Equal(t, cnitypes.ErrTryAgainLater, cniCode(t, err))
+			assert.Equal(t, tt.wantMsg, err.(*cnitypes.Error).Msg)
+			assert.Contains(t, r.orips(), "192.168.50.2=longhorn-system/im-a", "the reservation stays until a DEL succeeds")
+		})
+	}
+}
+
+// A delegate whose DEL fails is logged, and DEL releases directly; a DEL
+// that goes well logs no error at all.
+func TestDelReleasesDirectlyWhenTheDelegateFails(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		fail      bool
+		wantInLog string
+	}{
+		{"the delegate works", false, ""},
+		{"the delegate fails", true, "[error] harvester-ipam DEL old1: whereabouts DEL: lease timeout; releasing directly"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			r.record(t, "old1", "192.168.50.2/24")
+			r.del.Before = func(verb string) error {
+				if tt.fail && verb == "DEL" {
+					return &cnitypes.Error{Code: cnitypes.ErrTryAgainLater, Msg: "lease timeout"}
+				}
+				return nil
+			}
+			require.NoError(t, r.p.Del(args(t, "old1", "lhnet1", podArgs, r.config("0.3.1", ""))))
+			assert.Equal(t, []string{"DEL whereabouts"}, r.calls())
+			assert.NotContains(t, r.pool(), "2", "released")
+			assert.NotContains(t, r.orips(), "192.168.50.2=longhorn-system/im-a")
+			_, ok, err := checkpoint.Dir(r.cpDir).Read("old1", "lhnet1")
+			require.NoError(t, err)
+			assert.False(t, ok, "forgotten")
+			if tt.wantInLog == "" {
+				assert.NotContains(t, r.log.String(), "[error]")
+			} else {
+				assert.Contains(t, r.log.String(), tt.wantInLog)
+			}
+		})
+	}
+}
+
+// A checkpoint may name several pools (ipRanges): a DEL that finds nothing
+// left in any judges the reservations of its recorded addresses in each, by
+// range.
+func TestDelFinishesLeftReservationsInEveryRecordedPool(t *testing.T) {
+	second := ipamPool(map[string]alloc{})
+	second.Name, second.Spec.Range = "10.1.0.0-24", "10.1.0.0/24"
+	objs := append(crashLoopedPool(), second, oripObj("10.1.0.7", "longhorn-system/im-a"))
+	delete(objs[0].(*shim.Pool).Spec.Allocations, "2")
+	r := newRig(t, objs...)
+	require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "old1", IfName: "lhnet1", Network: "storagenetwork",
+		PodRef: "longhorn-system/im-a", Kubeconfig: r.kubeconfig(), Namespace: "kube-system",
+		Pools: []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}, {Name: "bad", Range: "not a range"}, {Name: "10.1.0.0-24", Range: "10.1.0.0/24"}},
+		IPs:   []string{"192.168.50.2/24", "10.1.0.7/24"}}))
+	require.NoError(t, r.p.Del(args(t, "old1", "lhnet1", "", r.goneConfig())))
+	assert.NotContains(t, r.orips(), "192.168.50.2=longhorn-system/im-a")
+	assert.NotContains(t, r.orips(), "10.1.0.7=longhorn-system/im-a", "the second pool's too")
+	assert.Contains(t, r.orips(), "192.168.50.3=longhorn-system/im-a", "another sandbox's stays")
+	assert.NotContains(t, r.log.String(), "[error]")
+}
+
+// GC that releases what it should logs no error.
+func TestGCThatWorksLogsNoError(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.record(t, "old1", "192.168.50.2/24")
+	c := r.config("1.1.0", "")
+	require.NoError(t, r.p.GC(args(t, "", "", "", append(c[:len(c)-1], []byte(`,"cni.dev/valid-attachments":[]}`)...))))
+	assert.NotContains(t, r.pool(), "2")
+	recs, _ := checkpoint.Dir(r.cpDir).List()
+	assert.Empty(t, recs)
+	assert.NotContains(t, r.log.String(), "[error]")
+}

@@ -1,0 +1,127 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"testing"
+
+	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/client/clientset/versioned/fake"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// The API on a real server is a thin translation to client-go: what each
+// call asks the server for.
+func TestKubeAPIAsksTheServerForWhatItSays(t *testing.T) {
+	pool := &Pool{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.0-24", Namespace: "kube-system"}}
+	pool.Spec.Range = "192.168.50.0/24"
+	pool.Spec.Allocations = map[string]IPAllocation{"4": {ContainerID: "c", PodRef: "ns/p"}}
+	orip := &Reservation{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.4", Namespace: "kube-system", UID: "u1", ResourceVersion: "7"}}
+	wb := wbfake.NewSimpleClientset(pool, orip)
+	kube := k8sfake.NewSimpleClientset()
+	var actions []k8stesting.Action
+	record := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		actions = append(actions, a)
+		return false, nil, nil
+	}
+	wb.PrependReactor("*", "*", record)
+	kube.PrependReactor("*", "*", record)
+	api := &kubeAPI{wb: wb.WhereaboutsV1alpha1(), lease: kube.CoordinationV1()}
+	ctx := context.Background()
+
+	got, err := api.GetPool(ctx, "kube-system", pool.Name, Fresh)
+	require.NoError(t, err)
+	assert.Equal(t, pool.Spec, got.Spec)
+	_, err = api.GetPool(ctx, "kube-system", pool.Name, Cache)
+	require.NoError(t, err)
+	ps, next, err := api.ListPools(ctx, "kube-system", Page{Limit: 3, Continue: "c1"})
+	require.NoError(t, err)
+	assert.Len(t, ps, 1)
+	assert.Equal(t, "", next)
+	_, err = api.PatchPool(ctx, "kube-system", pool.Name, Guarded("x", PatchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{"a": "b"}}))
+	assert.Error(t, err, "the resourceVersion test fails: the patch is sent as a JSON patch")
+	os, _, err := api.ListReservations(ctx, "kube-system", Page{Limit: 2})
+	require.NoError(t, err)
+	assert.Len(t, os, 1)
+	o, err := api.GetReservation(ctx, "kube-system", orip.Name)
+	require.NoError(t, err)
+	assert.Equal(t, orip.Name, o.Name)
+	_, err = api.PatchReservation(ctx, "kube-system", orip.Name, Guarded("7", PatchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{"a": "b"}}))
+	require.NoError(t, err)
+	require.NoError(t, api.DeleteReservation(ctx, "kube-system", orip.Name, Preconditions{UID: "u1", ResourceVersion: "7"}))
+	_, err = api.GetLease(ctx, "kube-system", "whereabouts")
+	assert.True(t, apierrors.IsNotFound(err))
+	l, err := api.CreateLease(ctx, &Lease{ObjectMeta: metav1.ObjectMeta{Name: "whereabouts", Namespace: "kube-system"}})
+	require.NoError(t, err)
+	_, err = api.UpdateLease(ctx, l)
+	require.NoError(t, err)
+
+	require.Len(t, actions, 11)
+	get := func(i int) k8stesting.GetActionImpl { return actions[i].(k8stesting.GetActionImpl) }
+	list := func(i int) k8stesting.ListActionImpl { return actions[i].(k8stesting.ListActionImpl) }
+	assert.Equal(t, "ippools", get(0).GetResource().Resource)
+	assert.Equal(t, "192.168.50.0-24", get(0).GetName())
+	assert.Equal(t, "kube-system", get(0).GetNamespace())
+	assert.Equal(t, "ippools", get(1).GetResource().Resource)
+	assert.Equal(t, "ippools", list(2).GetResource().Resource)
+	patch := actions[3].(k8stesting.PatchActionImpl)
+	assert.Equal(t, types.JSONPatchType, patch.GetPatchType())
+	var ops []map[string]any
+	require.NoError(t, json.Unmarshal(patch.GetPatch(), &ops))
+	assert.Equal(t, "test", ops[0]["op"])
+	assert.Equal(t, "overlappingrangeipreservations", list(4).GetResource().Resource)
+	assert.Equal(t, "overlappingrangeipreservations", get(5).GetResource().Resource)
+	assert.Equal(t, types.JSONPatchType, actions[6].(k8stesting.PatchActionImpl).GetPatchType())
+	del := actions[7].(k8stesting.DeleteActionImpl)
+	require.NotNil(t, del.DeleteOptions.Preconditions)
+	assert.Equal(t, types.UID("u1"), *del.DeleteOptions.Preconditions.UID)
+	assert.Equal(t, "7", *del.DeleteOptions.Preconditions.ResourceVersion)
+	assert.Equal(t, "leases", get(8).GetResource().Resource)
+	assert.Equal(t, "create", actions[9].GetVerb())
+	assert.Equal(t, "kube-system", actions[9].GetNamespace())
+	assert.Equal(t, "update", actions[10].GetVerb())
+}
+
+// The Cache read asks for resourceVersion "0" (the watch cache); a Fresh one
+// for none (a quorum read). The fake clientset drops GetOptions, so this is
+// checked on the request client-go builds.
+func TestAFreshReadIsAQuorumRead(t *testing.T) {
+	for _, tt := range []struct {
+		from Source
+		want string
+	}{
+		{Fresh, ""},
+		{Cache, "resourceVersion=0"},
+	} {
+		var query string
+		api, err := NewKubeAPI(&rest.Config{Host: "http://127.0.0.1:1", Transport: roundTrip(func(q string) { query = q })})
+		require.NoError(t, err)
+		_, _ = api.GetPool(context.Background(), "kube-system", "p", tt.from)
+		assert.Equal(t, tt.want, query)
+	}
+	// Pages are asked for as such.
+	var queries []string
+	api, err := NewKubeAPI(&rest.Config{Host: "http://127.0.0.1:1", Transport: roundTrip(func(q string) { queries = append(queries, q) })})
+	require.NoError(t, err)
+	_, _, _ = api.ListPools(context.Background(), "kube-system", Page{Limit: 3, Continue: "c1"})
+	_, _, _ = api.ListReservations(context.Background(), "kube-system", Page{Limit: 2})
+	assert.Equal(t, []string{"continue=c1&limit=3", "limit=2"}, queries)
+}
+
+// roundTrip is an http.RoundTripper that records a request's query and
+// answers nothing.
+type roundTrip func(query string)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) {
+	f(r.URL.RawQuery)
+	return nil, errors.New("no server")
+}
