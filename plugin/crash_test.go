@@ -17,13 +17,13 @@ type crashed struct{ at string }
 // reports whether the verb got there.
 func crashAt(t *testing.T, r *rig, point string, verb func() error) (reached bool) {
 	t.Helper()
-	r.p.crash = func(p string) {
+	r.p.AtStep = func(p string) {
 		if p == point {
 			panic(crashed{p})
 		}
 	}
 	defer func() {
-		r.p.crash = nil
+		r.p.AtStep = nil
 		if v := recover(); v != nil {
 			c, ok := v.(crashed)
 			require.True(t, ok, "a panic that is not the crash hook's: %v", v)

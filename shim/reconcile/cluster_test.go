@@ -24,10 +24,10 @@ func TestKubeCluster(t *testing.T) {
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "c"}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}},
 	)
-	c := NewKubeCluster(kube, 0, 0).(*kubeCluster)
+	c := NewKubeCluster(kube, nil, 0, 0).(*kubeCluster)
 	assert.Equal(t, 10*time.Second, c.callTimeout, "the default")
 	assert.EqualValues(t, 500, c.pageSize, "the default")
-	c2 := NewKubeCluster(kube, time.Second, 7).(*kubeCluster)
+	c2 := NewKubeCluster(kube, nil, time.Second, 7).(*kubeCluster)
 	assert.Equal(t, time.Second, c2.callTimeout)
 	assert.EqualValues(t, 7, c2.pageSize)
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/big"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,74 +17,6 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
 )
-
-func TestCapacity(t *testing.T) {
-	two64, _ := new(big.Int).SetString("18446744073709551614", 10)
-	for _, tt := range []struct {
-		cidr string
-		want *big.Int
-	}{
-		{"192.168.50.0/24", big.NewInt(254)},
-		{"192.168.50.0/27", big.NewInt(30)},
-		{"192.168.50.0/30", big.NewInt(2)},
-		{"192.168.50.0/31", big.NewInt(2)},
-		{"192.168.50.1/32", big.NewInt(1)},
-		{"fd00:10::/64", two64},
-		{"bad", big.NewInt(0)},
-	} {
-		assert.Equal(t, tt.want.String(), capacity(tt.cidr).String(), tt.cidr)
-	}
-}
-
-// inspect judges as a pass does, writes nothing, and says what it found.
-func TestInspect(t *testing.T) {
-	f := newFixture(t, running())
-	var writes []string
-	f.api.Hook = func(c *fake.Call) error {
-		if c.Verb != "get" && c.Verb != "list" {
-			writes = append(writes, c.Verb+" "+c.Resource)
-		}
-		return nil
-	}
-	pools, err := f.r.Inspect(context.Background())
-	require.NoError(t, err)
-	assert.Empty(t, writes)
-	require.Len(t, pools, 1)
-	p := pools[0]
-	assert.Equal(t, poolName, p.Name)
-	assert.Equal(t, "192.168.50.0/24", p.Range)
-	assert.Equal(t, "254", p.Capacity.String())
-	assert.Equal(t, 2, p.Allocated)
-	assert.Equal(t, 1, p.Stale)
-	assert.Equal(t, "252", p.Left().String())
-	require.Len(t, p.Stales, 1)
-	assert.Equal(t, "192.168.50.4", p.Stales[0].IP.String())
-	assert.Equal(t, PodGone, p.Stales[0].Reason)
-
-	var out bytes.Buffer
-	WriteInspect(&out, pools)
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Len(t, lines, 6, out.String())
-	assert.Equal(t, []string{"POOL", "RANGE", "CAPACITY", "ALLOCATED", "STALE", "LEFT"}, strings.Fields(lines[0]))
-	assert.Equal(t, []string{poolName, "192.168.50.0/24", "254", "2", "1", "252"}, strings.Fields(lines[1]))
-	assert.Equal(t, "", lines[2])
-	assert.Equal(t, "stale allocations (released by a pass once stale for the grace period):", lines[3])
-	assert.Equal(t, []string{"POOL", "IP", "POD", "CONTAINER", "IFNAME", "REASON"}, strings.Fields(lines[4]))
-	assert.Equal(t, []string{poolName, "192.168.50.4", lh + "/gone", "dead", "lhnet1", "pod", "gone"}, strings.Fields(lines[5]))
-
-	// Nothing stale: no second table.
-	f.c.pods[lh+"/gone"] = pod(lh, "gone", corev1.PodPending, "node-a", "")
-	pools, err = f.r.Inspect(context.Background())
-	require.NoError(t, err)
-	out.Reset()
-	WriteInspect(&out, pools)
-	assert.NotContains(t, out.String(), "stale allocations")
-	assert.Equal(t, 2, strings.Count(out.String(), "\n"))
-
-	f.c.down = true
-	_, err = f.r.Inspect(context.Background())
-	assert.ErrorContains(t, err, "connection refused")
-}
 
 func TestWriteRows(t *testing.T) {
 	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
