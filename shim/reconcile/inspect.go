@@ -175,25 +175,11 @@ func WriteRows(w io.Writer, rows []Row, now time.Time) {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tPOOL\tIP\tPOD\tCONTAINER\tIFNAME\tREASON\tSTALE FOR\tACTION")
-	defer func() {
-		if len(rows) <= MaxRows {
-			return
-		}
-		byReason := map[string]int{}
-		for _, r := range rows[MaxRows:] {
-			byReason[string(r.Reason)+", "+r.Action]++
-		}
-		var parts []string
-		for k, n := range byReason {
-			parts = append(parts, fmt.Sprintf("%d %s", n, k))
-		}
-		sort.Strings(parts)
-		fmt.Fprintf(w, "... and %d more: %s\n", len(rows)-MaxRows, strings.Join(parts, "; "))
-	}()
+	shown, rest := rows, []Row(nil)
 	if len(rows) > MaxRows {
-		rows = rows[:MaxRows]
+		shown, rest = rows[:MaxRows], rows[MaxRows:]
 	}
-	for _, r := range rows {
+	for _, r := range shown {
 		age := "first seen now"
 		if !r.Since.IsZero() && now.Sub(r.Since) > 0 {
 			age = now.Sub(r.Since).Round(time.Second).String()
@@ -201,6 +187,19 @@ func WriteRows(w io.Writer, rows []Row, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Kind, r.Pool, r.IP, r.PodRef, dash(shortID(r.Container)), dash(r.IfName), r.Reason, age, r.Action)
 	}
 	tw.Flush()
+	if len(rest) == 0 {
+		return
+	}
+	byReason := map[string]int{}
+	for _, r := range rest {
+		byReason[string(r.Reason)+", "+r.Action]++
+	}
+	parts := make([]string, 0, len(byReason))
+	for k, n := range byReason {
+		parts = append(parts, fmt.Sprintf("%d %s", n, k))
+	}
+	sort.Strings(parts)
+	fmt.Fprintf(w, "... and %d more: %s\n", len(rest), strings.Join(parts, "; "))
 }
 
 func dash(s string) string {

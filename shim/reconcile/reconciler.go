@@ -217,7 +217,7 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world Worl
 	}
 	// Record first sightings, and forget entries no longer stale; a pass that
 	// changes nothing writes nothing.
-	queued := 0
+	var unsighted []string // offsets past the annotation's budget, as last written
 	want := func(cur *shim.Pool) string {
 		keep := sightings{}
 		for off, s := range seen {
@@ -226,20 +226,24 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world Worl
 			}
 		}
 		enc, left := keep.encode()
-		queued = len(left)
+		unsighted = left
 		return enc
 	}
-	if len(due) == 0 && want(p) == p.Annotations[StaleSinceAnnotation] {
-		return nil
-	}
-	err = r.Store.SetPoolAnnotation(ctx, p.Name, StaleSinceAnnotation, want)
-	if queued > 0 {
-		for off, i := range rows {
-			if _, recorded := old[off]; !recorded && rep.Rows[i].Action != "release" {
+	// Only the entries the budget left out wait to be sighted; the ones this
+	// pass recorded have started their grace.
+	label := func() {
+		for _, off := range unsighted {
+			if i, ok := rows[off]; ok {
 				rep.Rows[i].Action = "wait: sighted once the stale entries recorded before are released"
 			}
 		}
 	}
+	if len(due) == 0 && want(p) == p.Annotations[StaleSinceAnnotation] {
+		label()
+		return nil
+	}
+	err = r.Store.SetPoolAnnotation(ctx, p.Name, StaleSinceAnnotation, want)
+	label()
 	return err
 }
 

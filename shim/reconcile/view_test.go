@@ -39,7 +39,7 @@ func TestWriteRows(t *testing.T) {
 	assert.Equal(t, []string{"allocation", "p", "10.0.0.5", "ns/c", "0123456789abcdef", "lhnet1", "pod", "gone", "first", "seen", "now", "wait", "10m0s"}, strings.Fields(lines[3]), "a 16-byte ID whole")
 
 	// Up to MaxRows, every row is printed and nothing is summed up (past it:
-	// writerows_bug_test.go).
+	// writerows_test.go).
 	var many []Row
 	for i := 0; i < MaxRows; i++ {
 		many = append(many, Row{Kind: "allocation", Pool: "p", IP: "10.0.0." + strconv.Itoa(i), PodRef: "ns/x", Reason: PodGone, Action: "release"})
