@@ -219,9 +219,9 @@ func heading(format string, a ...any) {
 // summary prints one row per scenario, grouped by whereabouts version, and
 // fails when a scenario did not come out as claimed.
 func summary(rows []row) error {
-	heading("summary: per scenario, the addresses its pods hold in the pool at the end / of them, held by no live sandbox (leaked)")
+	heading("summary: HELD / LEAKED, per scenario: the addresses its pods hold in the pool at the end / of them, those no live sandbox uses")
 	var b strings.Builder
-	w := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	var failed []string
 	last := ""
 	for _, r := range rows {
@@ -229,7 +229,7 @@ func summary(rows []row) error {
 			if last != "" {
 				fmt.Fprintln(w, "\t\t")
 			}
-			fmt.Fprintf(w, "SCENARIO\tWHEREABOUTS %s ALONE: HELD / LEAKED\tHARVESTER-IPAM -> %s: HELD / LEAKED\n", r.delegate, r.delegate)
+			fmt.Fprintf(w, "SCENARIO\tWHEREABOUTS %s ALONE\tHARVESTER-IPAM -> %s\n", r.delegate, r.delegate)
 			last = r.delegate
 		}
 		verdict := ""

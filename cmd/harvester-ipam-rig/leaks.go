@@ -100,7 +100,7 @@ func (d *leaks) crashLoop(ctx context.Context) (row, error) {
 // sandbox. Both sides name the pool after the range, so v0.9.3 reads the
 // pool v0.7.0 wrote.
 func (d *leaks) legacyEntry(ctx context.Context) (row, error) {
-	r := row{delegate: testcni.V093, name: "1. entry written by v0.7.0, node reboot, upgrade", aloneLeaks: true}
+	r := row{delegate: testcni.V093, name: "1. v0.7.0 entry, node reboot, upgrade", aloneLeaks: true}
 	pod := longhorn("instance-manager-0e4b1a7c")
 	heading("1. an entry written before v0.8, after an upgrade: %s", pod.Ref())
 	fmt.Printf("On Harvester's 2024 release whereabouts %s gave the pod's sandbox an address and wrote no ifname. The node\n"+

@@ -18,7 +18,7 @@ import (
 // nothing there (run on v0.9.3 it ends 3 held / 0 leaked on both sides).
 func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 	const reboots = 2
-	r := row{delegate: testcni.V070, name: fmt.Sprintf("node reboot x%d, containerd's root lost, 3 pods (real runtime)", reboots), aloneLeaks: true}
+	r := row{delegate: testcni.V070, name: fmt.Sprintf("node reboot x%d, root lost, 3 pods (containerd)", reboots), aloneLeaks: true}
 	t, err := rig.NewTenant(ctx, "reboot")
 	if err != nil {
 		return r, err
