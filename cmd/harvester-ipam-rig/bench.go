@@ -90,26 +90,135 @@ func bench(ctx context.Context, rig *testcni.Rig) error {
 	fmt.Printf("# harvester-ipam bench\n\n%s, %d CPUs, %s; %s; kube-apiserver v1.37.0 and etcd v3.6.16 on loopback; %d sandboxes\n\n",
 		host, runtime.NumCPU(), cpuModel(), time.Now().UTC().Format("2006-01-02"), n)
 
-	for k, wb := range benchDelegates {
-		b.wb = wb
-		if err := b.latency(ctx, n, k); err != nil {
-			return err
+	// BENCH_ONLY (comma-separated section names) runs some sections only.
+	only := map[string]bool{}
+	for _, s := range strings.Split(os.Getenv("BENCH_ONLY"), ",") {
+		if s != "" {
+			only[s] = true
 		}
 	}
-	if err := b.node(ctx); err != nil {
-		return err
+	run := func(section string) bool { return len(only) == 0 || only[section] }
+	for k, wb := range benchDelegates {
+		b.wb = wb
+		if run("latency") {
+			if err := b.latency(ctx, n, k); err != nil {
+				return err
+			}
+		}
 	}
 	b.wb = testcni.V093
-	if err := b.storm(ctx); err != nil {
-		return err
-	}
-	for k, wb := range benchDelegates {
-		b.wb = wb
-		if err := b.largePool(ctx, k); err != nil {
+	if run("phases") {
+		if err := b.phases(ctx); err != nil {
 			return err
 		}
 	}
-	return b.reconciler(ctx)
+	if run("node") {
+		if err := b.node(ctx); err != nil {
+			return err
+		}
+	}
+	if run("storm") {
+		if err := b.storm(ctx); err != nil {
+			return err
+		}
+	}
+	for k, wb := range benchDelegates {
+		b.wb = wb
+		if run("large") {
+			if err := b.largePool(ctx, k); err != nil {
+				return err
+			}
+		}
+	}
+	if run("reconciler") {
+		return b.reconciler(ctx)
+	}
+	return nil
+}
+
+// phases: where harvester-ipam's time goes in an ADD and a DEL, as its own
+// debug log times each step (on whereabouts v0.9.3, a small pool).
+func (b *bencher) phases(ctx context.Context) error {
+	const runs = 30
+	h, _ := b.sides("10.206.0.0/24", "10.207.0.0/24")
+	logFile := filepath.Join(b.rig.Dir, "bench-phases.log")
+	h.extra = fmt.Sprintf(`,"log_level":"debug","log_file":%q`, logFile)
+	times := map[string]map[string][]time.Duration{"ADD": {}, "DEL": {}}
+	steps := map[string][]string{}
+	var ids []string
+	for _, verb := range []string{"ADD", "DEL"} {
+		for i := 0; i < runs; i++ {
+			id := b.id()
+			if verb == "ADD" {
+				ids = append(ids, id)
+			} else {
+				id = ids[i]
+			}
+			m, err := b.call(ctx, h, verb, id, fmt.Sprintf("phases-%02d", i))
+			if err != nil {
+				return err
+			}
+			times[verb]["wall"] = append(times[verb]["wall"], m.Wall)
+			parts, err := stepsOf(logFile, verb, id)
+			if err != nil {
+				return err
+			}
+			for _, p := range parts {
+				if i == 0 {
+					steps[verb] = append(steps[verb], p.name)
+				}
+				times[verb][p.name] = append(times[verb][p.name], p.d)
+			}
+		}
+	}
+	fmt.Printf("## Where harvester-ipam's time goes (its debug log's steps, medians of %d, on whereabouts %s)\n\n", runs, b.wb)
+	for _, verb := range []string{"ADD", "DEL"} {
+		var parts []string
+		var sum time.Duration
+		for _, st := range steps[verb] {
+			d := median(times[verb][st])
+			sum += d
+			parts = append(parts, fmt.Sprintf("%s %s", st, ms(d)))
+		}
+		fmt.Printf("    %s: %s; %s in steps of a process's %s\n", verb, strings.Join(parts, ", "), ms(sum), ms(median(times[verb]["wall"])))
+	}
+	fmt.Println()
+	return nil
+}
+
+type step struct {
+	name string
+	d    time.Duration
+}
+
+var stepsRE = regexp.MustCompile(`(ADD|DEL) (\S+): took (.*)$`)
+
+// stepsOf reads every step the debug log timed for verb of id.
+func stepsOf(logFile, verb, id string) ([]step, error) {
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		m := stepsRE.FindStringSubmatch(line)
+		if m == nil || m[1] != verb || m[2] != id {
+			continue
+		}
+		var out []step
+		for _, part := range strings.Split(m[3], ", ") {
+			name, ds, ok := strings.Cut(part, " ")
+			if !ok {
+				continue
+			}
+			d, err := time.ParseDuration(ds)
+			if err != nil {
+				return nil, fmt.Errorf("%s in %q: %w", ds, line, err)
+			}
+			out = append(out, step{name, d})
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no step times for %s %s in %s", verb, id, logFile)
 }
 
 // latency: ADD then DEL of n sandboxes, one at a time, the two sides interleaved.
