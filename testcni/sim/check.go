@@ -51,11 +51,24 @@ func (w *world) checkLive() []string {
 		w.holder = *l.Spec.HolderIdentity
 		w.tr.add("(whereabouts' Lease now held by %q)", w.holder)
 	}
+	var bad []string
+	// The model's own rule: the kubelet's pod worker makes one sandbox of a
+	// pod at a time (harvester-ipam's ADD releases the pod's other
+	// sandboxes, which is right only because of it).
+	making := map[string]string{}
+	for _, sb := range w.sbs {
+		if sb.state != sbCreating {
+			continue
+		}
+		if other, ok := making[sb.pod.ref()]; ok {
+			bad = append(bad, fmt.Sprintf("the simulated kubelet makes two sandboxes of %s at once (%s, %s): an error of the model", sb.pod.ref(), other, sb.id))
+		}
+		making[sb.pod.ref()] = sb.id
+	}
 	live := w.live()
 	if len(live) == 0 {
-		return nil
+		return bad
 	}
-	var bad []string
 	w.api.View(poolNS, func(pools []*shim.Pool, res map[string]*shim.Reservation) {
 		byName := make(map[string]*shim.Pool, len(pools))
 		for _, p := range pools {

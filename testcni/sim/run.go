@@ -183,8 +183,13 @@ func (w *world) event(a *actor) {
 		// Not while a sandbox of the pod is being stopped: the kubelet makes
 		// no new sandbox until the old one's StopPodSandbox (its DELs)
 		// succeeded.
-		if p.exists && (p.current == nil || p.current.state != sbCreating) && !w.stopping(p.name) {
-			w.spawnKubelet("start "+p.name, func(k *actor) { w.startSandbox(k, p) })
+		// One at a time: the pod worker is busy until the start it began ends.
+		if p.exists && !p.starting && (p.current == nil || p.current.state != sbCreating) && !w.stopping(p.name) {
+			p.starting = true
+			w.spawnKubelet("start "+p.name, func(k *actor) {
+				defer func() { p.starting = false }()
+				w.startSandbox(k, p)
+			})
 		}
 	case r < 35: // a sandbox dies without DEL: a crash loop, a failed creation
 		if p.current != nil && p.current.state == sbLive {
@@ -391,7 +396,7 @@ func (w *world) settle() bool {
 	w.s.spawn("kubelet settle", func(a *actor) {
 		w.cleanup(a)
 		for _, p := range w.pods_() {
-			if p.exists && w.node(p.node).exists && (p.current == nil || p.current.state != sbLive) && !w.stopping(p.name) {
+			if p.exists && !p.starting && w.node(p.node).exists && (p.current == nil || p.current.state != sbLive) && !w.stopping(p.name) {
 				w.startSandbox(a, p)
 			}
 		}

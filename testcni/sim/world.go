@@ -82,6 +82,9 @@ type pod struct {
 	nets map[string]*network
 	// current is the pod's newest sandbox.
 	current *sandbox
+	// starting: the kubelet's pod worker is making a sandbox of the pod. It
+	// makes one at a time: never two sandboxes of one pod at once.
+	starting bool
 	// status are the addresses of Multus' network-status, by interface.
 	status map[string]string
 }
