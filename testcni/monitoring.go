@@ -18,12 +18,14 @@ const PrometheusOperatorModule = "github.com/prometheus-operator/prometheus-oper
 // InstallMonitoringCRDs installs the ServiceMonitor and PrometheusRule CRDs
 // from the Prometheus Operator module, and waits until they serve.
 func (r *Rig) InstallMonitoringCRDs(ctx context.Context) error {
-	dir, err := moduleDir(ctx, PrometheusOperatorModule)
-	if err != nil {
-		return err
+	// tools.sh copies them into the tool cache: the rig's namespace has no
+	// network, and a cold module cache cannot be filled from there.
+	dir := r.Tools["monitoring-crds"]
+	if _, err := os.Stat(filepath.Join(dir, "monitoring.coreos.com_prometheusrules.yaml")); err != nil {
+		return fmt.Errorf("the monitoring.coreos.com CRDs of %s: run testcni/tools.sh all (it copies them to %s): %w", PrometheusOperatorModule, dir, err)
 	}
 	for _, res := range []string{"servicemonitors", "prometheusrules"} {
-		f := filepath.Join(dir, "example", "prometheus-operator-crd", "monitoring.coreos.com_"+res+".yaml")
+		f := filepath.Join(dir, "monitoring.coreos.com_"+res+".yaml")
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return fmt.Errorf("the %s CRD: %w", res, err)

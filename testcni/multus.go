@@ -113,7 +113,7 @@ func pickDoc(stream []byte, kind, name string) ([]byte, error) {
 // Harvester generates it (but the VLAN, see writeConf), with n's IPAM.
 func (n *Network) NADConfig() string {
 	b, _ := json.Marshal(map[string]any{
-		"cniVersion": n.CNIVersion, "type": "bridge", "bridge": "mgmt-br", "promiscMode": true, "ipam": n.ipam(n.Tenant.FlatFile),
+		"cniVersion": n.CNIVersion, "type": "bridge", "bridge": n.bridge(), "promiscMode": true, "ipam": n.ipam(n.Tenant.FlatFile),
 	})
 	return string(b)
 }

@@ -32,6 +32,11 @@ type Network struct {
 	CNIVersion string
 	// Crashpoints runs the crashpoints build of harvester-ipam.
 	Crashpoints bool
+	// Bridge is the bridge plugin's bridge, "mgmt-br" (Harvester's) unless
+	// set. A bridge takes the lowest MAC of its ports, so the bridge
+	// plugin's CHECK of a sandbox fails whenever a parallel test's sandbox
+	// joins the same bridge: a CHECK test needs a bridge of its own.
+	Bridge string
 	// LogFile and LogLevel are whereabouts' log_file and log_level, which
 	// harvester-ipam shares.
 	LogFile, LogLevel string
@@ -111,13 +116,20 @@ func (n *Network) PluginConf() map[string]any {
 	return p
 }
 
+func (n *Network) bridge() string {
+	if n.Bridge == "" {
+		return "mgmt-br"
+	}
+	return n.Bridge
+}
+
 func (n *Network) writeConf(ipam map[string]any) error {
 	// Harvester's NAD also sets "vlan": 50; these machines' kernels have no
 	// bridge VLAN filtering, and the VLAN is the bridge's business, not IPAM's.
 	conf := map[string]any{
 		"cniVersion": n.CNIVersion, "name": n.Name,
 		"plugins": []any{map[string]any{
-			"type": "bridge", "bridge": "mgmt-br", "promiscMode": true, "ipam": ipam,
+			"type": "bridge", "bridge": n.bridge(), "promiscMode": true, "ipam": ipam,
 		}},
 	}
 	b, err := json.MarshalIndent(conf, "", "  ")

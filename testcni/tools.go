@@ -15,7 +15,7 @@ import (
 type Tools map[string]string
 
 // toolNames are the ones every rig needs.
-var toolNames = []string{"etcd", "kube-apiserver", "cnitool", "bridge", "host-local", "loopback", "whereabouts-v0.9.3", "whereabouts-v0.8.0", "whereabouts-v0.7.0", "multus", "helm"}
+var toolNames = []string{"etcd", "kube-apiserver", "cnitool", "bridge", "host-local", "loopback", "whereabouts-v0.9.3", "whereabouts-v0.8.0", "whereabouts-v0.7.0", "multus", "helm", "monitoring-crds"}
 
 // EnsureTools returns the cached tools, building the missing ones first with
 // testcni/tools.sh (minutes on a fresh machine, nothing when cached).

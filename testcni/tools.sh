@@ -16,6 +16,7 @@ MULTUS_VERSION=v4.3.0
 HELM_VERSION=v3.14.4
 # gremlins runs the mutation tests (make mutate); not a rig tool, so `all` skips it.
 GREMLINS_VERSION=v0.5.0
+PROMETHEUS_OPERATOR_VERSION=v0.76.2
 # The checksum database does not know whereabouts v0.9.3 (Harvester's current
 # chart ships it): its module hash is pinned here and checked on download.
 WHEREABOUTS_V093_SUM=h1:DbI2Xyst/FTZONuZ/O5EjHw/DaddrzSW2g/jmMXxWdQ=
@@ -145,6 +146,23 @@ multus_crd() {
   log "copied the NAD CRD of multus $MULTUS_VERSION to $out"
 }
 
+# monitoring_crds copies the Prometheus Operator's ServiceMonitor and
+# PrometheusRule CRDs (its example/prometheus-operator-crd) into the cache: the
+# chart's monitoring objects are checked against them inside the rig's network
+# namespace, where no module can be fetched.
+monitoring_crds() {
+  local out="$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-crds"
+  [[ -s "$out/monitoring.coreos.com_servicemonitors.yaml" && -s "$out/monitoring.coreos.com_prometheusrules.yaml" ]] && return 0
+  local dir
+  dir=$(cd "$SRC" && go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  mkdir -p "$out.tmp"
+  for res in servicemonitors prometheusrules; do
+    cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$res.yaml" "$out.tmp/" || { rm -rf "$out.tmp"; return 1; }
+  done
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  log "copied the monitoring.coreos.com CRDs of prometheus-operator $PROMETHEUS_OPERATOR_VERSION to $out"
+}
+
 # helm renders and lints install/chart in the tests, as a user would.
 build_helm() {
   local out="helm-$HELM_VERSION"; have "$out" && return 0
@@ -177,6 +195,7 @@ paths() {
   echo "multus-nad-crd=$BIN/multus-$MULTUS_VERSION-nad-crd.yaml"
   echo "helm=$BIN/helm-$HELM_VERSION"
   echo "gremlins=$BIN/gremlins-$GREMLINS_VERSION"
+  echo "monitoring-crds=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-crds"
 }
 
 case "${1:-all}" in
@@ -195,7 +214,7 @@ case "${1:-all}" in
   all)
     build_cnitool; build_plugins
     build_whereabouts v0.9.3; build_whereabouts v0.8.0; build_whereabouts v0.7.0
-    build_etcd; build_kube_apiserver; build_multus; build_helm
+    build_etcd; build_kube_apiserver; build_multus; build_helm; monitoring_crds
     ;;
   *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm|gremlins]" >&2; exit 2 ;;
 esac

@@ -141,7 +141,9 @@ func TestCheck(t *testing.T) {
 }
 
 func testCheck(t *testing.T, e *env) {
-	n := e.network(t, testcni.Network{CNIVersion: "1.0.0"})
+	// A bridge of its own: the bridge plugin's CHECK compares the bridge's
+	// MAC, which changes when another test's sandbox joins a shared bridge.
+	n := e.network(t, testcni.Network{CNIVersion: "1.0.0", Bridge: "chk-" + strings.ReplaceAll(e.WB, ".", "")})
 	pod := e.Pod("instance-manager-check")
 	s := add(t, n, pod)
 	require.NoError(t, s.Check(ctx(t)))
