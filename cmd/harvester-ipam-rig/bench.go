@@ -579,26 +579,16 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-var phaseRE = regexp.MustCompile(`ADD (\S+): took (.*)$`)
-
-// phase is how long one step of the plugin's ADD of container id took, as
-// its debug log says ("took config 0.6ms, client 0.7ms, ..., reclaim 8ms, ...").
-func phase(logFile, id, step string) (time.Duration, error) {
-	b, err := os.ReadFile(logFile)
+// phase is one step's time in ADD id, from the plugin's debug log.
+func phase(logFile, id, name string) (time.Duration, error) {
+	steps, err := stepsOf(logFile, "ADD", id)
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		m := phaseRE.FindStringSubmatch(line)
-		if m == nil || m[1] != id {
-			continue
-		}
-		for _, part := range strings.Split(m[2], ", ") {
-			name, d, ok := strings.Cut(part, " ")
-			if ok && name == step {
-				return time.ParseDuration(d)
-			}
+	for _, st := range steps {
+		if st.name == name {
+			return st.d, nil
 		}
 	}
-	return 0, fmt.Errorf("no %s time for ADD %s in %s", step, id, logFile)
+	return 0, fmt.Errorf("no %s time for ADD %s in %s", name, id, logFile)
 }
