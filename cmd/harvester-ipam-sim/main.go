@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -29,7 +30,17 @@ func main() {
 	workers := flag.Int("workers", runtime.NumCPU(), "worker processes, running schedules side by side")
 	steps := flag.Int("steps", 0, "events a schedule plays (0: the default); fewer find shorter traces")
 	worker := flag.Int("worker", -1, "(internal) run as worker number N of -workers")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of a worker (-worker) to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "harvester-ipam-sim:", err)
+			os.Exit(2)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 
 	vs := strings.Split(*versions, ",")
 	options := func(v string) sim.Options {
@@ -60,7 +71,9 @@ func main() {
 	}
 
 	if *worker >= 0 {
-		os.Exit(runWorker(*worker, *workers, *start, *duration, vs, options))
+		rc := runWorker(*worker, *workers, *start, *duration, vs, options)
+		pprof.StopCPUProfile()
+		os.Exit(rc)
 	}
 	// Workers are processes: a delegating plugin reads the CNI environment
 	// from its process, so one process runs one schedule at a time.

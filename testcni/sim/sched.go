@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -110,14 +111,38 @@ func stack() string {
 // cniVars are the environment variables a delegating plugin passes on.
 var cniVars = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_IFNAME", "CNI_ARGS", "CNI_NETNS", "CNI_PATH"}
 
-// setEnv makes the process's environment the actor's.
+// baseEnv is the process's environment without the CNI variables.
+var baseEnv = func() [][2]string {
+	var out [][2]string
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if !slices.Contains(cniVars, k) {
+			out = append(out, [2]string{k, v})
+		}
+	}
+	return out
+}()
+
+// setEnv makes the process's environment the actor's. A variable to drop is
+// dropped by clearing the environment, not by Unsetenv: that leaves a hole
+// in the runtime's copy which a later Setenv does not reuse, so unsetting and
+// setting at every turn grew what every os.Environ copies without bound (a
+// third of the time went there).
 func (a *actor) setEnv() {
 	a.s.envOf = a
 	for _, k := range cniVars {
+		_, want := a.env[k]
+		if _, set := os.LookupEnv(k); set && !want {
+			os.Clearenv()
+			for _, kv := range baseEnv {
+				_ = os.Setenv(kv[0], kv[1])
+			}
+			break
+		}
+	}
+	for _, k := range cniVars {
 		if v, ok := a.env[k]; ok {
 			_ = os.Setenv(k, v)
-		} else {
-			_ = os.Unsetenv(k)
 		}
 	}
 }
