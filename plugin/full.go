@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -9,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -161,7 +161,7 @@ func (p *Plugin) gonePods(ctx context.Context, kubeconfig string, byPod map[stri
 		checked[ns] = true
 		present := map[string]bool{}
 		for _, pod := range pods {
-			if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+			if pod.Phase != "Succeeded" && pod.Phase != "Failed" {
 				present[pod.Namespace+"/"+pod.Name] = true
 			}
 		}
@@ -186,38 +186,66 @@ func more(names []string, total int) string {
 	return s
 }
 
+// Pod is what explaining a full range needs to know of a pod.
+type Pod struct {
+	Namespace, Name string
+	// Phase is the pod's status.phase: Pending, Running, Succeeded, Failed.
+	Phase string
+}
+
+// podList is the part of a core/v1 PodList that Pod is made from.
+type podList struct {
+	Metadata struct {
+		Continue string `json:"continue"`
+	} `json:"metadata"`
+	Items []struct {
+		Metadata struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+		} `json:"metadata"`
+		Status struct {
+			Phase string `json:"phase"`
+		} `json:"status"`
+	} `json:"items"`
+}
+
 // kubePods lists a namespace's pods through a bare REST client on the
-// kubeconfig: the typed core client and its scheme would be linked into
-// every exec of the plugin for a path taken only when a range is full.
-func kubePods(ctx context.Context, kubeconfig, namespace string) ([]corev1.Pod, error) {
+// kubeconfig, decoding only names and phases: the core/v1 types and their
+// scheme would be linked into every exec of the plugin (a quarter of its
+// start-up) for a path taken only when a range is full.
+func kubePods(ctx context.Context, kubeconfig, namespace string) ([]Pod, error) {
 	kube, err := conf.LoadKubeconfig(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	cfg := rest.CopyConfig(kube.Rest)
-	cfg.APIPath, cfg.GroupVersion = "/api", &corev1.SchemeGroupVersion
+	cfg.APIPath, cfg.GroupVersion = "/api", &schema.GroupVersion{Version: "v1"}
+	// A scheme of meta/v1 only: the server's errors (a Status) still decode.
+	scheme := runtime.NewScheme()
+	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	rc, err := rest.RESTClientFor(cfg)
 	if err != nil {
 		return nil, err
 	}
-	var out []corev1.Pod
+	var out []Pod
 	cont := ""
 	for page := 0; page < explainPodPages; page++ {
-		var l corev1.PodList
-		err := rc.Get().Namespace(namespace).Resource("pods").
-			VersionedParams(&metav1.ListOptions{Limit: 500, Continue: cont}, metav1.ParameterCodec).
-			Timeout(explainTimeout).Do(ctx).Into(&l)
-		if err != nil {
+		res := rc.Get().Namespace(namespace).Resource("pods").
+			Param("limit", "500").Param("continue", cont).
+			Timeout(explainTimeout).Do(ctx)
+		if err := res.Error(); err != nil { // the server's Status, in its words
 			return nil, err
 		}
-		out = append(out, l.Items...)
-		if cont = l.Continue; cont == "" {
+		body, _ := res.Raw()
+		var l podList
+		if err := json.Unmarshal(body, &l); err != nil {
+			return nil, fmt.Errorf("decode the pods of %s: %w", namespace, err)
+		}
+		for _, it := range l.Items {
+			out = append(out, Pod{Namespace: it.Metadata.Namespace, Name: it.Metadata.Name, Phase: it.Status.Phase})
+		}
+		if cont = l.Metadata.Continue; cont == "" {
 			return out, nil
 		}
 	}

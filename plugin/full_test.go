@@ -10,7 +10,6 @@ import (
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -35,20 +34,20 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 			"5": {ContainerID: "b1", PodRef: lh + "/im-b", IfName: "lhnet1"},
 			"6": {ContainerID: "c1", PodRef: lh + "/im-c", IfName: "lhnet1"},
 		}}}
-	pods := []corev1.Pod{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: lh, Name: "im-a"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: lh, Name: "im-b"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: lh, Name: "im-c"}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
+	pods := []Pod{
+		{Namespace: lh, Name: "im-a", Phase: "Running"},
+		{Namespace: lh, Name: "im-b", Phase: "Running"},
+		{Namespace: lh, Name: "im-c", Phase: "Succeeded"},
 	}
 	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New(`User "system:serviceaccount:kube-system:harvester-whereabouts" cannot list resource "pods"`))
 	tests := []struct {
 		name    string
-		list    func(ctx context.Context, kubeconfig, ns string) ([]corev1.Pod, error)
+		list    func(ctx context.Context, kubeconfig, ns string) ([]Pod, error)
 		want    []string
 		notWant []string
 	}{{
 		name: "pods listed",
-		list: func(_ context.Context, _, ns string) ([]corev1.Pod, error) {
+		list: func(_ context.Context, _, ns string) ([]Pod, error) {
 			require.Equal(t, lh, ns)
 			return pods, nil
 		},
@@ -61,7 +60,7 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 		},
 	}, {
 		name: "pods cannot be listed",
-		list: func(context.Context, string, string) ([]corev1.Pod, error) { return nil, forbidden },
+		list: func(context.Context, string, string) ([]Pod, error) { return nil, forbidden },
 		want: []string{
 			"holds 6 entries, 2 of them what the reconciler would release: 2 extra entries of 1 pods holding more than one (longhorn-system/im-a holds 3)",
 			`could not check pods in longhorn-system (pods is forbidden: User "system:serviceaccount:kube-system:harvester-whereabouts" cannot list resource "pods")`,
@@ -103,7 +102,7 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 // Any other failure of the delegate is passed on as it was.
 func TestAddOtherDelegateFailuresAreNotExplained(t *testing.T) {
 	r := newRig(t, crashLoopedPool()...)
-	r.p.Pods = func(context.Context, string, string) ([]corev1.Pod, error) {
+	r.p.Pods = func(context.Context, string, string) ([]Pod, error) {
 		t.Fatal("pods listed for a failure that is not a full range")
 		return nil, nil
 	}

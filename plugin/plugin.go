@@ -17,7 +17,6 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
@@ -38,7 +37,7 @@ type Plugin struct {
 	Stderr io.Writer
 	// Pods lists a namespace's pods with a kubeconfig, only to explain a
 	// full range; nil lists them from the API server the kubeconfig names.
-	Pods func(ctx context.Context, kubeconfig, namespace string) ([]corev1.Pod, error)
+	Pods func(ctx context.Context, kubeconfig, namespace string) ([]Pod, error)
 	// Timeout bounds one verb; zero is DefaultTimeout.
 	Timeout time.Duration
 	// AtStep, when set, is called at each step boundary of a verb
