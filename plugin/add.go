@@ -12,6 +12,7 @@ import (
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/shim"
 )
 
@@ -29,6 +30,16 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	log := p.logger(cfg, "ADD", args.ContainerID)
 	defer log.close()
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	defer cancel()
+	exec := p.Exec
+	if exec == nil {
+		// The delegate starts up while we work below; it reads its config,
+		// and so does anything, only when DelegateAdd writes it.
+		early := delegate.Start(ctx, cfg.Options.Delegate, "ADD", p.stderr())
+		defer early.Abandon()
+		exec = early
+	}
 	ph.mark("config")
 
 	store, err := p.store(cfg.Kubeconfig())
@@ -38,8 +49,6 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	defer log.retried(store)
 	defer func() { log.Debugf("took %s", ph) }()
 	ph.mark("client")
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
-	defer cancel()
 
 	// Record the attachment before anything is allocated, so that a DEL after a
 	// crash anywhere below still knows its pools, even once the NAD is gone.
@@ -67,7 +76,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	p.at("add-after-reclaim")
 	ph.mark("reclaim")
 
-	res, err := invoke.DelegateAdd(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec)
+	res, err := invoke.DelegateAdd(ctx, cfg.Options.Delegate, cfg.Delegated, exec)
 	if err != nil {
 		derr := delegateError(cfg.Options.Delegate, "ADD", err)
 		if ce, ok := derr.(*cnitypes.Error); ok && strings.Contains(err.Error(), rangeFull) {

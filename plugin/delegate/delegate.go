@@ -1,0 +1,138 @@
+// Package delegate runs the delegate IPAM plugin (whereabouts) for ADD,
+// started before its config is ready.
+//
+// A CNI plugin built on skel reads its whole config from stdin before it does
+// anything else, and whereabouts does nothing before skel. So its process can
+// be started as soon as harvester-ipam knows which binary it is: its start-up
+// (exec, runtime, package init of a binary three times the plugin's size)
+// then runs while harvester-ipam builds its client, writes its checkpoint and
+// releases earlier sandboxes, and nothing is allocated until the config is
+// written, after all of that.
+package delegate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// Early is an invoke.Exec whose next run of the plugin it was started for,
+// with the same environment, is that process: ExecPlugin writes the config to
+// it and waits. Any other run, or every run when the start failed, is
+// invoke's own. The zero value runs everything as invoke does.
+type Early struct {
+	version.PluginDecoder
+
+	// stderr receives the plugin's stderr, as invoke's RawExec passes it on.
+	stderr io.Writer
+	path   string
+	env    []string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	out    bytes.Buffer
+	errOut bytes.Buffer
+}
+
+// Start starts the plugin named name, found on CNI_PATH as invoke finds a
+// delegate, for a CNI_COMMAND of command, bound to ctx. A failure to start
+// is not an error here: the run at ExecPlugin then execs it as invoke does
+// and reports what fails.
+func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
+	e := &Early{stderr: stderr}
+	path, err := invoke.FindInPath(name, filepath.SplitList(os.Getenv("CNI_PATH")))
+	if err != nil {
+		return e
+	}
+	env := (&invoke.DelegateArgs{Command: command}).AsEnv()
+	cmd := exec.CommandContext(ctx, path)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = &e.out, &e.errOut
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return e
+	}
+	if err := cmd.Start(); err != nil {
+		_ = stdin.Close()
+		return e
+	}
+	e.path, e.env, e.cmd, e.stdin = path, env, cmd, stdin
+	return e
+}
+
+// Started says whether a process waits for its config.
+func (e *Early) Started() bool { return e.cmd != nil }
+
+// Abandon ends a started process that will not be given its config: killed
+// before it reads a byte, it has done nothing. Idempotent; a no-op once
+// ExecPlugin has used the process.
+func (e *Early) Abandon() {
+	if e.cmd == nil {
+		return
+	}
+	_ = e.cmd.Process.Kill()
+	_ = e.stdin.Close()
+	_ = e.cmd.Wait()
+	e.cmd = nil
+}
+
+// ExecPlugin runs the plugin as invoke's RawExec does, on the started
+// process when it was started for this path and environment.
+func (e *Early) ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
+	if e.cmd == nil || pluginPath != e.path || !slices.Equal(environ, e.env) {
+		e.Abandon()
+		return (&invoke.RawExec{Stderr: e.stderr}).ExecPlugin(ctx, pluginPath, stdinData, environ)
+	}
+	cmd := e.cmd
+	e.cmd = nil
+	// The config is small, but a pipe is a pipe: write it beside the wait, so
+	// a plugin that exits without reading cannot block us.
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := e.stdin.Write(stdinData)
+		if cerr := e.stdin.Close(); err == nil {
+			err = cerr
+		}
+		wrote <- err
+	}()
+	err := cmd.Wait()
+	<-wrote // a plugin that read nothing and failed says so below
+	if err != nil {
+		return nil, pluginErr(err, e.out.Bytes(), e.errOut.Bytes())
+	}
+	if e.stderr != nil && e.errOut.Len() > 0 {
+		_, _ = e.errOut.WriteTo(e.stderr)
+	}
+	return e.out.Bytes(), nil
+}
+
+// FindInPath finds a plugin as invoke does.
+func (e *Early) FindInPath(plugin string, paths []string) (string, error) {
+	return invoke.FindInPath(plugin, paths)
+}
+
+// pluginErr is the error of a plugin that failed, as invoke's RawExec makes
+// it: the CNI error the plugin printed, or its stderr when it printed none.
+func pluginErr(err error, stdout, stderr []byte) error {
+	emsg := types.Error{}
+	switch {
+	case len(stdout) == 0 && len(stderr) == 0:
+		emsg.Msg = fmt.Sprintf("netplugin failed with no error message: %v", err)
+	case len(stdout) == 0:
+		emsg.Msg = fmt.Sprintf("netplugin failed: %q", string(stderr))
+	default:
+		if perr := json.Unmarshal(stdout, &emsg); perr != nil {
+			emsg.Msg = fmt.Sprintf("netplugin failed but error parsing its diagnostic message %q: %v", string(stdout), perr)
+		}
+	}
+	return &emsg
+}
