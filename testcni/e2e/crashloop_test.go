@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -44,5 +46,33 @@ func TestCrashLoopHoldsOneAddress(t *testing.T) {
 				verify(t, n, []*testcni.Sandbox{last}, pod)
 			}
 		}
+	})
+}
+
+// The delegate is started before harvester-ipam releases what an earlier
+// sandbox holds, and must allocate only after: on a range of one address
+// held by the pod's dead sandbox, the new sandbox gets that address, and no
+// other pod fits. (v0.7.0 would fail the ADD if it allocated first; v0.8.0
+// and later hand the pod's own entry over either way.)
+func TestTheDelegateAllocatesOnlyAfterTheRelease(t *testing.T) {
+	onEachDelegate(t, func(t *testing.T, e *env) {
+		i := subnet.Add(1)
+		n := e.network(t, testcni.Network{Range: fmt.Sprintf("10.%d.%d.0/30", 100+i/250, i%250)})
+		n.Exclude = []string{strings.TrimSuffix(n.Range, "0/30") + "1/32"} // one address left: .2
+		n, err := rig.AddNetwork(*n)
+		require.NoError(t, err)
+		pod := e.Pod("instance-manager-one")
+		first := add(t, n, pod)
+		require.NoError(t, first.Kill(), "the sandbox dies without DEL")
+
+		second := add(t, n, pod)
+		assert.Equal(t, first.IP(), second.IP())
+		verify(t, n, []*testcni.Sandbox{second}, pod)
+
+		other, err := rig.NewSandbox(n, e.Pod("other"), "lhnet1")
+		require.NoError(t, err)
+		err = other.Add(ctx(t))
+		assert.ErrorContains(t, err, "Could not allocate IP in range", "the range has one address")
+		require.NoError(t, other.Kill())
 	})
 }
