@@ -137,7 +137,7 @@ func (w *world) startSandbox(a *actor, p *pod) {
 	// whereabouts' Lease (its identity is the pod's name), a whereabouts bug
 	// this simulation found, which harvester-ipam's DEL does not reach.
 	for _, old := range w.sbs {
-		if old.pod.name == p.name && old.state == sbDead && old.delPending && !old.lostCache && len(old.atts) > 0 && !old.atts[0].net.plain && w.s.chance(0.5) {
+		if old.pod.name == p.name && old.state == sbDead && old.delPending && !old.lostCache && len(old.atts) > 0 && !old.plain() && w.s.chance(0.5) {
 			dead := old
 			w.spawnKubelet("gc "+dead.id, func(k *actor) { w.teardown(k, dead) })
 		}
@@ -203,6 +203,14 @@ func (w *world) teardown(a *actor, sb *sandbox) {
 	if !sb.delPending || sb.state == sbDeleted {
 		return
 	}
+	if sb.plain() && sb.pod.starting {
+		// Not beside an ADD of the same pod on whereabouts alone: whereabouts'
+		// own race (both processes hold its Lease, whose identity is the pod's
+		// name; see startSandbox), not harvester-ipam's. Retried later.
+		return
+	}
+	sb.tearing++
+	defer func() { sb.tearing-- }()
 	n := w.node(sb.node)
 	if n == nil || !n.exists {
 		return // the node is gone: no DEL will ever come

@@ -117,7 +117,12 @@ type sandbox struct {
 	// netns: its network namespace still exists (a sandbox being stopped
 	// keeps it until its DELs; a crash or a reboot does not).
 	netns bool
+	// tearing: how many runs of its DELs are under way.
+	tearing int
 }
+
+// plain says whether the sandbox's networks are whereabouts' alone.
+func (sb *sandbox) plain() bool { return len(sb.atts) > 0 && sb.atts[0].net.plain }
 
 type attachment struct {
 	sb     *sandbox
