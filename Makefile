@@ -69,7 +69,7 @@ sim:
 # package, and the target fails below MUTATE_EFFICACY or MUTATE_COVERAGE.
 # Equivalent mutants (no behaviour to catch) are listed with a reason in
 # mutate/equivalent.txt. About MUTATE_TIME on 2 shared cores (docs/testing.md).
-MUTATE_PKGS        ?= conf plugin plugin/checkpoint shim shim/reconcile
+MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/reconcile
 MUTATE_WORKERS     ?= 2
 MUTATE_COEFFICIENT ?= 10
 MUTATE_MIN_TIMEOUT ?= 2m

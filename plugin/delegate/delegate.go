@@ -88,7 +88,7 @@ func (e *Early) Abandon() {
 // ExecPlugin runs the plugin as invoke's RawExec does, on the started
 // process when it was started for this path and environment.
 func (e *Early) ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
-	if e.cmd == nil || pluginPath != e.path || !slices.Equal(environ, e.env) {
+	if e.cmd == nil || pluginPath != e.path || !sameEnv(environ, e.env) {
 		e.Abandon()
 		return (&invoke.RawExec{Stderr: e.stderr}).ExecPlugin(ctx, pluginPath, stdinData, environ)
 	}
@@ -113,6 +113,12 @@ func (e *Early) ExecPlugin(ctx context.Context, pluginPath string, stdinData []b
 		_, _ = e.errOut.WriteTo(e.stderr)
 	}
 	return e.out.Bytes(), nil
+}
+
+// sameEnv says whether two environments hold the same variables: invoke
+// builds one from a map (dedupEnv), so its order differs from call to call.
+func sameEnv(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
 // FindInPath finds a plugin as invoke does.

@@ -16,13 +16,14 @@ import (
 )
 
 // plugin writes a delegate named name into a CNI_PATH of its own: a shell
-// script that notes its start, copies its stdin to a file and then runs
-// body. It returns the directory the script writes into.
+// script that notes its start (and counts its starts), copies its stdin to a
+// file and then runs body. It returns the directory the script writes into.
 func plugin(t *testing.T, name, body string) string {
 	t.Helper()
 	dir := t.TempDir()
 	script := "#!/bin/sh\n" +
 		"echo \"$CNI_COMMAND $CNI_CONTAINERID\" > " + dir + "/started\n" +
+		"echo start >> " + dir + "/starts\n" +
 		"cat > " + dir + "/stdin\n" +
 		body + "\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755))
@@ -73,6 +74,7 @@ func TestTheStartedDelegateGetsItsConfigOnlyAtItsRun(t *testing.T) {
 	assert.Equal(t, "ADD c1\n", read(t, filepath.Join(dir, "started")))
 	assert.Equal(t, string(conf), read(t, filepath.Join(dir, "stdin")))
 	assert.Contains(t, resultString(t, res), "10.0.0.2/24")
+	assert.Equal(t, "start\n", read(t, filepath.Join(dir, "starts")), "the started process ran the ADD: no second exec")
 	assert.False(t, e.Started(), "the process is used once")
 	e.Abandon() // after the run: nothing to do, and no panic
 }
@@ -122,7 +124,7 @@ func TestTheStartedDelegatesFailuresReadAsInvokes(t *testing.T) {
 		want: types.Error{Msg: `netplugin failed but error parsing its diagnostic message "oops\n": invalid character 'o' looking for beginning of value`},
 	}} {
 		t.Run(tt.name, func(t *testing.T) {
-			plugin(t, "whereabouts", tt.body)
+			dir := plugin(t, "whereabouts", tt.body)
 			ctx := context.Background()
 			e := Start(ctx, "whereabouts", "ADD", nil)
 			require.True(t, e.Started())
@@ -130,6 +132,7 @@ func TestTheStartedDelegatesFailuresReadAsInvokes(t *testing.T) {
 			var ce *types.Error
 			require.True(t, errors.As(err, &ce), "%v", err)
 			assert.Equal(t, tt.want, *ce)
+			assert.Equal(t, "start\n", read(t, filepath.Join(dir, "starts")), "the started process failed, not a second one")
 
 			// invoke's own exec says the same of the same plugin
 			_, rawErr := invoke.DelegateAdd(ctx, "whereabouts", []byte(`{"cniVersion":"1.0.0"}`), nil)
@@ -152,6 +155,7 @@ func TestAnotherRunIsInvokes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, resultString(t, res), "10.0.0.2/24")
 	assert.Equal(t, "ADD c2\n", read(t, filepath.Join(dir, "started")), "run anew, with the environment of the run")
+	assert.Equal(t, "start\nstart\n", read(t, filepath.Join(dir, "starts")))
 	assert.False(t, e.Started())
 }
 
