@@ -96,21 +96,20 @@ func (e *Early) ExecPlugin(ctx context.Context, pluginPath string, stdinData []b
 	e.cmd = nil
 	// The config is small, but a pipe is a pipe: write it beside the wait, so
 	// a plugin that exits without reading cannot block us.
-	wrote := make(chan error, 1)
+	// A plugin that exits without reading it says why in its exit (below).
+	wrote := make(chan struct{})
 	go func() {
-		_, err := e.stdin.Write(stdinData)
-		if cerr := e.stdin.Close(); err == nil {
-			err = cerr
-		}
-		wrote <- err
+		_, _ = e.stdin.Write(stdinData)
+		_ = e.stdin.Close()
+		close(wrote)
 	}()
 	err := cmd.Wait()
-	<-wrote // a plugin that read nothing and failed says so below
+	<-wrote
 	if err != nil {
 		return nil, pluginErr(err, e.out.Bytes(), e.errOut.Bytes())
 	}
-	if e.stderr != nil && e.errOut.Len() > 0 {
-		_, _ = e.errOut.WriteTo(e.stderr)
+	if e.stderr != nil {
+		_, _ = e.errOut.WriteTo(e.stderr) // nothing written when it said nothing
 	}
 	return e.out.Bytes(), nil
 }
@@ -130,15 +129,14 @@ func (e *Early) FindInPath(plugin string, paths []string) (string, error) {
 // it: the CNI error the plugin printed, or its stderr when it printed none.
 func pluginErr(err error, stdout, stderr []byte) error {
 	emsg := types.Error{}
-	switch {
-	case len(stdout) == 0 && len(stderr) == 0:
-		emsg.Msg = fmt.Sprintf("netplugin failed with no error message: %v", err)
-	case len(stdout) == 0:
-		emsg.Msg = fmt.Sprintf("netplugin failed: %q", string(stderr))
-	default:
-		if perr := json.Unmarshal(stdout, &emsg); perr != nil {
-			emsg.Msg = fmt.Sprintf("netplugin failed but error parsing its diagnostic message %q: %v", string(stdout), perr)
+	if len(stdout) == 0 {
+		if len(stderr) == 0 {
+			emsg.Msg = fmt.Sprintf("netplugin failed with no error message: %v", err)
+		} else {
+			emsg.Msg = fmt.Sprintf("netplugin failed: %q", string(stderr))
 		}
+	} else if perr := json.Unmarshal(stdout, &emsg); perr != nil {
+		emsg.Msg = fmt.Sprintf("netplugin failed but error parsing its diagnostic message %q: %v", string(stdout), perr)
 	}
 	return &emsg
 }

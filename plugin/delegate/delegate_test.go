@@ -86,6 +86,22 @@ func resultString(t *testing.T, r types.Result) string {
 	return b.String()
 }
 
+// What the delegate writes to stderr beside a success is passed on, as
+// invoke passes it on; with nowhere to pass it, it is dropped.
+func TestTheStartedDelegatesStderrIsPassedOn(t *testing.T) {
+	plugin(t, "whereabouts", "echo 'a warning' >&2; echo '"+result+"'")
+	ctx := context.Background()
+	var stderr strings.Builder
+	e := Start(ctx, "whereabouts", "ADD", &stderr)
+	_, err := invoke.DelegateAdd(ctx, "whereabouts", []byte(`{"cniVersion":"1.0.0"}`), e)
+	require.NoError(t, err)
+	assert.Equal(t, "a warning\n", stderr.String())
+
+	e = Start(ctx, "whereabouts", "ADD", nil)
+	_, err = invoke.DelegateAdd(ctx, "whereabouts", []byte(`{"cniVersion":"1.0.0"}`), e)
+	require.NoError(t, err)
+}
+
 // Abandoned (the ADD failed before the delegate's turn): the process is
 // killed without a byte of config, so it can have done nothing.
 func TestAnAbandonedDelegateNeverGetsItsConfig(t *testing.T) {
