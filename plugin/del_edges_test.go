@@ -125,3 +125,42 @@ func TestGCThatWorksLogsNoError(t *testing.T) {
 	assert.Empty(t, recs)
 	assert.NotContains(t, r.log.String(), "[error]")
 }
+
+// A config that loads but names no range (the NAD's range removed) is no
+// config to go by: DEL goes by the checkpoint, even when the config names
+// node slices (which would hand a usable config's DEL to whereabouts); with
+// no checkpoint either and no store, there is nothing to release.
+func TestDelOfARangelessConfigGoesByTheCheckpoint(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		extra     string // added to the config's ipam
+		record    bool
+		breakKube bool
+		wantGone  bool // 192.168.50.2 released
+	}{
+		{"no range", "", true, false, true},
+		{"no range, node slices", `,"node_slice_size":"/28"`, true, false, true},
+		{"no range, no checkpoint, no store", "", false, true, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			if tt.record {
+				r.record(t, "old1", "192.168.50.2/24")
+			}
+			if tt.breakKube {
+				r.breakKubeconfig(t)
+			}
+			c := r.rangelessConfig()
+			c = append(c[:len(c)-2], []byte(tt.extra+"}}")...)
+			require.NoError(t, r.p.Del(args(t, "old1", "lhnet1", "", c)))
+			assert.Empty(t, r.calls(), "whereabouts is not called")
+			if tt.wantGone {
+				assert.NotContains(t, r.pool(), "2", "released by the checkpoint")
+				assert.NotContains(t, r.orips(), "192.168.50.2=longhorn-system/im-a")
+			} else {
+				assert.Contains(t, r.pool(), "2")
+			}
+			assert.Contains(t, r.pool(), "4", "another pod's stays")
+		})
+	}
+}

@@ -85,3 +85,34 @@ func TestCheckNamesAnEntryOfAnotherPod(t *testing.T) {
 		})
 	}
 }
+
+// CHECK of a pool that cannot be read as whereabouts writes it is a store
+// error (the runtime tries again), naming the pool; one that is gone, or that
+// holds nothing at the address of prevResult, is a failed CHECK saying so.
+func TestCheckOfAPoolItCannotVouchFor(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		objs     []any
+		ip       string
+		wantCode uint
+		wantErr  string
+	}{
+		{"an entry whose offset is no number", []any{ipamPool(map[string]alloc{
+			"2": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+			"x": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
+		})}, "192.168.50.2", cnitypes.ErrTryAgainLater,
+			`read pool 192.168.50.0-24: pool 192.168.50.0-24: allocation offset "x" is not a decimal number`},
+		{"no pool", nil, "192.168.50.2", cnitypes.ErrInternal,
+			"CHECK failed: pool kube-system/192.168.50.0-24 does not exist"},
+		{"prevResult out of the range", crashLoopedPool(), "10.0.0.2", cnitypes.ErrInternal,
+			"CHECK failed: prevResult has no address in range 192.168.50.0/24, but pool 192.168.50.0-24 holds 192.168.50.2 for this attachment"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, tt.objs...)
+			err := r.p.Check(args(t, "old1", "lhnet1", podArgs, withPrevResult(r.config("1.0.0", ""), tt.ip)))
+			assert.Equal(t, tt.wantCode, cniCode(t, err))
+			assert.Contains(t, err.Error(), tt.wantErr)
+			assert.Empty(t, r.calls(), "not delegated")
+		})
+	}
+}

@@ -115,3 +115,45 @@ func TestAddOtherDelegateFailuresAreNotExplained(t *testing.T) {
 	assert.Equal(t, uint(11), ce.Code)
 	assert.Equal(t, "whereabouts ADD: error getting IP from IPAM: k8s get error: the server was unable to return a response", ce.Msg)
 }
+
+// What the message says of a full pool, whole: nothing is said of what is
+// not there (no duplicates, no namespaces to check), and at most five pods
+// are named, with how many more.
+func TestTheFullPoolExplained(t *testing.T) {
+	pool := func(allocs map[string]alloc) *shim.Pool {
+		return &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.0-24", Namespace: "kube-system"},
+			Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "10.0.0.0/24", Allocations: allocs}}
+	}
+	legacy := map[string]alloc{}
+	for i := 1; i <= 3; i++ {
+		legacy[fmt.Sprint(i)] = alloc{ContainerID: fmt.Sprint("c", i)} // no podref
+	}
+	sevenDups := map[string]alloc{}
+	for i := 0; i < 7; i++ {
+		for j := 0; j < 2; j++ {
+			sevenDups[fmt.Sprint(10*i+j+1)] = alloc{ContainerID: fmt.Sprint("c", i, j), PodRef: fmt.Sprintf("ns/p%d", i), IfName: "lhnet1"}
+		}
+	}
+	for _, tt := range []struct {
+		name string
+		pool *shim.Pool
+		want string
+	}{
+		{"entries of no pod: nothing to say of them", pool(legacy),
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 3 entries, 0 of them what the reconciler would release"},
+		{"seven pods holding two each: five named", pool(sevenDups),
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 14 entries, 7 of them what the reconciler would release: " +
+				"7 extra entries of 7 pods holding more than one (ns/p0 holds 2, ns/p1 holds 2, ns/p2 holds 2, ns/p3 holds 2, ns/p4 holds 2, and 2 more); nodes not checked"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &Plugin{Pods: func(_ context.Context, _, ns string) ([]corev1.Pod, error) {
+				var out []corev1.Pod
+				for i := 0; i < 7; i++ {
+					out = append(out, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", i)}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+				}
+				return out, nil
+			}}
+			assert.Equal(t, tt.want, p.explainPool(context.Background(), "kube-system", tt.pool, "/nonexistent"))
+		})
+	}
+}

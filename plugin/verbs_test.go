@@ -591,4 +591,5 @@ func TestAddForgetsTheRecordsOfWhatItReleased(t *testing.T) {
 		left = append(left, rec.ContainerID+":"+rec.IfName)
 	}
 	assert.ElementsMatch(t, []string{"new:lhnet1", "old1:lhnet2"}, left, "old1's record of this pool is gone; its record of another pool stays")
+	assert.NotContains(t, r.log.String(), "forget the checkpoint", "forgetting went well: no error logged")
 }

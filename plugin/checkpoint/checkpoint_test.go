@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -237,4 +238,25 @@ func TestForgetPool(t *testing.T) {
 	n, err = d.ForgetPool("../x", "kube-system", "192.168.50.0-24")
 	assert.NoError(t, err)
 	assert.Zero(t, n)
+}
+
+// The directory sync opens the directory: one that is not there is an error
+// that names it, not a silent success.
+func TestSyncDir(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		name, dir string
+		wantErr   bool
+	}{
+		{"the directory", dir, false},
+		{"no such directory", filepath.Join(dir, "gone"), true},
+	} {
+		err := osFiles{}.SyncDir(tt.dir)
+		if !tt.wantErr {
+			assert.NoError(t, err, tt.name)
+			continue
+		}
+		assert.ErrorIs(t, err, fs.ErrNotExist, tt.name)
+		assert.ErrorContains(t, err, tt.dir, tt.name)
+	}
 }

@@ -66,6 +66,13 @@ func TestCachedClusterServesTheFirstLookFromItsCache(t *testing.T) {
 		return len(pods) == 2, err
 	})
 	require.NoError(t, err, "a new pod reaches the cache")
+	pods, err := c.Pods(ctx, lh)
+	require.NoError(t, err)
+	var names []string
+	for _, p := range pods {
+		names = append(names, p.Name)
+	}
+	assert.Equal(t, []string{"im-a", "im-b"}, names, "in name order")
 
 	got, err := c.Pod(ctx, lh, "im-a")
 	require.NoError(t, err)
