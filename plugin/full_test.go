@@ -146,10 +146,10 @@ func TestTheFullPoolExplained(t *testing.T) {
 				"7 extra entries of 7 pods holding more than one (ns/p0 holds 2, ns/p1 holds 2, ns/p2 holds 2, ns/p3 holds 2, ns/p4 holds 2, and 2 more); nodes not checked"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p := &Plugin{Pods: func(_ context.Context, _, ns string) ([]corev1.Pod, error) {
-				var out []corev1.Pod
+			p := &Plugin{Pods: func(_ context.Context, _, ns string) ([]Pod, error) {
+				var out []Pod
 				for i := 0; i < 7; i++ {
-					out = append(out, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", i)}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+					out = append(out, Pod{Namespace: ns, Name: fmt.Sprintf("p%d", i), Phase: "Running"})
 				}
 				return out, nil
 			}}
