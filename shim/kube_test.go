@@ -85,7 +85,9 @@ func TestKubeAPIAsksTheServerForWhatItSays(t *testing.T) {
 func TestKubeAPILeases(t *testing.T) {
 	type req struct{ method, path, holder string }
 	var reqs []req
+	var agents []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		agents = append(agents, r.UserAgent())
 		var l coordinationv1.Lease
 		_ = json.NewDecoder(r.Body).Decode(&l)
 		holder := ""
@@ -106,7 +108,7 @@ func TestKubeAPILeases(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(&l)
 	}))
 	defer srv.Close()
-	api, err := NewKubeAPI(&rest.Config{Host: srv.URL})
+	api, err := NewKubeAPI(&rest.Config{Host: srv.URL, UserAgent: "harvester-ipam"})
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -127,6 +129,14 @@ func TestKubeAPILeases(t *testing.T) {
 		{"POST", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases", "node-a"},
 		{"PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/whereabouts", "node-a"},
 	}, reqs)
+	// The server's audit log names the plugin as the kubeconfig's config
+	// does; a config without one gets client-go's default, never none.
+	assert.Equal(t, []string{"harvester-ipam", "harvester-ipam", "harvester-ipam"}, agents)
+	agents = nil
+	bare, err := NewKubeAPI(&rest.Config{Host: srv.URL})
+	require.NoError(t, err)
+	_, _ = bare.GetLease(ctx, "kube-system", "whereabouts")
+	assert.Equal(t, []string{rest.DefaultKubernetesUserAgent()}, agents)
 }
 
 // The Cache read asks for resourceVersion "0" (the watch cache); a Fresh one
