@@ -54,17 +54,25 @@ func waitFor(t *testing.T, path string) {
 	t.Fatalf("%s never appeared: the delegate did not start", path)
 }
 
+// running starts the delegate a script of body plays and waits until it
+// runs: it returns the script's directory and the started delegate.
+func running(t *testing.T, body string) (string, *Early) {
+	t.Helper()
+	dir := plugin(t, "whereabouts", body)
+	e := Start(context.Background(), "whereabouts", "ADD", nil)
+	require.True(t, e.Started())
+	waitFor(t, filepath.Join(dir, "started"))
+	return dir, e
+}
+
 const result = `{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/24"}]}`
 
 // The delegate is started before the config exists, runs as ADD with the
 // process's environment, and gets its config only when DelegateAdd writes
 // it: nothing before, exactly the config after.
 func TestTheStartedDelegateGetsItsConfigOnlyAtItsRun(t *testing.T) {
-	dir := plugin(t, "whereabouts", "echo '"+result+"'")
+	dir, e := running(t, "echo '"+result+"'")
 	ctx := context.Background()
-	e := Start(ctx, "whereabouts", "ADD", nil)
-	require.True(t, e.Started())
-	waitFor(t, filepath.Join(dir, "started"))
 	time.Sleep(50 * time.Millisecond)
 	assert.Equal(t, "", read(t, filepath.Join(dir, "stdin")), "the config is not written before the run")
 
@@ -105,10 +113,7 @@ func TestTheStartedDelegatesStderrIsPassedOn(t *testing.T) {
 // Abandoned (the ADD failed before the delegate's turn): the process is
 // killed without a byte of config, so it can have done nothing.
 func TestAnAbandonedDelegateNeverGetsItsConfig(t *testing.T) {
-	dir := plugin(t, "whereabouts", "echo ran > "+"$(dirname $0)/ran")
-	e := Start(context.Background(), "whereabouts", "ADD", nil)
-	require.True(t, e.Started())
-	waitFor(t, filepath.Join(dir, "started"))
+	dir, e := running(t, "echo ran > "+"$(dirname $0)/ran")
 	e.Abandon()
 	e.Abandon()
 	assert.False(t, e.Started())
@@ -160,11 +165,8 @@ func TestTheStartedDelegatesFailuresReadAsInvokes(t *testing.T) {
 // A run of another plugin, or with another environment, is not given to the
 // started process (which is ended): it is run as invoke runs it.
 func TestAnotherRunIsInvokes(t *testing.T) {
-	dir := plugin(t, "whereabouts", "echo '"+result+"'")
+	dir, e := running(t, "echo '"+result+"'")
 	ctx := context.Background()
-	e := Start(ctx, "whereabouts", "ADD", nil)
-	require.True(t, e.Started())
-	waitFor(t, filepath.Join(dir, "started"))
 	t.Setenv("CNI_CONTAINERID", "c2") // the environment changed since the start
 
 	res, err := invoke.DelegateAdd(ctx, "whereabouts", []byte(`{"cniVersion":"1.0.0"}`), e)
