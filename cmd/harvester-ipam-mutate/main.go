@@ -10,6 +10,9 @@
 //
 //	shim/clock.go  CONDITIONALS_BOUNDARY  `if b.Cap > 0 && d > float64(b.Cap) {`  reason...
 //
+// MUTATOR:COLUMN (gremlins' column) excuses only the mutant at that column,
+// for a line whose other mutant of that mutator a test kills.
+//
 // An excused mutant is taken out of the counts (it is no bug a test could
 // catch) and the table says how many were; an entry that matches no mutant is
 // reported as stale.
@@ -40,6 +43,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -371,6 +375,7 @@ type equivalent struct {
 	lineNo  int
 	file    string
 	mutator string
+	column  int // 0: any column
 	text    string
 	reason  string
 	used    int
@@ -422,6 +427,13 @@ func parseEquivalent(line string) (*equivalent, error) {
 		return nil, fmt.Errorf("want FILE MUTATOR `SOURCE` REASON, got %q", line)
 	}
 	e := &equivalent{file: fields[0], mutator: fields[1]}
+	if name, col, ok := strings.Cut(fields[1], ":"); ok {
+		n, err := strconv.Atoi(col)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("the column after %s: must be a number from 1: %q", name, line)
+		}
+		e.mutator, e.column = name, n
+	}
 	open := strings.Index(line, "`")
 	end := -1
 	if open >= 0 {
@@ -444,7 +456,7 @@ func normalise(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 func (es *equivalents) match(m mutant) *equivalent {
 	for _, e := range es.list {
-		if e.file == m.file && e.mutator == m.mutator && e.text == normalise(m.text) {
+		if e.file == m.file && e.mutator == m.mutator && (e.column == 0 || e.column == m.column) && e.text == normalise(m.text) {
 			e.used++
 			return e
 		}

@@ -38,6 +38,23 @@ shim/clock.go  CONDITIONALS_BOUNDARY  `+"`if b.Cap > 0 &&   d > float64(b.Cap) {
 	assert.Len(t, (&equivalents{list: []*equivalent{{file: "shim/x.go"}}}).stale([]row{{pkg: "shim"}}), 1)
 }
 
+// A line can hold two mutants of one mutator, one equivalent and one a test
+// kills: MUTATOR:COLUMN excuses only the one at that column.
+func TestEquivalentsMatchAColumnWhenOneIsGiven(t *testing.T) {
+	es, err := parseEquivalents(strings.NewReader("shim/reconcile/nads.go  CONDITIONALS_BOUNDARY:37  `if s.Cmp(lo) >= 0 && s.Cmp(hi) <= 0 {`  at s == lo, lo = s changes nothing\n"), "eq.txt")
+	require.NoError(t, err)
+	require.Len(t, es.list, 1)
+	at := func(col int) mutant {
+		return mutant{file: "shim/reconcile/nads.go", line: 179, column: col, mutator: "CONDITIONALS_BOUNDARY", text: "if s.Cmp(lo) >= 0 && s.Cmp(hi) <= 0 {"}
+	}
+	assert.Same(t, es.list[0], es.match(at(37)))
+	assert.Nil(t, es.match(at(55)), "the other mutant of the line is not excused")
+	for _, bad := range []string{"CONDITIONALS_BOUNDARY:", "CONDITIONALS_BOUNDARY:x", "CONDITIONALS_BOUNDARY:0"} {
+		_, err := parseEquivalent("shim/x.go " + bad + " `if x {` why")
+		assert.Error(t, err, bad)
+	}
+}
+
 func TestEquivalentsRefuseWhatTheyCannotMatch(t *testing.T) {
 	for _, line := range []string{
 		"shim/clock.go CONDITIONALS_BOUNDARY",
