@@ -79,6 +79,36 @@ func TestUsage(t *testing.T) {
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/30","range_end":"10.0.0.1"}`)},
 		size: 1, free: 0, inUse: 1, nad: "h/sn",
 	}, {
+		name: "range_start alone, no exclude under it",
+		pool: ipPool("10.0.0.0-24", "10.0.0.0/24", entries("5", "50")),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/24","range_start":"10.0.0.10"}`)},
+		size: 245, free: 244, inUse: 1, nad: "h/sn",
+	}, {
+		name: "range_start on the last usable address: one address",
+		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", nil),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.14"}`)},
+		size: 1, free: 1, nad: "h/sn",
+	}, {
+		name: "an entry on an exclude's last address takes nothing",
+		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("7", "8")),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.4/30"]}`)},
+		size: 10, free: 9, inUse: 1, nad: "h/sn",
+	}, {
+		name: "IPv6: an entry in use, one address excluded",
+		pool: ipPool("fd00-10---120", "fd00:10::/120", entries("1", "5")),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"fd00:10::/120","exclude":["fd00:10::5"]}`)},
+		size: 253, free: 252, inUse: 1, nad: "h/sn",
+	}, {
+		name: "two NADs leave as many free: the one of the smaller size",
+		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("14")),
+		nads: []NAD{nadOf("a", "wide", `{"type":"whereabouts","range":"10.0.0.0/28"}`), nadOf("b", "short", `{"type":"whereabouts","range":"10.0.0.0/28","range_end":"10.0.0.13"}`)},
+		size: 13, free: 13, inUse: 0, nad: "b/short",
+	}, {
+		name: "two NADs alike: the first listed",
+		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("1")),
+		nads: []NAD{nadOf("a", "one", `{"type":"whereabouts","range":"10.0.0.0/28"}`), nadOf("b", "two", `{"type":"whereabouts","range":"10.0.0.0/28"}`)},
+		size: 14, free: 13, inUse: 1, nad: "a/one",
+	}, {
 		name: "a /32 has nothing whereabouts would hand out",
 		pool: ipPool("10.0.0.1-32", "10.0.0.1/32", nil), size: 0, free: 0,
 	}, {
@@ -104,6 +134,22 @@ func TestUsage(t *testing.T) {
 			assert.Equal(t, tt.inUse, u.InUse, "in use")
 		})
 	}
+}
+
+// The reconciler's summary says how many NADs allocate from whereabouts'
+// pools: whereabouts' and harvester-ipam's, not another IPAM's.
+func TestIndexNADsCountsTheNADsOnWhereabouts(t *testing.T) {
+	nads := []NAD{
+		nadOf("a", "wb", `{"type":"whereabouts","range":"10.0.0.0/24"}`),
+		nadOf("b", "hi", `{"type":"harvester-ipam","range":"10.1.0.0/24"}`),
+		nadOf("b", "hi6", `{"type":"harvester-ipam","range":"fd00:10::/120"}`),
+		nadOf("c", "hl", `{"type":"host-local","subnet":"10.2.0.0/24"}`),
+		{Namespace: "d", Name: "no-ipam", Config: `{"cniVersion":"0.3.1","type":"macvlan"}`},
+	}
+	x := IndexNADs(nads, nil)
+	assert.True(t, x.Known)
+	assert.Equal(t, 3, x.Count)
+	assert.Equal(t, 0, IndexNADs(nil, nil).Count)
 }
 
 // Only NADs that were all read can say a pool is named by none.
@@ -167,7 +213,7 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 		assert.Equal(t, f.now.Format(time.RFC3339), f.api.Pool("kube-system", old).Annotations[OrphanedSinceAnnotation])
 		assert.True(t, rep.Stats[len(rep.Stats)-1].Orphaned || rep.Stats[0].Orphaned)
 		f.now = f.now.Add(9 * time.Minute)
-		pass(t, f)
+		assert.Equal(t, "wait 1m0s", poolRow(pass(t, f)).Action)
 		require.NotNil(t, f.api.Pool("kube-system", old), "within the grace")
 		f.now = f.now.Add(time.Minute)
 		rep = pass(t, f)
@@ -228,6 +274,25 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 		assert.Empty(t, rep.DeletedPools)
 		assert.Empty(t, rep.Errors)
 		require.NotNil(t, f.api.Pool("kube-system", old))
+	})
+	t.Run("the delete fails: the pass says so, the next one deletes", func(t *testing.T) {
+		f := setup(t, map[string]alloc{})
+		pass(t, f)
+		f.now = f.now.Add(time.Hour)
+		f.api.Hook = func(c *fake.Call) error {
+			if c.Verb == "delete" && c.Resource == fake.Pools {
+				return errors.New("etcdserver: request timed out")
+			}
+			return nil
+		}
+		rep := pass(t, f)
+		require.Len(t, rep.Errors, 1)
+		assert.ErrorContains(t, rep.Errors[0], "etcdserver: request timed out")
+		require.NotNil(t, f.api.Pool("kube-system", old))
+		f.api.Hook = nil
+		rep = pass(t, f)
+		assert.Empty(t, rep.Errors)
+		assert.Equal(t, []string{old}, rep.DeletedPools)
 	})
 	t.Run("a NAD names it again: kept, its sighting forgotten", func(t *testing.T) {
 		f := setup(t, map[string]alloc{})

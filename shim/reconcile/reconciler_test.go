@@ -401,3 +401,143 @@ func TestAPassThatCannotReadFails(t *testing.T) {
 	_, err = f.r.Pass(context.Background())
 	assert.ErrorContains(t, err, "list pools in kube-system")
 }
+
+// The report's rows are in pool order, then address order (as strings), the
+// reservations' rows (pool "-") first, whatever order the pass made them in.
+func TestPassRowsAreInPoolThenAddressOrder(t *testing.T) {
+	f := newFixture(t, running())
+	f.api.Put(ipPool("10.9.0.0-24", "10.9.0.0/24", map[string]alloc{
+		"8": {ContainerID: "d8", PodRef: lh + "/gone8", IfName: "lhnet1"},
+		"3": {ContainerID: "d3", PodRef: lh + "/gone3", IfName: "lhnet1"},
+	}))
+	f.c.nads = append(f.c.nads, nadOf("h", "old", `{"type":"whereabouts","range":"10.9.0.0/24"}`))
+	rep, err := f.r.Pass(context.Background())
+	require.NoError(t, err)
+	var got []string
+	for _, r := range rep.Rows {
+		got = append(got, r.Pool+" "+r.IP)
+	}
+	assert.Equal(t, []string{"- 192.168.50.9", "10.9.0.0-24 10.9.0.3", "10.9.0.0-24 10.9.0.8", poolName + " 192.168.50.4"}, got)
+}
+
+// A dry run shows when each stale entry was first seen as the pass before
+// recorded it, and no time for an entry seen for the first time (a dry run
+// records nothing).
+func TestDryRunShowsOnlyRecordedSightings(t *testing.T) {
+	f := newFixture(t, running())
+	ctx := context.Background()
+	_, err := f.r.Pass(ctx)
+	require.NoError(t, err)
+	first := f.now
+	p := f.pool()
+	p.Spec.Allocations["6"] = alloc{ContainerID: "dead6", PodRef: lh + "/gone6", IfName: "lhnet1"}
+	_, err = f.api.UpdatePool("kube-system", p)
+	require.NoError(t, err)
+	f.now = f.now.Add(3 * time.Minute)
+	f.r.DryRun = true
+	rep, err := f.r.Pass(ctx)
+	require.NoError(t, err)
+	since := map[string]time.Time{}
+	for _, r := range rep.Rows {
+		if r.Kind == "allocation" {
+			since[r.IP] = r.Since
+		}
+	}
+	assert.Equal(t, map[string]time.Time{"192.168.50.4": first, "192.168.50.6": {}}, since)
+}
+
+// A pass with nothing to release or to record again reads each pool in the
+// list it starts from (and the reservations' judgement lists them again), and
+// writes nothing: the requests a quiet cluster costs each minute.
+func TestAQuietPassOnlyLists(t *testing.T) {
+	f := newFixture(t, running())
+	ctx := context.Background()
+	_, err := f.r.Pass(ctx)
+	require.NoError(t, err)
+	var calls []string
+	f.api.Hook = func(c *fake.Call) error {
+		calls = append(calls, c.Verb+" "+c.Resource)
+		return nil
+	}
+	f.now = f.now.Add(time.Minute)
+	rep, err := f.r.Pass(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Released)
+	assert.Equal(t, []string{"list " + fake.Pools, "list " + fake.Reservations, "list " + fake.Pools}, calls)
+}
+
+// A write that fails is in the pass's errors, never dropped: the sighting of
+// a leftover reservation, its forgetting, and its delete.
+func TestPassReportsAFailedReservationWrite(t *testing.T) {
+	// Only the leftover reservation's writes fail: not the release of the
+	// dead pod's entry, which deletes its own reservation.
+	fail := func(f *fixture, verb string) {
+		f.api.Hook = func(c *fake.Call) error {
+			if c.Verb == verb && c.Resource == fake.Reservations && c.Name == "192.168.50.9" {
+				return errors.New("etcdserver: request timed out")
+			}
+			return nil
+		}
+	}
+	t.Run("recording the sighting", func(t *testing.T) {
+		f := newFixture(t, running())
+		fail(f, "patch")
+		rep, err := f.r.Pass(context.Background())
+		require.NoError(t, err)
+		require.Len(t, rep.Errors, 1)
+		assert.ErrorContains(t, rep.Errors[0], "etcdserver: request timed out")
+	})
+	t.Run("forgetting it once backed again", func(t *testing.T) {
+		f := newFixture(t, running())
+		_, err := f.r.Pass(context.Background())
+		require.NoError(t, err)
+		p := f.pool()
+		p.Spec.Allocations["9"] = alloc{ContainerID: "back", PodRef: lh + "/leftover", IfName: "lhnet1"}
+		_, err = f.api.UpdatePool("kube-system", p)
+		require.NoError(t, err)
+		f.c.pods[lh+"/leftover"] = pod(lh, "leftover", corev1.PodRunning, "node-a", status("192.168.50.9"))
+		fail(f, "patch")
+		rep, err := f.r.Pass(context.Background())
+		require.NoError(t, err)
+		require.Len(t, rep.Errors, 1)
+		assert.ErrorContains(t, rep.Errors[0], "etcdserver: request timed out")
+	})
+	t.Run("the delete", func(t *testing.T) {
+		f := newFixture(t, running())
+		f.r.Grace = 0
+		fail(f, "delete")
+		rep, err := f.r.Pass(context.Background())
+		require.NoError(t, err)
+		require.Len(t, rep.Errors, 1)
+		assert.ErrorContains(t, rep.Errors[0], "etcdserver: request timed out")
+		assert.Equal(t, []string{"192.168.50.5", "192.168.50.9"}, f.orips(), "the dead pod's released, the leftover not deleted")
+	})
+}
+
+// Sightings that fill the budget to the byte are all written: only one that
+// does not fit waits.
+func TestSightingsFillTheBudgetExactly(t *testing.T) {
+	t0 := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	group := len(";" + strconv.FormatInt(t0.Unix(), 10) + ":")
+	// "v2", the group, then items "OFFSET.HOLDER" joined by commas: a five-digit
+	// offset is 14 bytes and its comma, a six-digit one 15 and its comma.
+	rest := maxSightingBytes - len("v2") - group + 1 // the first item has no comma
+	six := 0
+	for (rest-16*six)%15 != 0 {
+		six++
+	}
+	five := (rest - 16*six) / 15
+	s := sightings{}
+	for i := 0; i < five; i++ {
+		s[strconv.Itoa(10000+i)] = sighting{holder: "0123abcd", since: t0}
+	}
+	for i := 0; i < six; i++ {
+		s[strconv.Itoa(100000+i)] = sighting{holder: "0123abcd", since: t0}
+	}
+	enc, left := s.encode()
+	assert.Equal(t, maxSightingBytes, len(enc), "to the byte")
+	assert.Empty(t, left)
+	s["999999"] = sighting{holder: "0123abcd", since: t0}
+	_, left = s.encode()
+	assert.Equal(t, []string{"999999"}, left, "one more does not fit")
+}
