@@ -68,7 +68,7 @@ sim:
 # test efficacy (bugs caught) and mutator coverage (bugs the tests reach) per
 # package, and the target fails below MUTATE_EFFICACY or MUTATE_COVERAGE.
 # Equivalent mutants (no behaviour to catch) are listed with a reason in
-# mutate/equivalent.txt. About MUTATE_TIME on 2 shared cores (docs/testing.md).
+# mutate/equivalent.txt. About 33 minutes on 2 cores (docs/testing.md).
 MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/reconcile
 MUTATE_WORKERS     ?= 2
 MUTATE_COEFFICIENT ?= 10
