@@ -197,6 +197,15 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 		require.NoError(t, err)
 		return rep
 	}
+	// recordedAnHourAgo is the pool, recorded as orphaned by a pass an hour
+	// ago: past the grace.
+	recordedAnHourAgo := func(t *testing.T, allocs map[string]alloc) *fixture {
+		t.Helper()
+		f := setup(t, allocs)
+		pass(t, f)
+		f.now = f.now.Add(time.Hour)
+		return f
+	}
 	poolRow := func(rep *Report) Row {
 		for _, r := range rep.Rows {
 			if r.Kind == "pool" {
@@ -244,9 +253,7 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 		assert.Equal(t, []string{old}, rep.DeletedPools, "every entry stale: deleted, whatever their own grace")
 	})
 	t.Run("a pod back between the pass's look and the delete keeps it", func(t *testing.T) {
-		f := setup(t, map[string]alloc{"7": {ContainerID: "c7", PodRef: lh + "/im-old", IfName: "lhnet1"}})
-		pass(t, f)
-		f.now = f.now.Add(time.Hour)
+		f := recordedAnHourAgo(t, map[string]alloc{"7": {ContainerID: "c7", PodRef: lh + "/im-old", IfName: "lhnet1"}})
 		f.c.beforePod = func(ref string) {
 			if ref == lh+"/im-old" {
 				f.c.pods[ref] = pod(lh, "im-old", corev1.PodRunning, "node-a", status("10.9.0.7"))
@@ -258,9 +265,7 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 		require.NotNil(t, f.api.Pool("kube-system", old))
 	})
 	t.Run("written between the judgement and the delete: kept (409)", func(t *testing.T) {
-		f := setup(t, map[string]alloc{})
-		pass(t, f)
-		f.now = f.now.Add(time.Hour)
+		f := recordedAnHourAgo(t, map[string]alloc{})
 		f.api.Hook = func(c *fake.Call) error {
 			if c.Verb == "delete" && c.Resource == fake.Pools {
 				p := f.api.Pool("kube-system", old)
@@ -276,9 +281,7 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 		require.NotNil(t, f.api.Pool("kube-system", old))
 	})
 	t.Run("the delete fails: the pass says so, the next one deletes", func(t *testing.T) {
-		f := setup(t, map[string]alloc{})
-		pass(t, f)
-		f.now = f.now.Add(time.Hour)
+		f := recordedAnHourAgo(t, map[string]alloc{})
 		f.api.Hook = func(c *fake.Call) error {
 			if c.Verb == "delete" && c.Resource == fake.Pools {
 				return errors.New("etcdserver: request timed out")
@@ -304,9 +307,7 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 		assert.NotContains(t, f.api.Pool("kube-system", old).Annotations, OrphanedSinceAnnotation)
 	})
 	t.Run("a NAD appears right before the delete: kept", func(t *testing.T) {
-		f := setup(t, map[string]alloc{})
-		pass(t, f)
-		f.now = f.now.Add(time.Hour)
+		f := recordedAnHourAgo(t, map[string]alloc{})
 		lists := f.c.nadLists
 		f.c.beforePod = nil
 		// The pass lists NADs once; the fresh look before the delete lists again.
