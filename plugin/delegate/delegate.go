@@ -35,7 +35,9 @@ type Early struct {
 
 	// stderr receives the plugin's stderr, as invoke's RawExec passes it on.
 	stderr io.Writer
-	path   string
+	name   string   // the plugin Start looked up,
+	paths  []string // on these directories,
+	path   string   // and found here
 	env    []string
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
@@ -49,7 +51,8 @@ type Early struct {
 // and reports what fails.
 func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
 	e := &Early{stderr: stderr}
-	path, err := invoke.FindInPath(name, filepath.SplitList(os.Getenv("CNI_PATH")))
+	paths := filepath.SplitList(os.Getenv("CNI_PATH"))
+	path, err := invoke.FindInPath(name, paths)
 	if err != nil {
 		return e
 	}
@@ -65,7 +68,7 @@ func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
 		_ = stdin.Close()
 		return e
 	}
-	e.path, e.env, e.cmd, e.stdin = path, env, cmd, stdin
+	e.name, e.paths, e.path, e.env, e.cmd, e.stdin = name, paths, path, env, cmd, stdin
 	return e
 }
 
@@ -120,8 +123,12 @@ func sameEnv(a, b []string) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
-// FindInPath finds a plugin as invoke does.
+// FindInPath finds a plugin as invoke does; the started one (invoke looks it
+// up again before it runs it) is where Start found it.
 func (e *Early) FindInPath(plugin string, paths []string) (string, error) {
+	if e.cmd != nil && plugin == e.name && slices.Equal(paths, e.paths) {
+		return e.path, nil
+	}
 	return invoke.FindInPath(plugin, paths)
 }
 

@@ -188,3 +188,22 @@ func TestADelegateNotFoundIsInvokesError(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `failed to find plugin "whereabouts-typo" in path`)
 }
+
+// invoke looks the delegate up again before it runs it (DelegateAdd calls
+// FindInPath): the started one answers from what Start found, without a
+// second walk of CNI_PATH; any other plugin or path list is looked up as
+// invoke does.
+func TestFindInPathAnswersForTheStartedDelegate(t *testing.T) {
+	dir, e := running(t, "echo '"+result+"'")
+	defer e.Abandon()
+	paths := filepath.SplitList(os.Getenv("CNI_PATH"))
+	require.NoError(t, os.Rename(filepath.Join(dir, "whereabouts"), filepath.Join(dir, "moved")))
+	got, err := e.FindInPath("whereabouts", paths)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "whereabouts"), got, "the started process's binary, found once")
+	_, err = e.FindInPath("whereabouts", append([]string{t.TempDir()}, paths...))
+	assert.ErrorContains(t, err, "failed to find plugin", "another path list: invoke's lookup")
+	got, err = e.FindInPath("moved", paths)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "moved"), got)
+}
