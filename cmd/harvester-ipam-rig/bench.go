@@ -221,54 +221,82 @@ func stepsOf(logFile, verb, id string) ([]step, error) {
 	return nil, fmt.Errorf("no step times for %s %s in %s", verb, id, logFile)
 }
 
-// latency: ADD then DEL of n sandboxes, one at a time, the two sides interleaved.
+// latency: ADD then DEL of n sandboxes, one at a time, the sides
+// interleaved: harvester-ipam, whereabouts alone, and the floor (a plugin
+// that does nothing but delegate, built from testcni/passthrough).
 func (b *bencher) latency(ctx context.Context, n, k int) error {
 	h, w := b.sides(delegateRange(210, k, 0), delegateRange(210, k, 1))
-	var addH, addW, delH, delW []time.Duration
-	var rssH, rssW []int64
+	f, err := b.floor(ctx, delegateRange(230, k, 0))
+	if err != nil {
+		return err
+	}
+	sides := []side{h, w, f}
+	add := map[string][]time.Duration{}
+	del := map[string][]time.Duration{}
+	rss := map[string][]int64{}
 	type sb struct{ id, pod string }
 	var sbs []sb
 	for i := 0; i < n; i++ {
 		s := sb{b.id(), fmt.Sprintf("instance-manager-%04d", i)}
 		sbs = append(sbs, s)
-		for _, sd := range order(i, h, w) {
+		for _, sd := range order(i, sides...) {
 			m, err := b.call(ctx, sd, "ADD", s.id, s.pod)
 			if err != nil {
 				return err
 			}
-			if sd.name == h.name {
-				addH, rssH = append(addH, m.Wall), append(rssH, m.PeakRSS)
-			} else {
-				addW, rssW = append(addW, m.Wall), append(rssW, m.PeakRSS)
-			}
+			add[sd.name], rss[sd.name] = append(add[sd.name], m.Wall), append(rss[sd.name], m.PeakRSS)
 		}
 	}
 	for i, s := range sbs {
-		for _, sd := range order(i, h, w) {
+		for _, sd := range order(i, sides...) {
 			m, err := b.call(ctx, sd, "DEL", s.id, s.pod)
 			if err != nil {
 				return err
 			}
-			if sd.name == h.name {
-				delH, rssH = append(delH, m.Wall), append(rssH, m.PeakRSS)
-			} else {
-				delW, rssW = append(delW, m.Wall), append(rssW, m.PeakRSS)
-			}
+			del[sd.name], rss[sd.name] = append(del[sd.name], m.Wall), append(rss[sd.name], m.PeakRSS)
 		}
 	}
 	fmt.Printf("## One sandbox at a time, on whereabouts %s (%d sandboxes, process start included)\n\n", b.wb, n)
-	fmt.Printf("| | harvester-ipam -> whereabouts %s | whereabouts %s alone | ratio |\n", b.wb, b.wb)
-	fmt.Println("|---|---|---|---|")
-	row := func(what string, hv, wv []time.Duration) {
-		fmt.Printf("| %s median | %s | %s | %.2fx |\n", what, ms(median(hv)), ms(median(wv)), ratio(median(hv), median(wv)))
-		fmt.Printf("| %s p95 | %s | %s | %.2fx |\n", what, ms(p95(hv)), ms(p95(wv)), ratio(p95(hv), p95(wv)))
+	fmt.Printf("| | harvester-ipam -> whereabouts %s | whereabouts %s alone | ratio | the floor: passthrough -> whereabouts | its ratio |\n", b.wb, b.wb)
+	fmt.Println("|---|---|---|---|---|---|")
+	row := func(what string, v map[string][]time.Duration) {
+		for _, q := range []struct {
+			name string
+			at   func([]time.Duration) time.Duration
+		}{{"median", median}, {"p95", p95}} {
+			hv, wv, fv := q.at(v[h.name]), q.at(v[w.name]), q.at(v[f.name])
+			fmt.Printf("| %s %s | %s | %s | %.2fx | %s | %.2fx |\n", what, q.name, ms(hv), ms(wv), ratio(hv, wv), ms(fv), ratio(fv, wv))
+		}
 	}
-	row("ADD", addH, addW)
-	row("DEL", delH, delW)
-	mh, mw := maxInt(rssH), maxInt(rssW)
-	fmt.Printf("| peak RSS of the plugin process (max) | %.1f MiB | %.1f MiB | %.2fx |\n", float64(mh)/1024, float64(mw)/1024, float64(mh)/float64(mw))
-	fmt.Printf("| peak RSS of the plugin process (median) | %.1f MiB | %.1f MiB | %.2fx |\n\n", float64(medianInt(rssH))/1024, float64(medianInt(rssW))/1024, float64(medianInt(rssH))/float64(medianInt(rssW)))
+	row("ADD", add)
+	row("DEL", del)
+	for _, q := range []struct {
+		name string
+		at   func([]int64) int64
+	}{{"max", maxInt}, {"median", medianInt}} {
+		hv, wv, fv := q.at(rss[h.name]), q.at(rss[w.name]), q.at(rss[f.name])
+		fmt.Printf("| peak RSS of the plugin process (%s) | %.1f MiB | %.1f MiB | %.2fx | %.1f MiB | %.2fx |\n", q.name, float64(hv)/1024, float64(wv)/1024, float64(hv)/float64(wv), float64(fv)/1024, float64(fv)/float64(wv))
+	}
+	fmt.Println()
 	return nil
+}
+
+// floor is the passthrough side: testcni/passthrough built beside the
+// plugin, in a CNI_PATH of its own that holds it and this run's whereabouts.
+func (b *bencher) floor(ctx context.Context, rng string) (side, error) {
+	dir := filepath.Join(b.rig.Dir, "floor-"+b.wb)
+	bin := filepath.Join(dir, "passthrough")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return side{}, err
+	}
+	if err := b.rig.BuildCommand(ctx, "./testcni/passthrough", bin, ""); err != nil {
+		return side{}, err
+	}
+	wb := filepath.Join(dir, "whereabouts")
+	if err := os.Symlink(b.rig.Tools["whereabouts-"+b.wb], wb); err != nil && !os.IsExist(err) {
+		return side{}, err
+	}
+	return side{name: "passthrough", bin: bin, typ: "passthrough", path: dir, rng: rng}, nil
 }
 
 // storm: 20 pods at once, each recreated 5 times without DEL.
@@ -516,12 +544,10 @@ func (b *bencher) makePods(ctx context.Context, from, to int) error {
 	}
 }
 
-// order alternates which side goes first, so neither always runs warm.
-func order(i int, a, b side) []side {
-	if i%2 == 0 {
-		return []side{a, b}
-	}
-	return []side{b, a}
+// order rotates which side goes first, so none always runs warm.
+func order(i int, sides ...side) []side {
+	k := i % len(sides)
+	return append(append([]side{}, sides[k:]...), sides[:k]...)
 }
 
 func median(d []time.Duration) time.Duration { return pct(d, 0.5) }
