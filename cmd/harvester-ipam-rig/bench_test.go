@@ -1,0 +1,44 @@
+package main
+
+import (
+	"context"
+	"testing"
+
+	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
+	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/client/clientset/versioned/fake"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+// The large pool's earlier sandbox is planted beside the live entries, never
+// over one: an overwritten entry leaves its ORIP behind, and whereabouts then
+// fails on that address at every later ADD of the pool (the 2.3x of an
+// earlier run of the bench).
+func TestPlantNeverOverwritesAnEntry(t *testing.T) {
+	live := whereaboutsv1alpha1.IPAllocation{ContainerID: "live", PodRef: "longhorn-system/big-quiet-08", IfName: "lhnet1"}
+	wb := wbfake.NewSimpleClientset(&whereaboutsv1alpha1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: testcni.PoolNamespace},
+		Spec:       whereaboutsv1alpha1.IPPoolSpec{Range: "10.64.0.0/16", Allocations: map[string]whereaboutsv1alpha1.IPAllocation{"5": live}},
+	})
+	b := &bencher{rig: &testcni.Rig{WB: wb}}
+	planted := whereaboutsv1alpha1.IPAllocation{ContainerID: "dead", PodRef: "longhorn-system/crashy-00", IfName: "lhnet0"}
+	ctx := context.Background()
+
+	if _, err := b.plant(ctx, "p", "5", planted); err == nil {
+		t.Errorf("planting over the live entry at offset 5: no error")
+	}
+	if _, err := b.plant(ctx, "p", "6", planted); err != nil {
+		t.Fatalf("planting at the free offset 6: %v", err)
+	}
+	p, err := wb.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Get(ctx, "p", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Spec.Allocations["5"]; got != live {
+		t.Errorf("offset 5 = %+v, want the live entry %+v", got, live)
+	}
+	if got := p.Spec.Allocations["6"]; got != planted {
+		t.Errorf("offset 6 = %+v, want the planted entry %+v", got, planted)
+	}
+}
