@@ -293,15 +293,17 @@ func (b *bencher) latency(ctx context.Context, n, k int) error {
 	return nil
 }
 
-// floor is the passthrough side: testcni/passthrough built beside the
-// plugin, in a CNI_PATH of its own that holds it and this run's whereabouts.
+// floor is the passthrough side: testcni/passthrough, built once per run,
+// with a CNI_PATH of its own per delegate that holds that whereabouts.
 func (b *bencher) floor(ctx context.Context, rng string) (side, error) {
-	dir := filepath.Join(b.rig.Dir, "floor-"+b.wb)
-	bin := filepath.Join(dir, "passthrough")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return side{}, err
+	bin := filepath.Join(b.rig.Dir, "passthrough")
+	if _, err := os.Stat(bin); err != nil {
+		if err := b.rig.BuildCommand(ctx, "./testcni/passthrough", bin, ""); err != nil {
+			return side{}, err
+		}
 	}
-	if err := b.rig.BuildCommand(ctx, "./testcni/passthrough", bin, ""); err != nil {
+	dir := filepath.Join(b.rig.Dir, "floor-"+b.wb)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return side{}, err
 	}
 	wb := filepath.Join(dir, "whereabouts")
