@@ -8,7 +8,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -52,17 +51,22 @@ func pass(args *skel.CmdArgs, verb func(context.Context, string, []byte, invoke.
 	return verb(context.Background(), delegateName, conf, nil)
 }
 
-// retype is the config with ipam.type set to the delegate's, as
-// harvester-ipam hands it on.
+// retype is the config with ipam.type set to the delegate's, every other
+// value passed on byte for byte, as harvester-ipam hands it on. It does not
+// call conf: conf links whereabouts' config loader, and the floor would then
+// pay for a start-up that is harvester-ipam's.
 func retype(stdin []byte) ([]byte, error) {
-	var c map[string]any
-	if err := json.Unmarshal(stdin, &c); err != nil {
+	var top, ipam map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &top); err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrDecodingFailure, "the network config is not JSON", err.Error())
 	}
-	ipam, ok := c["ipam"].(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("the network config has no ipam object")
+	if err := json.Unmarshal(top["ipam"], &ipam); err != nil || ipam == nil {
+		return nil, cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "the network config has no ipam object", "")
 	}
-	ipam["type"] = delegateName
-	return json.Marshal(c)
+	ipam["type"], _ = json.Marshal(delegateName)
+	var err error
+	if top["ipam"], err = json.Marshal(ipam); err != nil {
+		return nil, err
+	}
+	return json.Marshal(top)
 }
