@@ -1,7 +1,6 @@
 package delegate
 
 import (
-	"debug/buildinfo"
 	"fmt"
 	"os"
 
@@ -16,10 +15,6 @@ import (
 // than starting itself again, which would hang every sandbox.
 const GuardEnv = "HARVESTER_IPAM_DELEGATE"
 
-// mainPath is the main package of every harvester-ipam build, whatever its
-// version: how a binary at the delegate's name is known to be harvester-ipam.
-const mainPath = "github.com/harvester/harvester-ipam/cmd/harvester-ipam"
-
 // Find finds the delegate named name on paths as invoke does. Where
 // harvester-ipam stands in for it (the file found is harvester-ipam), the
 // delegate is the real binary kept beside it at standin.Aside; if that is
@@ -30,7 +25,7 @@ func Find(name string, paths []string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !isHarvesterIPAM(path) {
+	if !standin.IsHarvesterIPAM(path) {
 		return path, nil
 	}
 	aside := standin.Aside(path)
@@ -40,21 +35,6 @@ func Find(name string, paths []string) (string, error) {
 	return "", types.NewError(types.ErrTryAgainLater,
 		fmt.Sprintf("harvester-ipam stands in for %s at %s, but the real %s is missing at %s", name, path, name, aside),
 		fmt.Sprintf("restart %s's DaemonSet pod on this node (it writes its binary again and harvester-ipam's installer keeps it at %s), or harvester-ipam's", name, aside))
-}
-
-// isHarvesterIPAM says whether the file at path is a build of harvester-ipam:
-// this very program (the common case, when it stands in), or any other
-// version of it. A binary whose build info cannot be read is not.
-func isHarvesterIPAM(path string) bool {
-	if self, err := os.Executable(); err == nil {
-		a, errA := os.Stat(self)
-		b, errB := os.Stat(path)
-		if errA == nil && errB == nil && os.SameFile(a, b) {
-			return true
-		}
-	}
-	info, err := buildinfo.ReadFile(path)
-	return err == nil && info.Path == mainPath
 }
 
 // SelfError is the error of a harvester-ipam started as its own delegate.
