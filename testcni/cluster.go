@@ -31,6 +31,12 @@ type proc struct {
 }
 
 func startProc(dir, name, bin string, args ...string) (*proc, error) {
+	return startProcEnv(dir, name, bin, nil, args...)
+}
+
+// startProcEnv is startProc with env as the whole environment (nil: this
+// process's).
+func startProcEnv(dir, name, bin string, env []string, args ...string) (*proc, error) {
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -38,6 +44,7 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = env
 	// Die with the rig, however it ends.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -156,7 +156,7 @@ func (r *Rig) AddMultusNetwork(ctx context.Context, n Network, nadNamespace, nad
 	conf := map[string]any{
 		"cniVersion": "0.3.1", "name": n.Name, "type": "multus",
 		"kubeconfig": r.Kubeconfig,
-		"binDir":     r.cniPaths[n.Whereabouts],
+		"binDir":     n.binDir(),
 		"cniDir":     MultusCacheDir,
 		"logFile":    m.LogFile, "logLevel": "debug",
 		"delegates": []any{map[string]any{

@@ -23,6 +23,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/harvester/harvester-ipam/install/standin"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
 
@@ -34,6 +35,9 @@ const (
 	// V093 is what Harvester's current chart ships: its DEL matches the
 	// container ID and the ifname.
 	V093 = "v0.9.3"
+	// V094 is whereabouts' next release: v0.9.3's allocator, DEL and Lease;
+	// its reconciler runs as a Deployment of its own.
+	V094 = "v0.9.4"
 	// V080 is the first to hand a recreated sandbox the address its pod and
 	// ifname held; its DEL matches the container ID only.
 	V080 = "v0.8.0"
@@ -43,7 +47,7 @@ const (
 )
 
 // Delegates are the whereabouts versions the end-to-end suite runs on.
-var Delegates = []string{V093, V080, V070}
+var Delegates = []string{V094, V093, V080, V070}
 
 // Options tune a rig.
 type Options struct {
@@ -51,6 +55,9 @@ type Options struct {
 	Progress io.Writer
 	// Crashpoints also builds harvester-ipam with the crashpoints tag.
 	Crashpoints bool
+	// NoWebhook leaves Harvester's network webhook out (it judges every NAD
+	// otherwise, as on Harvester).
+	NoWebhook bool
 }
 
 // Rig is a running rig. Start one with Start; Close it when done.
@@ -69,6 +76,8 @@ type Rig struct {
 	Dynamic    dynamic.Interface
 
 	cluster  *cluster
+	webhook  *proc     // Harvester's network webhook, unless Options.NoWebhook
+	progress io.Writer // where the rig says what it does
 	bin      string            // the harvester-ipam binaries built for this rig
 	cniPaths map[string]string // whereabouts version -> CNI_PATH
 	crashBin string            // dir with the crashpoints build of harvester-ipam
@@ -103,7 +112,7 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	rig := &Rig{Root: root, Dir: dir, Tools: tools, netns: map[string]bool{}, cniPaths: map[string]string{}}
+	rig := &Rig{Root: root, Dir: dir, Tools: tools, netns: map[string]bool{}, cniPaths: map[string]string{}, progress: progress}
 	r = rig
 	defer func() {
 		if err != nil {
@@ -146,6 +155,26 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 		if r.cniPaths[v+swallowDel], err = swallowingCNIDir(d+swallowDel, links, tools["whereabouts-"+v]); err != nil {
 			return nil, err
 		}
+		// harvester-ipam standing in for whereabouts, as the chart's DaemonSet
+		// leaves a node: at the name whereabouts, the real one (or the
+		// swallowing wrapper) beside it at standin.Aside.
+		for _, crash := range []bool{false, true} {
+			for _, swallow := range []bool{false, true} {
+				if crash && r.crashBin == "" {
+					continue
+				}
+				key, self := v+standInKey, filepath.Join(bin, "harvester-ipam")
+				if crash {
+					key, self = key+crashKey, filepath.Join(r.crashBin, "harvester-ipam")
+				}
+				if swallow {
+					key += swallowDel
+				}
+				if r.cniPaths[key], err = standInDir(filepath.Join(dir, "cni", key), links, self, tools["whereabouts-"+v], swallow); err != nil {
+					return nil, err
+				}
+			}
+		}
 	}
 
 	fmt.Fprintf(progress, "rig: starting etcd and kube-apiserver in %s\n", dir)
@@ -162,6 +191,11 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	}
 	if err := r.installCRDs(ctx); err != nil {
 		return nil, err
+	}
+	if !opt.NoWebhook {
+		if err := r.startWebhook(ctx); err != nil {
+			return nil, err
+		}
 	}
 	r.NetConfDir = filepath.Join(dir, "net.d")
 	if err := os.MkdirAll(r.NetConfDir, 0o755); err != nil {
@@ -255,6 +289,9 @@ func (r *Rig) Close() {
 	}
 	r.netns = map[string]bool{}
 	r.mu.Unlock()
+	if r.webhook != nil {
+		r.webhook.stop(5 * time.Second)
+	}
 	if r.cluster != nil {
 		r.cluster.stop()
 	}
@@ -263,8 +300,36 @@ func (r *Rig) Close() {
 	}
 }
 
-// swallowDel keys the CNI_PATH of a version whose whereabouts swallows DEL.
-const swallowDel = "+swallow-del"
+// swallowDel keys the CNI_PATH of a version whose whereabouts swallows DEL;
+// standInKey one where harvester-ipam stands in for whereabouts, crashKey
+// with its crashpoints build.
+const (
+	swallowDel = "+swallow-del"
+	standInKey = "+stand-in"
+	crashKey   = "+crashpoints"
+)
+
+// standInDir makes dir a CNI_PATH of links where harvester-ipam (self) is at
+// whereabouts' name and the real whereabouts wb, or its DEL-swallowing
+// wrapper, at standin.Aside.
+func standInDir(dir string, links map[string]string, self, wb string, swallow bool) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for name, target := range links {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			return "", err
+		}
+	}
+	name := filepath.Join(dir, "whereabouts")
+	if err := os.Symlink(self, name); err != nil {
+		return "", err
+	}
+	if swallow {
+		return dir, writeSwallowingWhereabouts(standin.Aside(name), wb)
+	}
+	return dir, os.Symlink(wb, standin.Aside(name))
+}
 
 // swallowingCNIDir makes dir a CNI_PATH of links whose whereabouts is
 // writeSwallowingWhereabouts' wrapper around wb.

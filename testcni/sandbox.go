@@ -14,14 +14,26 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 )
 
+// How a network reaches harvester-ipam, its Network.IPAM.
+const (
+	// StandIn (the default): the config names whereabouts, as Harvester
+	// writes it, and harvester-ipam stands in at whereabouts' name, the real
+	// binary beside it (as the chart's DaemonSet leaves a node).
+	StandIn = "stand-in"
+	// Named: the config names harvester-ipam.
+	Named = "harvester-ipam"
+	// Alone: whereabouts alone, no harvester-ipam.
+	Alone = "whereabouts"
+)
+
 // Network is a CNI network like Harvester's storage network: a bridge whose
-// IPAM is harvester-ipam or whereabouts alone.
+// IPAM is harvester-ipam, standing in or named, or whereabouts alone.
 type Network struct {
 	Name        string   // the CNI network's name, as cnitool names it
 	Range       string   // the whereabouts range
 	Exclude     []string // whereabouts' exclude
 	NetworkName string   // whereabouts' network_name
-	// IPAM is "harvester-ipam" (the default) or "whereabouts".
+	// IPAM is StandIn (the default), Named or Alone.
 	IPAM string
 	// Whereabouts is the version that allocates: V093 (the default, as
 	// Harvester's current chart), V080 or V070.
@@ -52,7 +64,7 @@ type Network struct {
 // the default tenant.
 func (n Network) withDefaults(r *Rig) Network {
 	if n.IPAM == "" {
-		n.IPAM = "harvester-ipam"
+		n.IPAM = StandIn
 	}
 	if n.Whereabouts == "" {
 		n.Whereabouts = V093
@@ -78,7 +90,7 @@ func (r *Rig) AddNetwork(n Network) (*Network, error) {
 
 // ipam is the network's ipam object, naming flatFile as whereabouts' flat file.
 func (n *Network) ipam(flatFile string) map[string]any {
-	ipam := map[string]any{"type": n.IPAM, "range": n.Range, "configuration_path": flatFile}
+	ipam := map[string]any{"type": n.Type(), "range": n.Range, "configuration_path": flatFile}
 	if len(n.Exclude) > 0 {
 		ipam["exclude"] = n.Exclude
 	}
@@ -97,7 +109,31 @@ func (n *Network) ipam(flatFile string) map[string]any {
 // ForgetIPAM rewrites the conflist as it is once the NAD is gone: the ipam
 // object keeps only its type.
 func (n *Network) ForgetIPAM() error {
-	return n.writeConf(map[string]any{"type": n.IPAM})
+	return n.writeConf(map[string]any{"type": n.Type()})
+}
+
+// Type is the network config's ipam.type: whereabouts, unless the network
+// names harvester-ipam.
+func (n *Network) Type() string {
+	if n.IPAM == Named {
+		return Named
+	}
+	return Alone
+}
+
+// binDir is the CNI bin dir of the network's plugins.
+func (n *Network) binDir() string {
+	key := n.Whereabouts
+	if n.IPAM == StandIn {
+		key += standInKey
+		if n.Crashpoints {
+			key += crashKey
+		}
+	}
+	if n.SwallowDel {
+		key += swallowDel
+	}
+	return n.rig.cniPaths[key]
 }
 
 // PluginConf is the network's bridge plugin config as a runtime hands it to
@@ -141,11 +177,8 @@ func (n *Network) writeConf(ipam map[string]any) error {
 
 // cniPath is where cnitool finds the plugins of this network.
 func (n *Network) cniPath() string {
-	p := n.rig.cniPaths[n.Whereabouts]
-	if n.SwallowDel {
-		p = n.rig.cniPaths[n.Whereabouts+swallowDel]
-	}
-	if n.Crashpoints {
+	p := n.binDir()
+	if n.Crashpoints && n.IPAM != StandIn {
 		p = n.rig.crashBin + ":" + p
 	}
 	return p

@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm|gremlins]
+#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-vX.Y.Z|multus|helm|webhook|gremlins]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -20,6 +20,14 @@ PROMETHEUS_OPERATOR_VERSION=v0.76.2
 # The checksum database does not know whereabouts v0.9.3 (Harvester's current
 # chart ships it): its module hash is pinned here and checked on download.
 WHEREABOUTS_V093_SUM=h1:DbI2Xyst/FTZONuZ/O5EjHw/DaddrzSW2g/jmMXxWdQ=
+# v0.9.4, the next release, likewise.
+WHEREABOUTS_V094_SUM=h1:P45pLCyZ7iXLPBtlczbzSYV+AQCPCa9j7qfULKJ4ARM=
+WHEREABOUTS_VERSIONS="v0.9.4 v0.9.3 v0.8.0 v0.7.0"
+# Harvester's network controller, whose admission webhook judges NADs. The
+# proxy refuses v1.8.2 (Harvester v1.8.2's); v1.8.1's cmd/ and pkg/ are
+# v1.8.2's file for file. The checksum database does not know it either.
+NETWORK_CONTROLLER_VERSION=v1.8.1
+NETWORK_CONTROLLER_SUM=h1:tH41q82zyAZLet5V1weGeMDN6ooqh4m1EeDYNG++/H4=
 
 CACHE="${HARVESTER_IPAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harvester-ipam}"
 BIN="$CACHE/bin"
@@ -95,28 +103,85 @@ build_plugins() {
   done
 }
 
+# pinned_get DIR MOD VERSION SUM: go get a module the checksum database does
+# not know, after checking its module hash against the pinned one. Seeding
+# go.sum makes the go command refuse a download of another hash; the check
+# says so in words.
+pinned_get() {
+  local d="$1" mod="$2" v="$3" want="$4" sum
+  printf '%s %s %s\n' "$mod" "$v" "$want" >>"$d/go.sum"
+  sum=$(cd "$d" && GONOSUMDB=$mod go mod download -json "$mod@$v" | sed -n 's/^\t"Sum": "\(.*\)",$/\1/p')
+  if [[ "$sum" != "$want" ]]; then
+    echo "tools: $mod@$v has module hash '$sum', want $want: refusing to build it" >&2
+    return 1
+  fi
+  log "$mod@$v module hash $sum matches the pinned one"
+  (cd "$d" && GONOSUMDB=$mod go get "$mod@$v")
+}
+
+# build_whereabouts V: the plugin, its ip-control-loop (the pod controller its
+# DaemonSet runs; up to v0.9.3 its reconciler too), from v0.9.4 its reconciler
+# (a Deployment of its own), and its install-cni.sh (with lib.sh where it has
+# one): one module download, built once per version.
 build_whereabouts() {
-  local v="$1" out="whereabouts-$1"; have "$out" && return 0
+  local v="$1" out="whereabouts-$1"
+  have "$out" && have "ip-control-loop-$v" && [[ -s "$BIN/whereabouts-$v-script/install-cni.sh" ]] \
+    && { [[ $v != v0.9.4 ]] || have "whereabouts-reconciler-$v"; } && return 0
   log "building whereabouts $v"
   local d; d=$(newmod "$out")
   printf '\nreplace github.com/gogo/protobuf => github.com/gogo/protobuf v1.3.2\n' >>"$d/go.mod"
   local mod=github.com/k8snetworkplumbingwg/whereabouts
-  if [[ $v == v0.9.3 ]]; then
-    # Seeding go.sum makes the go command refuse a download of another hash;
-    # the explicit check below says so in words.
-    printf '%s %s %s\n' "$mod" "$v" "$WHEREABOUTS_V093_SUM" >"$d/go.sum"
-    local sum
-    sum=$(cd "$d" && GONOSUMDB=$mod go mod download -json "$mod@$v" | sed -n 's/^\t"Sum": "\(.*\)",$/\1/p')
-    if [[ "$sum" != "$WHEREABOUTS_V093_SUM" ]]; then
-      echo "tools: $mod@$v has module hash '$sum', want $WHEREABOUTS_V093_SUM: refusing to build it" >&2
-      return 1
-    fi
-    log "$mod@$v module hash $sum matches the pinned one"
-    (cd "$d" && GONOSUMDB=$mod go get "$mod@$v")
-  else
-    (cd "$d" && go get "$mod@$v")
-  fi
+  case $v in
+    v0.9.3) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V093_SUM" ;;
+    v0.9.4) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V094_SUM" ;;
+    *) (cd "$d" && go get "$mod@$v") ;;
+  esac
   install_bin "$out" "$d" "$mod/cmd"
+  install_bin "ip-control-loop-$v" "$d" "$mod/cmd/controlloop"
+  if [[ $v == v0.9.4 ]]; then
+    install_bin "whereabouts-reconciler-$v" "$d" "$mod/cmd/reconciler"
+  fi
+  local dir; dir=$(cd "$d" && GONOSUMDB=$mod go list -m -f '{{.Dir}}' "$mod")
+  rm -rf "$BIN/whereabouts-$v-script.tmp" && mkdir -p "$BIN/whereabouts-$v-script.tmp"
+  cp "$dir"/script/install-cni.sh "$BIN/whereabouts-$v-script.tmp/"
+  [[ -f "$dir/script/lib.sh" ]] && cp "$dir/script/lib.sh" "$BIN/whereabouts-$v-script.tmp/"
+  chmod -R u+w "$BIN/whereabouts-$v-script.tmp"
+  rm -rf "$BIN/whereabouts-$v-script" && mv "$BIN/whereabouts-$v-script.tmp" "$BIN/whereabouts-$v-script"
+  log "copied whereabouts $v's install-cni.sh to $BIN/whereabouts-$v-script"
+}
+
+# build_webhook: cmd/webhook of Harvester's network controller, from a module
+# that copies its go.sum and its replace directives (it builds only with them),
+# and the CRDs it waits for (its manifests/crds), copied beside it: the rig runs
+# in a network namespace where no module can be fetched.
+build_webhook() {
+  local out="harvester-network-webhook-$NETWORK_CONTROLLER_VERSION"
+  have "$out" && [[ -d "$BIN/$out-crds" ]] && return 0
+  log "building harvester-network-controller $NETWORK_CONTROLLER_VERSION's webhook (about 4 minutes cold)"
+  local d; d=$(newmod "$out")
+  local mod=github.com/harvester/harvester-network-controller
+  local info dir
+  info=$(cd "$d" && GONOSUMDB=$mod GOFLAGS=-mod=mod go mod download -json "$mod@$NETWORK_CONTROLLER_VERSION")
+  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  local sum; sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
+  if [[ "$sum" != "$NETWORK_CONTROLLER_SUM" ]]; then
+    echo "tools: $mod@$NETWORK_CONTROLLER_VERSION has module hash '$sum', want $NETWORK_CONTROLLER_SUM: refusing to build it" >&2
+    return 1
+  fi
+  log "$mod@$NETWORK_CONTROLLER_VERSION module hash $sum matches the pinned one"
+  cp "$dir/go.sum" "$d/go.sum" && chmod u+w "$d/go.sum"
+  printf '%s %s %s\n' "$mod" "$NETWORK_CONTROLLER_VERSION" "$NETWORK_CONTROLLER_SUM" >>"$d/go.sum"
+  {
+    printf '\nrequire %s %s\n\n' "$mod" "$NETWORK_CONTROLLER_VERSION"
+    # Its replace block and one-line replaces, as they are.
+    awk '/^replace \(/{p=1} p{print} p&&/^\)/{p=0} /^replace [^(]/{print}' "$dir/go.mod"
+  } >>"$d/go.mod"
+  (cd "$d" && GONOSUMDB=$mod GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$BIN/.$out.tmp" "$mod/cmd/webhook")
+  mv -f "$BIN/.$out.tmp" "$BIN/$out"
+  rm -rf "$BIN/$out-crds.tmp" && mkdir -p "$BIN/$out-crds.tmp"
+  cp "$dir"/manifests/crds/*.yaml "$BIN/$out-crds.tmp/" && chmod -R u+w "$BIN/$out-crds.tmp"
+  rm -rf "$BIN/$out-crds" && mv "$BIN/$out-crds.tmp" "$BIN/$out-crds"
+  log "built $BIN/$out and copied its CRDs to $BIN/$out-crds"
 }
 
 build_multus() {
@@ -188,9 +253,15 @@ paths() {
   echo "bridge=$BIN/bridge-$PLUGINS_VERSION"
   echo "host-local=$BIN/host-local-$PLUGINS_VERSION"
   echo "loopback=$BIN/loopback-$PLUGINS_VERSION"
-  echo "whereabouts-v0.9.3=$BIN/whereabouts-v0.9.3"
-  echo "whereabouts-v0.8.0=$BIN/whereabouts-v0.8.0"
-  echo "whereabouts-v0.7.0=$BIN/whereabouts-v0.7.0"
+  local v
+  for v in $WHEREABOUTS_VERSIONS; do
+    echo "whereabouts-$v=$BIN/whereabouts-$v"
+    echo "ip-control-loop-$v=$BIN/ip-control-loop-$v"
+    echo "whereabouts-script-$v=$BIN/whereabouts-$v-script"
+  done
+  echo "whereabouts-reconciler-v0.9.4=$BIN/whereabouts-reconciler-v0.9.4"
+  echo "webhook=$BIN/harvester-network-webhook-$NETWORK_CONTROLLER_VERSION"
+  echo "webhook-crds=$BIN/harvester-network-webhook-$NETWORK_CONTROLLER_VERSION-crds"
   echo "multus=$BIN/multus-$MULTUS_VERSION"
   echo "multus-nad-crd=$BIN/multus-$MULTUS_VERSION-nad-crd.yaml"
   echo "helm=$BIN/helm-$HELM_VERSION"
@@ -205,16 +276,15 @@ case "${1:-all}" in
   kube-apiserver) build_kube_apiserver ;;
   cnitool) build_cnitool ;;
   cni-plugins) build_plugins ;;
-  whereabouts-v0.9.3) build_whereabouts v0.9.3 ;;
-  whereabouts-v0.8.0) build_whereabouts v0.8.0 ;;
-  whereabouts-v0.7.0) build_whereabouts v0.7.0 ;;
+  whereabouts-v*) build_whereabouts "${1#whereabouts-}" ;;
+  webhook) build_webhook ;;
   multus) build_multus ;;
   helm) build_helm ;;
   gremlins) build_gremlins ;;
   all)
     build_cnitool; build_plugins
-    build_whereabouts v0.9.3; build_whereabouts v0.8.0; build_whereabouts v0.7.0
-    build_etcd; build_kube_apiserver; build_multus; build_helm; monitoring_crds
+    for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; done
+    build_etcd; build_kube_apiserver; build_multus; build_helm; monitoring_crds; build_webhook
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-v0.9.3|whereabouts-v0.8.0|whereabouts-v0.7.0|multus|helm|gremlins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-vX.Y.Z|multus|helm|webhook|gremlins]" >&2; exit 2 ;;
 esac

@@ -25,8 +25,9 @@ func TestCrashLoopHoldsOneAddress(t *testing.T) {
 			ipam     string
 			wantHeld int
 		}{
-			{"harvester-ipam", 1},
-			{"whereabouts", aloneHolds},
+			{testcni.StandIn, 1},
+			{testcni.Named, 1},
+			{testcni.Alone, aloneHolds},
 		} {
 			n := e.network(t, testcni.Network{IPAM: tt.ipam})
 			pod := e.Pod("instance-manager-6b77fd6b")
@@ -42,7 +43,7 @@ func TestCrashLoopHoldsOneAddress(t *testing.T) {
 			held := testcni.Of(allocs, pod.Ref())
 			t.Logf("%s on whereabouts %s: the pod holds %d address(es) after 11 sandboxes:\n%s", tt.ipam, e.WB, len(held), testcni.Table(allocs))
 			assert.Len(t, held, tt.wantHeld, "%s on whereabouts %s", tt.ipam, e.WB)
-			if tt.ipam == "harvester-ipam" {
+			if tt.ipam != testcni.Alone {
 				verify(t, n, []*testcni.Sandbox{last}, pod)
 			}
 		}

@@ -479,10 +479,14 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // The DaemonSet's container, run as the chart renders it, against a host's
-// CNI dirs: it installs harvester-ipam beside whereabouts, becomes ready, and
-// the binary it installed serves a real ADD and DEL. Run again it changes
-// nothing; with a new image it upgrades; with a broken image, or a full
-// disk, it fails loudly and the node keeps the old, working binary.
+// CNI dirs whereabouts' own install step (its install-cni.sh) set up: it
+// installs harvester-ipam beside whereabouts and stands in at whereabouts'
+// name, becomes ready, and the binary it installed serves a real ADD and DEL
+// through both names. whereabouts' install step run again (its pod
+// restarted, then an upgrade to v0.9.4) is undone within a second; SIGTERM
+// gives the name back byte for byte. Run again it changes nothing; with a new
+// image it upgrades; with a broken image, or a full disk, it fails loudly and
+// the node keeps the old, working binary.
 func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	c := daemonSetContainer(t, objects(t, render(t, "harvester-ipam", "kube-system")))
 	require.NoError(t, rig.BuildCommand(ctx(t), "./cmd/harvester-ipam-install", c.path("/usr/bin/harvester-ipam-install"), "-s -w"))
@@ -490,13 +494,16 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	binDir := c.path("/host/opt/cni/bin")
 	require.Equal(t, filepath.Join(c.host, "opt/cni/bin"), binDir, "the chart mounts the host's /opt/cni/bin at /host/opt/cni/bin")
 	installed := filepath.Join(binDir, "harvester-ipam")
-	// The host as whereabouts' own DaemonSet left it.
-	for _, p := range []string{"whereabouts", "bridge"} {
-		target, err := filepath.EvalSymlinks(filepath.Join(rig.CNIDir(testcni.V080), p))
-		require.NoError(t, err)
-		copyFile(t, target, filepath.Join(binDir, p))
-	}
+	// The host as whereabouts' own DaemonSet leaves it: its install step run.
+	target, err := filepath.EvalSymlinks(filepath.Join(rig.CNIDir(testcni.V093), "bridge"))
+	require.NoError(t, err)
+	copyFile(t, target, filepath.Join(binDir, "bridge"))
+	out, err := rig.RunWhereaboutsInstall(ctx(t), testcni.V093, binDir, c.path("/host/etc/cni/net.d"))
+	require.NoError(t, err, out)
+	v093 := sha(t, rig.Tools["whereabouts-v0.9.3"])
+	require.Equal(t, v093, sha(t, filepath.Join(binDir, "whereabouts")), "whereabouts' install step put its binary at its name")
 	copyFile(t, rig.FlatFile, c.path("/host/etc/cni/net.d/whereabouts.d/whereabouts.conf"))
+	name, aside := filepath.Join(binDir, "whereabouts"), filepath.Join(binDir, "whereabouts.real")
 
 	// Not ready before it ran.
 	r := c.run(t, c.probe)
@@ -522,31 +529,76 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 		}
 		require.Less(t, time.Since(start), 30*time.Second, "not ready after 30 s:\n%s", logs.String())
 	}
+	self := sha(t, rig.PluginBinary())
+	assert.Equal(t, self, sha(t, name), "harvester-ipam stands in at whereabouts' name")
+	assert.Equal(t, v093, sha(t, aside), "the real whereabouts aside, byte for byte")
+
+	// What it installed serves the runtime, from the host's bin dir: a NAD
+	// naming whereabouts, as Harvester writes it, and one naming harvester-ipam.
+	for _, ipam := range []string{testcni.StandIn, testcni.Named} {
+		n := network(t, testcni.Network{IPAM: ipam})
+		pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-installed-" + ipam}
+		var last *testcni.Sandbox
+		for i := 0; i < 3; i++ { // a crash loop: each sandbox dies without DEL
+			if last != nil {
+				require.NoError(t, last.Kill())
+			}
+			s, err := rig.NewSandbox(n, pod, "lhnet1")
+			require.NoError(t, err)
+			s.Env = []string{"CNI_PATH=" + binDir}
+			require.NoError(t, s.Add(ctx(t)), "ADD through the installed binary (%s)", ipam)
+			last = s
+		}
+		require.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1, "%s: one address after a crash loop", ipam)
+		require.NoError(t, last.Del(ctx(t)))
+		require.Empty(t, testcni.Of(mustAllocs(t, n), pod.Ref()))
+	}
+
+	// whereabouts' pod restarts (its install step runs again), then an
+	// upgrade to v0.9.4: each time harvester-ipam stands in again at once.
+	for _, v := range []string{testcni.V093, testcni.V094} {
+		out, err := rig.RunWhereaboutsInstall(ctx(t), v, binDir, c.path("/host/etc/cni/net.d"))
+		require.NoError(t, err, out)
+		wrote := time.Now()
+		want := sha(t, rig.Tools["whereabouts-"+v])
+		for sha(t, name) != self || sha(t, aside) != want {
+			require.Less(t, time.Since(wrote), time.Second, "harvester-ipam does not stand in again within a second of whereabouts %s's install step", v)
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("whereabouts %s's install step run again: harvester-ipam stands in again after %s", v, time.Since(wrote).Round(time.Millisecond))
+	}
+	n := network(t, testcni.Network{})
+	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-upgraded"}
+	s1, err := rig.NewSandbox(n, pod, "lhnet1")
+	require.NoError(t, err)
+	s1.Env = []string{"CNI_PATH=" + binDir}
+	require.NoError(t, s1.Add(ctx(t)))
+	require.NoError(t, s1.Kill())
+	s2, err := rig.NewSandbox(n, pod, "lhnet1")
+	require.NoError(t, err)
+	s2.Env = []string{"CNI_PATH=" + binDir}
+	require.NoError(t, s2.Add(ctx(t)), "ADD through harvester-ipam -> whereabouts v0.9.4")
+	require.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1, "the next ADD reclaims")
+	require.NoError(t, s2.Del(ctx(t)))
+	poolsBefore := mustAllocs(t, n)
+
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case err := <-done:
 		require.NoError(t, err, "exit status on SIGTERM")
-	case <-time.After(5 * time.Second): // terminationGracePeriodSeconds
+	case <-time.After(30 * time.Second): // terminationGracePeriodSeconds
 		_ = cmd.Process.Kill()
 		t.Fatalf("no exit within the grace period:\n%s", logs.String())
 	}
 	t.Logf("the DaemonSet's container:\n%s", logs.String())
 	assert.Contains(t, logs.String(), "installed "+installed)
 	assert.Contains(t, logs.String(), "stays installed")
+	assert.Contains(t, logs.String(), "gave "+name+" back to the real binary")
 	assert.NotContains(t, logs.String(), "warning", "whereabouts and its flat file are in place")
 	assert.Equal(t, sha(t, rig.PluginBinary()), sha(t, installed))
-	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir))
-
-	// What it installed serves the runtime: ADD and DEL from the host's bin dir.
-	n := network(t, testcni.Network{})
-	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-installed"}
-	s, err := rig.NewSandbox(n, pod, "lhnet1")
-	require.NoError(t, err)
-	s.Env = []string{"CNI_PATH=" + binDir}
-	require.NoError(t, s.Add(ctx(t)), "ADD through the installed binary")
-	require.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1)
-	require.NoError(t, s.Del(ctx(t)))
-	require.Empty(t, testcni.Of(mustAllocs(t, n), pod.Ref()))
+	assert.Equal(t, sha(t, rig.Tools["whereabouts-v0.9.4"]), sha(t, name), "uninstalled: the real whereabouts at its name, byte for byte")
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, no temporary file left")
+	assert.Equal(t, poolsBefore, mustAllocs(t, n), "the pool as it was")
 
 	once := func(extra ...string) run {
 		return c.run(t, append(c.command, c.args...), append([]string{"--interval=0"}, extra...)...)
@@ -577,7 +629,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	assert.Contains(t, r.stderr, "the new binary does not run")
 	assert.Contains(t, r.stderr, installed+" left as it was")
 	assert.Equal(t, good, sha(t, installed))
-	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no temporary file left")
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "no temporary file left")
 	r = c.run(t, c.probe)
 	assert.Equal(t, 1, r.exit, "not ready with a broken image")
 	assert.Contains(t, r.stderr, "is not the image's")

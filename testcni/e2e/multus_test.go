@@ -19,7 +19,10 @@ var nadCRD struct {
 }
 
 // multusNet is a Multus thin plugin network whose pods ask, in their networks
-// annotation, for a storage-network NAD with harvester-ipam on a /24 of its own.
+// annotation, for a storage-network NAD on a /24 of its own, reaching
+// harvester-ipam as ipam says. A NAD that names harvester-ipam is not in
+// harvester-system: Harvester's webhook refuses that edit of a storage
+// network's NAD there; it stands for a cluster that allows it.
 func (e *env) multusNet(t *testing.T, ipam string) *testcni.MultusNetwork {
 	t.Helper()
 	nadCRD.Do(func() { nadCRD.err = rig.InstallNADCRD(ctx(t)) })
@@ -31,7 +34,7 @@ func (e *env) multusNet(t *testing.T, ipam string) *testcni.MultusNetwork {
 		IPAM:        ipam,
 		Tenant:      e.Tenant,
 		Whereabouts: e.WB,
-	}, "harvester-system", fmt.Sprintf("storagenetwork-%d", i), "lhnet1", fmt.Sprintf("10.244.%d.0/24", i%250))
+	}, nadNamespace(ipam), fmt.Sprintf("storagenetwork-%d", i), "lhnet1", fmt.Sprintf("10.244.%d.0/24", i%250))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -114,7 +117,7 @@ func TestMultusRecreatedSandboxHoldsOneAddress(t *testing.T) {
 }
 
 func testMultusRecreatedSandboxHoldsOneAddress(t *testing.T, e *env) {
-	m := e.multusNet(t, "harvester-ipam")
+	m := e.multusNet(t, testcni.StandIn)
 	pod := multusPod(t, m, "instance-manager")
 	s1, ip1 := multusAdd(t, m, pod)
 	holds(t, m, pod, s1, ip1)
@@ -136,7 +139,7 @@ func TestMultusDelAfterNADDeletedUsesItsCache(t *testing.T) {
 }
 
 func testMultusDelAfterNADDeletedUsesItsCache(t *testing.T, e *env) {
-	m := e.multusNet(t, "harvester-ipam")
+	m := e.multusNet(t, testcni.StandIn)
 	pod := multusPod(t, m, "instance-manager")
 	keep := multusPod(t, m, "backing-image-manager")
 	s, ip := multusAdd(t, m, pod)
@@ -171,7 +174,7 @@ func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
 }
 
 func testMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T, e *env) {
-	m := e.multusNet(t, "harvester-ipam")
+	m := e.multusNet(t, testcni.StandIn)
 	live := multusPod(t, m, "instance-manager")
 	gone := multusPod(t, m, "backing-image-ds")
 	keeper := multusPod(t, m, "backing-image-manager")
@@ -232,12 +235,12 @@ func TestMultusNADSwitchedBackToWhereabouts(t *testing.T) {
 }
 
 func testMultusNADSwitchedBackToWhereabouts(t *testing.T, e *env) {
-	m := e.multusNet(t, "harvester-ipam")
+	m := e.multusNet(t, testcni.Named)
 	pod := multusPod(t, m, "instance-manager")
 	s, ip := multusAdd(t, m, pod)
 	holds(t, m, pod, s, ip)
 
-	m.IPAM = "whereabouts"
+	m.IPAM = testcni.Alone
 	require.NoError(t, m.SetNAD(ctx(t), m.NADConfig()))
 	require.NoError(t, s.Del(ctx(t)))
 	released(t, m, pod)
@@ -247,6 +250,13 @@ func testMultusNADSwitchedBackToWhereabouts(t *testing.T, e *env) {
 	holds(t, m, pod, s2, ip2)
 	require.NoError(t, s2.Del(ctx(t)))
 	released(t, m, pod)
+}
+
+func nadNamespace(ipam string) string {
+	if ipam == testcni.Named {
+		return "default"
+	}
+	return testcni.HarvesterNamespace
 }
 
 func tail(s string, n int) string {
