@@ -267,27 +267,37 @@ func copyTemp(src, dir string, want sum) (string, error) {
 // probe runs the binary as the runtime would ask for its versions, and once
 // more without a command for the line it prints about itself.
 func probe(ctx context.Context, path string, opt Options) (about string, supported []string, err error) {
+	supported, err = versions(ctx, path, opt)
+	if err != nil {
+		return "", nil, err
+	}
+	// skel prints the about line to stderr when CNI_COMMAND is unset.
+	if o, err := run(ctx, path, opt.Timeout); err == nil {
+		about, _, _ = strings.Cut(strings.TrimSpace(string(o.stderr)), "\n")
+	}
+	return about, supported, nil
+}
+
+// versions runs the binary as the runtime asks for its versions, and checks
+// it supports opt.Require.
+func versions(ctx context.Context, path string, opt Options) ([]string, error) {
 	out, err := run(ctx, path, opt.Timeout, "CNI_COMMAND=VERSION")
 	if err != nil {
-		return "", nil, fmt.Errorf("CNI_COMMAND=VERSION: %w", err)
+		return nil, fmt.Errorf("CNI_COMMAND=VERSION: %w", err)
 	}
 	var v struct {
 		CNIVersion        string   `json:"cniVersion"`
 		SupportedVersions []string `json:"supportedVersions"`
 	}
 	if err := json.Unmarshal(out.stdout, &v); err != nil || len(v.SupportedVersions) == 0 {
-		return "", nil, fmt.Errorf("CNI_COMMAND=VERSION printed no CNI version info: %q", trim(out.stdout))
+		return nil, fmt.Errorf("CNI_COMMAND=VERSION printed no CNI version info: %q", trim(out.stdout))
 	}
 	for _, r := range opt.Require {
 		if !slices.Contains(v.SupportedVersions, r) {
-			return "", nil, fmt.Errorf("supports CNI versions %v, not %s", v.SupportedVersions, r)
+			return nil, fmt.Errorf("supports CNI versions %v, not %s", v.SupportedVersions, r)
 		}
 	}
-	// skel prints the about line to stderr when CNI_COMMAND is unset.
-	if o, err := run(ctx, path, opt.Timeout); err == nil {
-		about, _, _ = strings.Cut(strings.TrimSpace(string(o.stderr)), "\n")
-	}
-	return about, v.SupportedVersions, nil
+	return v.SupportedVersions, nil
 }
 
 type output struct{ stdout, stderr []byte }

@@ -10,8 +10,9 @@ import (
 	"github.com/harvester/harvester-ipam/install/standin"
 )
 
-// standInDir is the stand-in for name in opt's bin dir, probing as Install
-// does: harvester-ipam must support opt.Require, the real binary only answer.
+// standInDir is the stand-in for name in opt's bin dir. A binary put at the
+// name or aside must answer CNI_COMMAND=VERSION: harvester-ipam was probed
+// fully by Install already, and the real binary supports what it supports.
 func standInDir(opt Options, name string, atStep func(string)) (standin.Dir, error) {
 	if err := opt.defaults(); err != nil {
 		return standin.Dir{}, err
@@ -24,7 +25,7 @@ func standInDir(opt Options, name string, atStep func(string)) (standin.Dir, err
 		Probe: func(ctx context.Context, path string) error {
 			o := opt
 			o.Require = []string{}
-			_, _, err := probe(ctx, path, o)
+			_, err := versions(ctx, path, o)
 			return err
 		},
 	}, nil

@@ -54,7 +54,11 @@ func (r *Rig) RunWhereaboutsInstall(ctx context.Context, version, hostBin, hostC
 		return os.WriteFile(filepath.Join(work, name), []byte(s), 0o755)
 	}
 	const saPath = "/var/run/secrets/kubernetes.io/serviceaccount"
-	bin := r.Tools["whereabouts-"+version]
+	// The container's /whereabouts: cp names the copy by its source's name.
+	bin := filepath.Join(work, "whereabouts")
+	if err := os.Symlink(r.Tools["whereabouts-"+version], bin); err != nil {
+		return "", err
+	}
 	cp := "cp -f " + bin + " $CNI_BIN_DIR"
 	if err := subst("lib.sh", nil, saPath, sa); err != nil {
 		return "", err

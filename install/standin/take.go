@@ -31,12 +31,10 @@ type Dir struct {
 
 // Steps of Take and GiveBack, in order, for AtStep.
 const (
-	StepAsideKept = "aside-kept" // the real binary copied aside
-	StepSelfReady = "self-ready" // harvester-ipam in a temporary file beside the name
+	StepSelfReady = "self-ready" // harvester-ipam in a probed temporary file beside the name
 	StepExchanged = "exchanged"  // harvester-ipam at the name; the name's old file at the temporary
-	StepNewerKept = "newer-kept" // a real binary written meanwhile kept aside
-	StepGivenBack = "given-back" // the real binary at the name again
-	StepAsideGone = "aside-gone" // the aside removed
+	StepAsideKept = "aside-kept" // that old file, the real binary, renamed to the aside
+	StepGivenBack = "given-back" // the aside renamed back to the name
 )
 
 // tempPrefix names the temporary files, in the bin dir itself: only a rename
@@ -59,7 +57,10 @@ func (d Dir) at(step string) {
 // Take puts harvester-ipam at the name and keeps the real binary aside. It is
 // idempotent, and it is what runs again whenever the plugin's own installer
 // (whereabouts' install-cni.sh: `cp -f`) has written the name: the binary it
-// finds there then becomes the one aside. changed says whether it wrote.
+// finds there then becomes the one aside. No real binary is copied: the
+// exchange moves the file at the name out to a temporary name, which is then
+// renamed to the aside, so a binary written at the name until the exchange is
+// the one kept. changed says whether it wrote.
 func (d Dir) Take(ctx context.Context) (changed bool, err error) {
 	if err := d.recover(ctx); err != nil {
 		return false, err
@@ -68,28 +69,33 @@ func (d Dir) Take(ctx context.Context) (changed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("read harvester-ipam at %s: %w", d.Self, err)
 	}
-	cur, err := os.ReadFile(d.name())
+	st, err := os.Stat(d.name())
+	var probed os.FileInfo // the real binary at the name, as it was probed
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		if !exists(d.aside()) {
 			return false, fmt.Errorf("%s: %w; harvester-ipam stands in once %s is installed", d.name(), ErrNoReal, d.Name)
 		}
 	case err != nil:
-		return false, fmt.Errorf("read %s: %w", d.name(), err)
-	case bytes.Equal(cur, self):
+		return false, fmt.Errorf("stat %s: %w", d.name(), err)
+	case IsHarvesterIPAM(d.name()):
 		if !exists(d.aside()) {
 			return false, fmt.Errorf("harvester-ipam is at %s but the real %s is missing at %s: restart %s's DaemonSet pod on this node, which writes it again", d.name(), d.Name, d.aside(), d.Name)
 		}
-		return false, nil
-	case !IsHarvesterIPAM(d.name()):
-		// The real binary, perhaps a new version: it becomes the one aside.
-		if err := d.keepAside(ctx, d.name()); err != nil {
-			return false, err
+		if st.Size() == int64(len(self)) {
+			if cur, err := os.ReadFile(d.name()); err == nil && bytes.Equal(cur, self) {
+				return false, nil
+			}
 		}
-		d.at(StepAsideKept)
+		// Another harvester-ipam (an older release): only the name changes.
+	default:
+		// The real binary, perhaps a new version: it must run before it
+		// becomes the one aside (a half-written one is left to its writer).
+		if err := d.Probe(ctx, d.name()); err != nil {
+			return false, fmt.Errorf("%s does not run (still being written?): %w; nothing changed", d.name(), err)
+		}
+		probed = st
 	}
-	// Otherwise another harvester-ipam (an older release) is at the name and
-	// the real binary already aside: only the name changes.
 
 	tmp, err := d.writeTemp(self)
 	if err != nil {
@@ -106,116 +112,67 @@ func (d Dir) Take(ctx context.Context) (changed bool, err error) {
 	}
 	d.at(StepExchanged)
 	// tmp now holds what was at the name at the instant of the exchange: the
-	// file read above, or one the plugin's installer wrote since.
-	if err := d.settleTemp(ctx, tmp); err != nil {
+	// file looked at above, or one the plugin's installer wrote since.
+	if err := d.settle(ctx, tmp, probed); err != nil {
 		return true, err
 	}
 	return true, syncDir(d.Path)
 }
 
-// GiveBack puts the real binary back at the name, byte for byte, and removes
-// the aside. With the real binary at the name already (the plugin's installer
-// wrote it) it only removes the aside.
+// GiveBack puts the real binary back at the name, byte for byte: the aside is
+// renamed over it. With the real binary at the name already (the plugin's
+// installer wrote it) it only removes the aside.
 func (d Dir) GiveBack(ctx context.Context) error {
 	if err := d.recover(ctx); err != nil {
 		return err
 	}
-	real, err := os.ReadFile(d.aside())
-	if errors.Is(err, os.ErrNotExist) {
+	if !exists(d.aside()) {
 		if exists(d.name()) && !IsHarvesterIPAM(d.name()) {
 			return nil // given back already
 		}
 		return fmt.Errorf("give %s back: %w (%s is missing): restart %s's DaemonSet pod on this node, which writes it again", d.name(), ErrNoReal, d.aside(), d.Name)
-	}
-	if err != nil {
-		return fmt.Errorf("read %s: %w", d.aside(), err)
 	}
 	if exists(d.name()) && !IsHarvesterIPAM(d.name()) {
 		// Written by the plugin's installer since: newer than the aside.
 		if err := os.Remove(d.aside()); err != nil {
 			return err
 		}
-		d.at(StepAsideGone)
 		return syncDir(d.Path)
 	}
-	tmp, err := d.writeTemp(real)
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, d.name()); err != nil {
-		os.Remove(tmp)
+	if err := os.Rename(d.aside(), d.name()); err != nil {
 		return fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
 	}
 	d.at(StepGivenBack)
-	if err := syncDir(d.Path); err != nil {
-		return err
-	}
-	if err := os.Remove(d.aside()); err != nil {
-		return fmt.Errorf("gave %s back; remove %s: %w", d.name(), d.aside(), err)
-	}
-	d.at(StepAsideGone)
 	return syncDir(d.Path)
 }
 
-// keepAside copies the real binary at src to the aside, through a probed,
-// fsynced temporary file renamed over it.
-func (d Dir) keepAside(ctx context.Context, src string) error {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", src, err)
-	}
-	tmp, err := d.writeTemp(b)
-	if err != nil {
-		return err
-	}
-	if err := d.Probe(ctx, tmp); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("%s does not run (still being written?): %w; nothing changed", src, err)
-	}
-	if err := os.Rename(tmp, d.aside()); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("keep %s aside at %s: %w", src, d.aside(), err)
-	}
-	return syncDir(d.Path)
-}
-
-// settleTemp deals with the file an exchange moved out of the name: a real
-// binary other than the aside's (written meanwhile) becomes the aside; what
-// is left is removed.
-func (d Dir) settleTemp(ctx context.Context, tmp string) error {
-	out, err := os.ReadFile(tmp)
-	if err != nil {
-		return err
-	}
-	aside, _ := os.ReadFile(d.aside())
-	if !IsHarvesterIPAM(tmp) && !bytes.Equal(out, aside) && d.Probe(ctx, tmp) == nil {
+// settle deals with the file an exchange moved out of the name: the real
+// binary becomes the aside; harvester-ipam, or what does not run, is removed.
+// A file unchanged since it was probed at the name (probed) is not probed
+// again.
+func (d Dir) settle(ctx context.Context, tmp string, probed os.FileInfo) error {
+	if unchanged(tmp, probed) || !IsHarvesterIPAM(tmp) && d.Probe(ctx, tmp) == nil {
 		if err := os.Rename(tmp, d.aside()); err != nil {
-			return fmt.Errorf("keep the newer %s aside: %w", d.Name, err)
+			return fmt.Errorf("keep the real %s aside: %w", d.Name, err)
 		}
-		d.at(StepNewerKept)
+		d.at(StepAsideKept)
 		return nil
 	}
 	return os.Remove(tmp)
 }
 
-// recover finishes what a killed Take or GiveBack left: a temporary file is a
-// whole binary only if it runs; one that is the real binary becomes the aside
-// when there is none (it may be the only copy: moved out of the name by an
-// exchange); every other is removed.
+// recover finishes what a killed Take left: a temporary file that runs and
+// is not harvester-ipam is the real binary an exchange moved out of the name
+// (perhaps its only copy, and newer than any aside), and becomes the aside;
+// every other is removed (harvester-ipam, or a file whose writer was killed).
 func (d Dir) recover(ctx context.Context) error {
 	temps, err := filepath.Glob(filepath.Join(d.Path, tempPrefix+"*"))
 	if err != nil {
 		return err
 	}
 	for _, t := range temps {
-		if !exists(d.aside()) && !IsHarvesterIPAM(t) && d.Probe(ctx, t) == nil {
-			if err := os.Rename(t, d.aside()); err != nil {
-				return fmt.Errorf("recover the real %s from %s: %w", d.Name, t, err)
-			}
-			continue
-		}
-		if err := os.Remove(t); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove a killed run's leftover: %w", err)
+		if err := d.settle(ctx, t, nil); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("recover a killed run's %s: %w", t, err)
 		}
 	}
 	return syncDir(d.Path)
@@ -256,6 +213,15 @@ func exchange(from, to string) error {
 		return os.Rename(from, to)
 	}
 	return err
+}
+
+// unchanged says whether the file at path is before's, unwritten since.
+func unchanged(path string, before os.FileInfo) bool {
+	if before == nil {
+		return false
+	}
+	now, err := os.Stat(path)
+	return err == nil && os.SameFile(now, before) && now.Size() == before.Size() && now.ModTime().Equal(before.ModTime())
 }
 
 func exists(path string) bool {

@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// settle is how long a name must stay quiet after an event before it is
-// looked at: `cp -f` writes a binary in many writes, each an event.
-const settle = 100 * time.Millisecond
+// quiet is how long a name must stay quiet after an event before it is
+// looked at: a rename, a create and a close of one install come together.
+const quiet = 20 * time.Millisecond
 
 // Watch calls changed whenever the file at dir/name is created, written,
 // renamed over, removed or has its mode changed, once it has been quiet
@@ -51,14 +51,14 @@ func Watch(ctx context.Context, dir, name string, changed func()) error {
 			return nil
 		case <-events:
 		}
-		// Quiet for settle, then look.
-		for quiet := false; !quiet; {
+		// Quiet for a moment, then look.
+		for settled := false; !settled; {
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-events:
-			case <-time.After(settle):
-				quiet = true
+			case <-time.After(quiet):
+				settled = true
 			}
 		}
 		changed()

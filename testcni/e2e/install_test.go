@@ -557,15 +557,25 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	// whereabouts' pod restarts (its install step runs again), then an
 	// upgrade to v0.9.4: each time harvester-ipam stands in again at once.
 	for _, v := range []string{testcni.V093, testcni.V094} {
+		// whereabouts' cp writes into the file at the name (or replaces
+		// it); standing in again puts another file there, harvester-ipam.
+		standing, checked := ino(t, name), uint64(0)
 		out, err := rig.RunWhereaboutsInstall(ctx(t), v, binDir, c.path("/host/etc/cni/net.d"))
 		require.NoError(t, err, out)
 		wrote := time.Now()
-		want := sha(t, rig.Tools["whereabouts-"+v])
-		for sha(t, name) != self || sha(t, aside) != want {
+		for {
+			if cur := ino(t, name); cur != standing && cur != checked {
+				if checked = cur; sha(t, name) == self {
+					break
+				}
+			}
 			require.Less(t, time.Since(wrote), time.Second, "harvester-ipam does not stand in again within a second of whereabouts %s's install step", v)
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond)
 		}
-		t.Logf("whereabouts %s's install step run again: harvester-ipam stands in again after %s", v, time.Since(wrote).Round(time.Millisecond))
+		took := time.Since(wrote)
+		assert.Equal(t, self, sha(t, name), "harvester-ipam at the name again")
+		assert.Equal(t, sha(t, rig.Tools["whereabouts-"+v]), sha(t, aside), "whereabouts %s aside", v)
+		t.Logf("whereabouts %s's install step run again: harvester-ipam stands in again after %s", v, took.Round(time.Millisecond))
 	}
 	n := network(t, testcni.Network{})
 	pod := testcni.Pod{Namespace: "longhorn-system", Name: "instance-manager-upgraded"}
