@@ -48,7 +48,7 @@ bench: tools
 # Each fuzz target for FUZZTIME with one worker; an input that fails is
 # written to the package's testdata/fuzz/, where it stays as a regression.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths ./install/follow:FuzzSetIPAMType
+FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \

@@ -192,6 +192,9 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	if err := r.installCRDs(ctx); err != nil {
 		return nil, err
 	}
+	if err := r.InstallNADCRD(ctx); err != nil {
+		return nil, err
+	}
 	if !opt.NoWebhook {
 		if err := r.startWebhook(ctx); err != nil {
 			return nil, err

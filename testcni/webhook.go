@@ -64,9 +64,6 @@ spec:
 // returns once a storage-network NAD's config change is refused.
 func (r *Rig) startWebhook(ctx context.Context) error {
 	start := time.Now()
-	if err := r.InstallNADCRD(ctx); err != nil {
-		return err
-	}
 	if err := r.Apply(ctx, []byte(kubevirtCRDs), false); err != nil {
 		return fmt.Errorf("kubevirt CRDs: %w", err)
 	}

@@ -5,7 +5,6 @@
 //	harvester-ipam-reconciler [flags]           one pass (a CronJob), or with --interval a loop (a Deployment)
 //	harvester-ipam-reconciler inspect [flags]   per pool: range, size, allocated, stale, free; pools no NAD names
 //	harvester-ipam-reconciler inspect --need N  the same, and exit 3 when a pool cannot fit N more addresses
-//	harvester-ipam-reconciler unfollow [flags]  switch the followed NADs back to whereabouts (follow.go)
 //
 // Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
 // inspection could not finish; 2 bad flags; 3 (inspect --need) some pool
@@ -51,9 +50,6 @@ const exitCannotFit = 3
 
 func main() {
 	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "unfollow" {
-		os.Exit(unfollowMain(args[1:]))
-	}
 	inspect := len(args) > 0 && args[0] == "inspect"
 	if inspect {
 		args = args[1:]
@@ -68,10 +64,8 @@ func main() {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics at /metrics; empty serves none")
 	fs.BoolVar(&o.deleteOrphanedPools, "delete-orphaned-pools", false, "delete a pool that no NAD names and that holds no live entry, once seen so for --grace (never while the NADs cannot be read)")
 	fs.Int64Var(&o.need, "need", 0, "inspect: exit 3, naming each pool, when a pool cannot fit this many more addresses now")
-	var fo followOptions
-	fo.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-reconciler [inspect|unfollow] [flags]\n")
+		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-reconciler [inspect] [flags]\n")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(args)
@@ -79,8 +73,8 @@ func main() {
 	// than run a pass the operator did not ask for.
 	if fs.NArg() > 0 {
 		hint := ""
-		if a := fs.Arg(0); a == "inspect" || a == "unfollow" {
-			hint = " (inspect and unfollow come first)"
+		if fs.Arg(0) == "inspect" {
+			hint = " (inspect comes first)"
 		}
 		fmt.Fprintf(os.Stderr, "harvester-ipam-reconciler: unexpected argument %q%s\n", fs.Arg(0), hint)
 		fs.Usage()
@@ -88,10 +82,6 @@ func main() {
 	}
 	if o.need < 0 || (o.need > 0 && !inspect) {
 		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: --need takes a count above 0, with inspect")
-		os.Exit(2)
-	}
-	if err := fo.check(o.interval, inspect); err != nil {
-		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
 		os.Exit(2)
 	}
 
@@ -117,9 +107,6 @@ func main() {
 			}
 		}
 	case o.interval > 0:
-		if err := startFollower(ctx, o.kubeconfig, fo); err != nil {
-			fail(err)
-		}
 		if err := loop(ctx, r, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
 			fail(err)
 		}

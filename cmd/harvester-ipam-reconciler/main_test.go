@@ -46,7 +46,7 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 		says string
 	}{
 		{[]string{"inspct", kc}, 2, `unexpected argument "inspct"`},
-		{[]string{kc, "inspect"}, 2, `unexpected argument "inspect" (inspect and unfollow come first)`},
+		{[]string{kc, "inspect"}, 2, `unexpected argument "inspect" (inspect comes first)`},
 		{[]string{"--dry-run", "inspect", kc}, 2, `unexpected argument "inspect"`},
 		{[]string{"inspect", kc, "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"--need", "3", kc}, 2, "--need takes a count above 0, with inspect"},

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -58,17 +57,16 @@ func withHooks(t *testing.T, objs []unstructured.Unstructured) (hooks, rest []un
 	return hooks, rest
 }
 
-// The follower's and the monitoring values: what each renders, and the real
+// The stand-in's and the monitoring values: what each renders, and the real
 // API server accepts all of it (server-side dry run; the ServiceMonitor and
 // PrometheusRule against the Prometheus Operator's own CRDs, from its
 // module). The defaults render none of it (TestChartRendersObjectsTheServerAccepts
 // pins their kinds); values that make no sense are refused, saying why.
-func TestChartFollowerAndMonitoringValues(t *testing.T) {
+func TestChartStandInAndMonitoringValues(t *testing.T) {
 	t.Parallel()
-	ensureNADCRD(t)
 	monitoringCRDs.Do(func() { monitoringCRDs.err = rig.InstallMonitoringCRDs(ctx(t)) })
 	require.NoError(t, monitoringCRDs.err, "the monitoring.coreos.com CRDs from %s", "the Prometheus Operator module")
-	all := []string{"reconciler.mode=deployment", "follower.enabled=true",
+	all := []string{"reconciler.mode=deployment", "standIn.enabled=false",
 		"monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.grafanaDashboard.enabled=true"}
 	_, err := rig.Helm(ctx(t), append([]string{"lint", "--strict", chartDir}, setArgs(all)...)...)
 	require.NoError(t, err, "helm lint with every new value on")
@@ -80,50 +78,23 @@ func TestChartFollowerAndMonitoringValues(t *testing.T) {
 		check func(t *testing.T, objs []unstructured.Unstructured)
 	}{
 		{
-			name: "follower",
-			set:  []string{"reconciler.mode=deployment", "follower.enabled=true"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 5, "RoleBinding": 5, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1, "Job": 1},
+			name: "named in NADs only, no stand-in",
+			set:  []string{"standIn.enabled=false"},
+			want: map[string]int{"ServiceAccount": 3, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
-				d := typed[appsv1.Deployment](t, objs, "Deployment")
-				assert.Equal(t, []string{"--namespace=kube-system", "--grace=10m", "--interval=1m", "--metrics-addr=:9420",
-					"--follow-nads", "--nad-namespace=harvester-system", "--nad-selector=" + storageLabel, "--nad-selector=" + rwxLabel, "--nad-resync=10m"},
-					d.Spec.Template.Spec.Containers[0].Args)
-				hooks, rest := withHooks(t, objs)
-				assert.Len(t, hooks, 6, "the unfollow Job and its ServiceAccount, Roles and bindings are hooks")
-				for _, h := range hooks {
-					a := h.GetAnnotations()
-					assert.Equal(t, "pre-delete", a["helm.sh/hook"], "%s %s", h.GetKind(), h.GetName())
-					assert.Equal(t, "before-hook-creation,hook-succeeded", a["helm.sh/hook-delete-policy"], "%s %s does not linger", h.GetKind(), h.GetName())
-					want := "-10"
-					if h.GetKind() == "Job" {
-						want = "0" // after its RBAC
-					}
-					assert.Equal(t, want, a["helm.sh/hook-weight"], "%s %s", h.GetKind(), h.GetName())
-				}
-				job := typed[batchv1.Job](t, hooks, "Job")
-				c := job.Spec.Template.Spec.Containers[0]
-				assert.Equal(t, []string{"/usr/bin/harvester-ipam-reconciler"}, c.Command)
-				assert.Equal(t, []string{"unfollow", "--nad-namespace=harvester-system", "--nad-selector=" + storageLabel, "--nad-selector=" + rwxLabel,
-					"--stop-deployment=harvester-system/harvester-ipam-reconciler"}, c.Args)
-				assert.Equal(t, "harvester-ipam-unfollow", job.Spec.Template.Spec.ServiceAccountName)
-				assert.Equal(t, corev1.RestartPolicyNever, job.Spec.Template.Spec.RestartPolicy)
-				assert.True(t, *c.SecurityContext.RunAsNonRoot)
-				for _, o := range rest {
-					if o.GetKind() == "Role" && o.GetName() == "harvester-ipam-follower" {
-						assert.Equal(t, "harvester-system", o.GetNamespace(), "the follower's Role is where the NADs are")
-					}
-				}
+				c := typed[appsv1.DaemonSet](t, objs, "DaemonSet").Spec.Template.Spec.Containers[0]
+				assert.NotContains(t, strings.Join(c.Args, " "), "--stand-in")
+				assert.NotContains(t, strings.Join(c.ReadinessProbe.Exec.Command, " "), "--stand-in")
 			},
 		},
 		{
-			name: "follower on every namespace, other selectors",
-			set: []string{"reconciler.mode=deployment", "follower.enabled=true", "follower.namespace=",
-				"follower.selector={storage-network.settings.harvesterhci.io/hash,app=storage}"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 3, "RoleBinding": 3, "ClusterRole": 3, "ClusterRoleBinding": 3, "DaemonSet": 1, "Deployment": 1, "Job": 1},
+			name: "stand in for another name",
+			set:  []string{"standIn.name=whereabouts-v2"},
+			want: map[string]int{"ServiceAccount": 3, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
-				job := typed[batchv1.Job](t, objs, "Job")
-				assert.Equal(t, []string{"unfollow", "--nad-namespace=", "--nad-selector=" + storageLabel, "--nad-selector=app=storage",
-					"--stop-deployment=harvester-system/harvester-ipam-reconciler"}, job.Spec.Template.Spec.Containers[0].Args)
+				c := typed[appsv1.DaemonSet](t, objs, "DaemonSet").Spec.Template.Spec.Containers[0]
+				assert.Contains(t, c.Args, "--stand-in=whereabouts-v2")
+				assert.Contains(t, c.ReadinessProbe.Exec.Command, "--stand-in=whereabouts-v2")
 			},
 		},
 		{
@@ -152,22 +123,22 @@ func TestChartFollowerAndMonitoringValues(t *testing.T) {
 	}
 
 	// What `helm install` tells the operator.
-	notes, err := rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir,
-		"--set", "reconciler.mode=deployment", "--set", "follower.enabled=true")
+	notes, err := rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir)
 	require.NoError(t, err)
-	assert.Contains(t, string(notes), "The follower switches the NADs in harvester-system labelled "+storageLabel+" or "+rwxLabel)
-	assert.Contains(t, string(notes), "`helm uninstall` switches them back first")
-	notes, err = rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir)
+	assert.Contains(t, string(notes), "It stands in for whereabouts on every node: harvester-ipam at /opt/cni/bin/whereabouts")
+	assert.Contains(t, string(notes), "no NAD is edited")
+	assert.Contains(t, string(notes), "`helm uninstall` gives the name back to the real binary")
+	notes, err = rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir, "--set", "standIn.enabled=false")
 	require.NoError(t, err)
-	assert.Contains(t, string(notes), "or let the follower do it (follower.enabled=true")
+	assert.Contains(t, string(notes), `NADs that name it ("ipam": {"type": "harvester-ipam", ...}`)
 
 	for set, msg := range map[string]string{
-		"follower.enabled=true":                   "follower.enabled=true needs reconciler.enabled=true and reconciler.mode=deployment",
+		"follower.enabled=true":                   "follower.* values are no longer supported: the NAD follower only edited NADs, which Harvester's network webhook refuses",
+		"follower.namespace=harvester-system":     "harvester-ipam now stands in for whereabouts on every node (standIn.enabled, the default)",
+		"standIn.name=harvester-ipam":             "standIn.name: Must not validate the schema",
+		"standIn.name=../whereabouts":             "standIn.name: Does not match pattern",
 		"monitoring.prometheusRule.enabled=true":  "monitoring.* needs reconciler.enabled=true and reconciler.mode=deployment",
 		"monitoring.serviceMonitor.enabled=true":  "monitoring.* needs reconciler.enabled=true and reconciler.mode=deployment",
-		"follower.selector={}":                    "follower.selector.0: String length must be greater than or equal to 1",
-		"follower.namespace=Harvester":            "follower.namespace: Does not match pattern",
-		"follower.resync=often":                   "follower.resync: Does not match pattern",
 		"monitoring.prometheusRule.freeBelow=0":   "monitoring.prometheusRule.freeBelow: Must be greater than or equal to 1",
 		"monitoring.serviceMonitor.interval=1min": "monitoring.serviceMonitor.interval: Does not match pattern",
 	} {

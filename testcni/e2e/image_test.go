@@ -146,7 +146,7 @@ func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 	assert.Contains(t, string(out), "harvester-ipam "+tag+": ", "the plugin's version is the tag")
 	for c, usage := range map[string]string{
 		"harvester-ipam-install":    "-cni-bin-dir string",
-		"harvester-ipam-reconciler": "usage: harvester-ipam-reconciler [inspect|unfollow] [flags]",
+		"harvester-ipam-reconciler": "usage: harvester-ipam-reconciler [inspect] [flags]",
 	} {
 		out, err := exec.Command(filepath.Join(bin, c), "-h").CombinedOutput()
 		assert.Contains(t, string(out), usage, "%s -h: %v", c, err)

@@ -250,7 +250,7 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{plugin, "get", core, "secrets", "kube-system"},
 		{reconciler, "create", wb, "ippools", "kube-system"}, {reconciler, "delete", wb, "ippools", "kube-system"}, // reconciler.deleteOrphanedPools=false
 		{reconciler, "create", wb, "overlappingrangeipreservations", "kube-system"},
-		{reconciler, "update", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"}, // the follower is off
+		{reconciler, "update", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"}, // no NAD is ever edited
 		{reconciler, "watch", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
 		{reconciler, "delete", core, "pods", "longhorn-system"}, {reconciler, "update", core, "nodes", ""},
 		{reconciler, "get", core, "secrets", "kube-system"}, {reconciler, "list", core, "secrets", ""},
