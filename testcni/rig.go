@@ -75,6 +75,7 @@ type Rig struct {
 
 	mu      sync.Mutex
 	netns   map[string]bool // sandboxes' namespaces still to delete
+	parts   []*WhereaboutsParts
 	counter int
 }
 
@@ -254,7 +255,12 @@ func (r *Rig) Close() {
 		_ = exec.Command("ip", "netns", "del", ns).Run()
 	}
 	r.netns = map[string]bool{}
+	parts := r.parts
+	r.parts = nil
 	r.mu.Unlock()
+	for _, w := range parts {
+		w.Stop()
+	}
 	if r.cluster != nil {
 		r.cluster.stop()
 	}
