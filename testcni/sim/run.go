@@ -29,6 +29,9 @@ type Options struct {
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
 	sabotage bool
+	// podControllerFreesAll makes whereabouts' pod controller release every
+	// entry of the deleted pod's pools, not just the pod's: the checker's test.
+	podControllerFreesAll bool
 }
 
 // DefaultOptions are the schedules `make sim` and the tests run.
@@ -218,6 +221,7 @@ func (w *world) event(a *actor) {
 		if p.exists {
 			w.tr.add("pod %s force-deleted", p.ref())
 			p.exists = false
+			w.podDeleted(p)
 			if sb := p.current; sb != nil && (sb.state == sbLive || sb.state == sbCreating) {
 				w.kill(sb, "pod deleted", true)
 				w.spawnKubelet("stop "+p.name, func(k *actor) { w.teardown(k, sb) })
@@ -240,8 +244,9 @@ func (w *world) event(a *actor) {
 			w.tr.add("node %s removed", n.name)
 			n.exists = false
 			for _, q := range w.pods_() {
-				if q.node == n.name {
+				if q.node == n.name && q.exists {
 					q.exists = false
+					w.podDeleted(q)
 				}
 			}
 			for _, sb := range w.sbs {

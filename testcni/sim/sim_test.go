@@ -82,6 +82,50 @@ func TestTheCheckerCatchesAFreedLiveEntry(t *testing.T) {
 	}
 }
 
+// whereabouts' pod controller is in the model and the checker sees what it
+// does: made to release every entry of a deleted pod's pool (live pods'
+// too), it is caught.
+func TestTheCheckerCatchesThePodControllerFreeingALivePod(t *testing.T) {
+	o := DefaultOptions(fake.V093)
+	o.podControllerFreesAll = true
+	caught, releases := 0, 0
+	for seed := uint64(1); seed <= 50; seed++ {
+		res, err := Run(seed, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases += res.Stats["pod controller releases"]
+		if len(res.Violations) > 0 {
+			caught++
+		}
+	}
+	if caught == 0 {
+		t.Fatalf("50 schedules of a pod controller freeing live pods (%d releases), no violation seen", releases)
+	}
+	t.Logf("%d of 50 schedules caught, %d releases by the pod controller", caught, releases)
+}
+
+// Without the mutation, the pod controller releases what deleted pods held
+// (it runs in the schedules the other tests play), and nothing live.
+func TestThePodControllerReleasesGonePods(t *testing.T) {
+	o := DefaultOptions(fake.V093)
+	releases := 0
+	for seed := uint64(1); seed <= 50; seed++ {
+		res, err := Run(seed, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Violations) > 0 {
+			t.Fatalf("seed %d: %v\n%s\n%s", seed, res.Violations, res.Trace, res.State)
+		}
+		releases += res.Stats["pod controller releases"]
+	}
+	if releases == 0 {
+		t.Fatal("in 50 schedules the pod controller released nothing: it is not in the model")
+	}
+	t.Logf("%d releases by the pod controller in 50 schedules", releases)
+}
+
 // Regression seeds: each broke an invariant on the code before one fix (a
 // scratch branch that reverted it, patches in the note), and must
 // hold now. A change of the simulation's model may make a seed play another
