@@ -91,6 +91,11 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	if e.WB >= testcni.V093 {
 		// It releases what the gone pod held, by its container ID and ifname.
 		require.NoError(t, waitReleased(c, n, gone), "the pod controller did not release %s of %s:\n%s", goneIP, gone.Ref(), parts.Log("ip-control-loop"))
+	} else {
+		// Before v0.9.3 its deallocation has no namespace for whereabouts'
+		// Lease (nor a container ID): its one worker waits for that Lease
+		// for ever, and the pod controller releases nothing.
+		require.NoError(t, parts.WaitLog(c, "ip-control-loop", "an empty namespace may not be set", 1, 30*time.Second))
 	}
 	// One whereabouts reconciler run after all that.
 	require.NoError(t, parts.WaitLog(c, reconcilerPart, reconcilerRun(e.WB), runsBefore+1, 90*time.Second))
