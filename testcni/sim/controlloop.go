@@ -29,6 +29,13 @@ import (
 // The pod controller is a process: it can crash (its queue is lost with
 // it; the informer's next list does not deliver deletions again) and its
 // requests see the API server's faults.
+//
+// A force-deleted pod's sandbox is still being stopped when the deletion
+// reaches the pod controller: its interface keeps the address until its DEL.
+// The pod controller frees that entry all the same (whereabouts alone does
+// too), so from then on the attachment is not counted live: the address may
+// be handed to another pod while the old interface still has it, a hazard of
+// whereabouts' own that the trace and the stats name.
 
 // podDeleted hands a pod's deletion to the pod controller.
 func (w *world) podDeleted(p *pod) {
@@ -88,6 +95,22 @@ func (w *world) collectPod(a *actor, p *pod, status map[string]string, nets map[
 			}
 			if np != nil {
 				continue // a pod of that name again: not its to release
+			}
+			// The pod is gone from the API, but a force-deleted pod's sandbox
+			// may still be being stopped, its interface up: whereabouts
+			// releases its address all the same, whereabouts alone as beside
+			// harvester-ipam. Counted and traced, not the product's to keep.
+			for _, sb := range w.sbs {
+				if sb.pod != p || sb.id != e.ContainerID || sb.state != sbDead || !sb.netns {
+					continue
+				}
+				for _, att := range sb.atts {
+					if att.ifname == e.IfName && att.net.pool() == n.pool() && att.ip != nil && !att.delStarted && !att.podControllerFreed {
+						att.podControllerFreed = true
+						w.tr.add("ip-control-loop: %s is still being stopped: its entry is whereabouts' pod controller's to free now", att)
+						w.stats["pod controller frees a stopping sandbox"]++
+					}
+				}
 			}
 			wb.Del(ctx, fake.Request{ContainerID: e.ContainerID, IfName: e.IfName, PodRef: p.ref(),
 				Range: n.rng, Exclude: n.exclude, NetworkName: n.netName})

@@ -175,6 +175,13 @@ func TestRegressionSeeds(t *testing.T) {
 		{"the model: no kubelet retry for the grace, v0.8.0", 268830, fake.V080, 16},
 		{"the model: whereabouts alone, a DEL beside the same pod's ADD", 73326, fake.V093, 16},
 		{"the model: whereabouts alone, a DEL beside the same pod's ADD, v0.8.0", 217734, fake.V080, 16},
+		// Found once whereabouts' pod controller joined the model: a pod
+		// force-deleted, the kubelet's DEL of lhnet2 crashed, and the pod
+		// controller released lhnet1 while its sandbox was still being
+		// stopped. whereabouts does that alone too; the model now counts it
+		// (stats "pod controller frees a stopping sandbox") and stops holding
+		// that attachment live.
+		{"the model: the pod controller frees a stopping sandbox's entry", 1758, fake.V093, 16},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)
