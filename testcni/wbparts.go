@@ -129,9 +129,9 @@ func (r *Rig) partRoot(root, bin, path string, opt PartsOptions) error {
 	// The rig's one identity is its admin token: whereabouts' ClusterRole is
 	// not what is under test here.
 	files := map[string][]byte{
-		filepath.Join(sa, "token"):     []byte(r.cluster.token),
-		filepath.Join(sa, "ca.crt"):    ca,
-		filepath.Join(sa, "namespace"): []byte(opt.Tenant.PoolNamespace),
+		filepath.Join(sa, "token"):                     []byte(r.cluster.token),
+		filepath.Join(sa, "ca.crt"):                    ca,
+		filepath.Join(sa, "namespace"):                 []byte(opt.Tenant.PoolNamespace),
 		filepath.Join(root, "cron-schedule", "config"): []byte(opt.Cron + "\n"),
 	}
 	// What install-cni.sh writes on the host, seen by the container under /host.

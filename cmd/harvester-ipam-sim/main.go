@@ -31,6 +31,7 @@ func main() {
 	steps := flag.Int("steps", 0, "events a schedule plays (0: the default); fewer find shorter traces")
 	worker := flag.Int("worker", -1, "(internal) run as worker number N of -workers")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of a worker (-worker) to this file")
+	podController := flag.Bool("pod-controller", true, "run whereabouts' pod controller on pod deletions (false: replay seeds found before it was modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -45,6 +46,7 @@ func main() {
 	vs := strings.Split(*versions, ",")
 	options := func(v string) sim.Options {
 		o := sim.DefaultOptions(v)
+		o.PodController = *podController
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -90,7 +92,8 @@ func main() {
 		go func(i int) {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
-				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps))
+				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
+				"-pod-controller="+fmt.Sprint(*podController))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome

@@ -39,7 +39,7 @@ import (
 
 // podDeleted hands a pod's deletion to the pod controller.
 func (w *world) podDeleted(p *pod) {
-	if w.o.Whereabouts != fake.V093 {
+	if !w.o.PodController || w.o.Whereabouts != fake.V093 {
 		return
 	}
 	// The informer's copy: the pod's interfaces and network-status then.

@@ -25,6 +25,9 @@ type Options struct {
 	Faults bool
 	// Grace is the reconciler's.
 	Grace time.Duration
+	// PodController runs whereabouts' pod controller (ip-control-loop) on
+	// each pod deletion, as Harvester's whereabouts DaemonSet does.
+	PodController bool
 	// Dir holds the nodes' checkpoints ("" is a temporary dir).
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
@@ -36,7 +39,7 @@ type Options struct {
 
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
-	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute}
+	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true}
 }
 
 // Result is one schedule's outcome.
