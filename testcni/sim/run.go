@@ -28,6 +28,9 @@ type Options struct {
 	// PodController runs whereabouts' pod controller (ip-control-loop) on
 	// each pod deletion, as Harvester's whereabouts DaemonSet does.
 	PodController bool
+	// WBReconciler runs whereabouts' own reconciler now and then (see
+	// wbReconcile): off by default.
+	WBReconciler bool
 	// Dir holds the nodes' checkpoints ("" is a temporary dir).
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
@@ -266,6 +269,10 @@ func (w *world) event(a *actor) {
 			sb.lostCache = true
 		}
 	case r < 85: // a reconciler pass
+		if w.o.WBReconciler && w.s.chance(0.5) {
+			w.s.spawn("whereabouts reconciler", func(k *actor) { w.wbReconcile(k) })
+			break
+		}
 		w.s.spawn("reconciler", func(k *actor) { w.reconcile(k) })
 	case r < 88: // GC on a node (CRI-O calls it; containerd does not)
 		n := w.nodes[w.s.pick(len(w.nodes))]
