@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
@@ -54,6 +56,11 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	for _, p := range []testcni.Pod{keep, again, gone, done, same} {
 		sb[p] = runningPod(t, n, p, node, nad)
 	}
+	// A network with a network_name: its reservations are named
+	// "storage-<address>".
+	named := e.network(t, testcni.Network{NetworkName: "storage"})
+	namedPod := pod("named")
+	sb[namedPod] = runningPod(t, named, namedPod, node, createHarvesterNAD(t, e, named))
 
 	parts, err := rig.StartWhereaboutsParts(c, testcni.PartsOptions{Version: e.WB, Node: node, Tenant: e.Tenant, Cron: "* * * * *"})
 	require.NoError(t, err)
@@ -104,6 +111,24 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 		return reconcilerRuns(parts.Log(reconcilerPart)) > runsBefore, nil
 	})
 	require.NoError(t, err, "no whereabouts reconciler run:\n%s", parts.Log(reconcilerPart))
+	// whereabouts' reconciler turns a reservation's name back into an
+	// address by replacing every "-" with ":" (findClusterWideIPReservations):
+	// "storage-10.x.y.z" is never a pod's address, so a successful run
+	// deletes the live pod's reservation (alone too); its entry stays.
+	namedRes := names.Reservation(net.ParseIP(sb[namedPod].IP()), "storage")
+	err = wait.PollUntilContextTimeout(c, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		orips, err := named.ORIPs(ctx)
+		for _, o := range orips {
+			if o.Name == namedRes {
+				return false, err
+			}
+		}
+		return err == nil, err
+	})
+	require.NoError(t, err, "whereabouts' reconciler kept %s", namedRes)
+	allocs, err := named.Allocations(c)
+	require.NoError(t, err)
+	require.Len(t, testcni.Of(allocs, namedPod.Ref()), 1, "the named network's entry of %s", namedPod.Ref())
 	// And harvester-ipam's reconciler: whatever is left of a gone pod goes.
 	e.reconcile(t)
 	sleepPastGrace()
@@ -138,18 +163,21 @@ func reconcilerRuns(log string) int {
 // the host's /etc/cni/net.d/whereabouts.d).
 func createHarvesterNAD(t *testing.T, e *env, n *testcni.Network) string {
 	t.Helper()
+	ipam := map[string]any{"type": "whereabouts", "range": n.Range}
+	if n.NetworkName != "" {
+		ipam["network_name"] = n.NetworkName
+	}
 	conf, _ := json.Marshal(map[string]any{
-		"cniVersion": "0.3.1", "type": "bridge", "bridge": "mgmt-br", "promiscMode": true,
-		"ipam": map[string]any{"type": "whereabouts", "range": n.Range},
+		"cniVersion": "0.3.1", "type": "bridge", "bridge": "mgmt-br", "promiscMode": true, "ipam": ipam,
 	})
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-		"metadata": map[string]any{"name": "storagenetwork-" + e.Name, "namespace": e.PodNamespace},
+		"metadata": map[string]any{"name": n.Name, "namespace": e.PodNamespace},
 		"spec":     map[string]any{"config": string(conf)},
 	}}
 	_, err := rig.Dynamic.Resource(testcni.NADResource).Namespace(e.PodNamespace).Create(ctx(t), obj, metav1.CreateOptions{})
 	require.NoError(t, err)
-	return e.PodNamespace + "/storagenetwork-" + e.Name
+	return e.PodNamespace + "/" + n.Name
 }
 
 // runningPod creates a Running pod on node attached to nad, adds its sandbox
