@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -71,7 +72,7 @@ func (r *Rig) StartWhereaboutsParts(ctx context.Context, opt PartsOptions) (*Whe
 	}
 	type part struct{ name, tool, path string }
 	parts := []part{{"ip-control-loop", "ip-control-loop-" + opt.Version, "/ip-control-loop"}}
-	if opt.Version >= V094 { // versions here compare as strings: v0.7.0 < v0.8.0 < v0.9.3 < v0.9.4
+	if AtLeast(opt.Version, V094) {
 		parts = append(parts, part{"reconciler", "whereabouts-reconciler-" + opt.Version, "/ip-reconciler"})
 	}
 	w := &WhereaboutsParts{Version: opt.Version, procs: map[string]*proc{}, rig: r}
@@ -111,6 +112,15 @@ func (r *Rig) StartWhereaboutsParts(ctx context.Context, opt PartsOptions) (*Whe
 		return nil, err
 	}
 	return w, nil
+}
+
+// AtLeast says whether whereabouts version v is min or later.
+func AtLeast(v, min string) bool {
+	pv, err := version.ParseSemantic(v)
+	if err != nil {
+		return false
+	}
+	return pv.AtLeast(version.MustParseSemantic(min))
 }
 
 // partRoot lays out a container's root for one part.

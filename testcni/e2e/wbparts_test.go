@@ -66,7 +66,7 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	require.NoError(t, err)
 	t.Cleanup(parts.Stop)
 	reconcilerPart := "ip-control-loop"
-	if e.WB >= testcni.V094 {
+	if testcni.AtLeast(e.WB, testcni.V094) {
 		reconcilerPart = "reconciler"
 	}
 	runsBefore := reconcilerRuns(parts.Log(reconcilerPart))
@@ -95,7 +95,7 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	for _, p := range []testcni.Pod{done, gone, same} {
 		require.NoError(t, parts.WaitLog(c, "ip-control-loop", "deleted pod ["+p.Ref()+"]", 1, 30*time.Second))
 	}
-	if e.WB >= testcni.V093 {
+	if testcni.AtLeast(e.WB, testcni.V093) {
 		// It releases what the gone pod held, by its container ID and ifname.
 		require.NoError(t, waitReleased(c, n, gone), "the pod controller did not release %s of %s:\n%s", goneIP, gone.Ref(), parts.Log("ip-control-loop"))
 	} else {
