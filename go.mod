@@ -11,6 +11,7 @@ require (
 	github.com/k8snetworkplumbingwg/whereabouts v0.8.0
 	github.com/prometheus/client_golang v1.20.5
 	github.com/stretchr/testify v1.9.0
+	golang.org/x/sys v0.35.0
 	google.golang.org/grpc v1.58.3
 	k8s.io/api v0.29.3
 	k8s.io/apimachinery v0.29.3
@@ -53,7 +54,6 @@ require (
 	github.com/vishvananda/netns v0.0.5 // indirect
 	golang.org/x/net v0.43.0 // indirect
 	golang.org/x/oauth2 v0.21.0 // indirect
-	golang.org/x/sys v0.35.0 // indirect
 	golang.org/x/term v0.34.0 // indirect
 	golang.org/x/text v0.28.0 // indirect
 	golang.org/x/time v0.3.0 // indirect

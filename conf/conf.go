@@ -147,12 +147,20 @@ func Load(stdin []byte) (*Config, error) {
 		}
 	}
 
-	// The delegate reads the same config with its own type; everything else passes through.
-	delegated, err := withIPAMType(top, ipam, cfg.Options.Delegate)
-	if err != nil {
-		return nil, cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for the delegate", err.Error())
+	// The delegate reads the same config with its own type; everything else
+	// passes through. A config that names the delegate already (harvester-ipam
+	// stands in for it) goes as it came, byte for byte.
+	var typ string
+	_ = json.Unmarshal(ipam["type"], &typ)
+	if typ == cfg.Options.Delegate {
+		cfg.Delegated = stdin
+	} else {
+		delegated, err := withIPAMType(top, ipam, cfg.Options.Delegate)
+		if err != nil {
+			return nil, cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for the delegate", err.Error())
+		}
+		cfg.Delegated = delegated
 	}
-	cfg.Delegated = delegated
 
 	if raw, ok := ipam["configuration_path"]; ok {
 		var path string

@@ -19,6 +19,9 @@ import (
 // Add releases the allocations that earlier sandboxes of this pod hold in the
 // config's pools, then delegates ADD and returns the delegate's result.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
+	if unmanagedAdd(args) != "" {
+		return p.handOnAdd(args)
+	}
 	ph := newPhases()
 	cfg, err := loadForAttachment(args)
 	if err != nil {

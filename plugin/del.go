@@ -61,7 +61,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if usable && cfg.NodeSliceSize != "" {
 		// ADD refuses node slices, so nothing of this attachment is ours; what
 		// whereabouts allocated before harvester-ipam was named is its own.
-		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
+		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.exec()); err != nil {
 			return delegateError(cfg.Options.Delegate, "DEL", err)
 		}
 		return nil

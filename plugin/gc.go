@@ -69,7 +69,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		}
 	}
 
-	if err := invoke.DelegateGC(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
+	if err := invoke.DelegateGC(ctx, cfg.Options.Delegate, cfg.Delegated, p.exec()); err != nil {
 		failures = append(failures, errText(delegateError(cfg.Options.Delegate, "GC", err)))
 	}
 	if len(failures) > 0 {

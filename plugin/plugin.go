@@ -20,6 +20,7 @@ import (
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
@@ -50,9 +51,23 @@ type Plugin struct {
 // whereabouts' (2 minutes for ADD), whose work is part of ours.
 const DefaultTimeout = 150 * time.Second
 
-// Funcs wires the verbs for skel.
+// Funcs wires the verbs for skel. A harvester-ipam started as its own
+// delegate fails every verb at once: starting itself again would never end.
 func (p *Plugin) Funcs() skel.CNIFuncs {
+	if os.Getenv(delegate.GuardEnv) != "" {
+		refuse := func(*skel.CmdArgs) error { return delegate.SelfError() }
+		return skel.CNIFuncs{Add: refuse, Del: refuse, Check: refuse, Status: refuse, GC: refuse}
+	}
 	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
+}
+
+// exec runs the delegates of DEL, GC and STATUS: p.Exec, or the binary
+// delegate.Find resolves.
+func (p *Plugin) exec() invoke.Exec {
+	if p.Exec != nil {
+		return p.Exec
+	}
+	return delegate.Plain(p.stderr())
 }
 
 func (p *Plugin) timeout() time.Duration {

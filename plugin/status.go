@@ -48,7 +48,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err := store.Ping(ctx); err != nil {
 		return notReady(fmt.Sprintf("IPPool store unreachable: %v", err), "the Kubernetes API server in the whereabouts kubeconfig must answer")
 	}
-	if err := invoke.DelegateStatus(ctx, cfg.Options.Delegate, cfg.Delegated, p.Exec); err != nil {
+	if err := invoke.DelegateStatus(ctx, cfg.Options.Delegate, cfg.Delegated, p.exec()); err != nil {
 		return delegateError(cfg.Options.Delegate, "STATUS", err)
 	}
 	return nil

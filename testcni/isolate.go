@@ -7,6 +7,7 @@ package testcni
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"syscall"
@@ -31,13 +32,20 @@ func Isolate() error {
 	if _, err := exec.LookPath("ip"); err != nil {
 		return errors.New("the rig needs the ip command (Debian package iproute2)")
 	}
+	// Inside the namespace no module proxy can be reached: fetch here what
+	// the rig builds and runs there.
+	if err := prepareOutside(os.Stderr); err != nil {
+		return err
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
 	cmd := exec.Command(self, os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), isolatedEnv+"=1")
+	// GOPROXY=off: a module missing from the cache fails at once, named,
+	// rather than after a dial that cannot work.
+	cmd.Env = append(os.Environ(), isolatedEnv+"=1", "GOPROXY=off")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
 	err = cmd.Run()
 	var exit *exec.ExitError
@@ -70,6 +78,31 @@ func setupIsolated() error {
 	}
 	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		return fmt.Errorf("bring loopback up: %v: %s", err, out)
+	}
+	return nil
+}
+
+// prepareOutside builds the rig's third-party tools and downloads every
+// module harvester-ipam's packages and tests need (the rig builds its
+// binaries from them), while the network is still the host's. Outside the
+// module (a rig binary run elsewhere) there is nothing to fetch.
+func prepareOutside(progress io.Writer) error {
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	root, err := ModuleRoot(wd)
+	if err != nil {
+		return nil
+	}
+	if _, err := EnsureTools(root, progress); err != nil {
+		return err
+	}
+	cmd := exec.Command("go", "mod", "download")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("download the modules the rig builds from (go mod download in %s): %v\n%s", root, err, out)
 	}
 	return nil
 }

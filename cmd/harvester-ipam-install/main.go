@@ -1,20 +1,27 @@
 // Command harvester-ipam-install puts harvester-ipam into the host's CNI bin
-// dir, beside whereabouts. The chart's DaemonSet runs it on every node: once
-// at start and then every --interval, so that a binary removed or replaced on
-// the host comes back; with --verify it only checks (the readiness probe).
+// dir, beside whereabouts, and with --stand-in=whereabouts in whereabouts'
+// place (the real binary kept aside). The chart's DaemonSet runs it on every
+// node: once at start, then again whenever the stand-in's name is written
+// (inotify) and every --interval, so that a binary removed or replaced on the
+// host comes back; stopped, it gives the stand-in's name back. With --verify
+// it only checks (the readiness probe); --give-back gives the name back and
+// exits.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/harvester/harvester-ipam/install"
+	"github.com/harvester/harvester-ipam/install/standin"
 )
 
 // Version is set at build time (-ldflags "-X main.Version=...").
@@ -28,6 +35,8 @@ func main() {
 		delegate string
 		flatFile string
 		require  string
+		standIn  string
+		giveBack bool
 	)
 	flag.StringVar(&opt.Source, "source", "/usr/bin/harvester-ipam", "the binary to install")
 	flag.StringVar(&opt.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
@@ -38,6 +47,8 @@ func main() {
 	flag.BoolVar(&verify, "verify", false, "only check that the installed binary is the source and runs (exit 1 if not)")
 	flag.StringVar(&delegate, "delegate", "whereabouts", "the delegate to look for beside it (a warning when missing; \"\" skips)")
 	flag.StringVar(&flatFile, "flat-file", "/host/etc/cni/net.d/whereabouts.d/whereabouts.conf", "whereabouts' flat file, as mounted (a warning when missing; \"\" skips)")
+	flag.StringVar(&standIn, "stand-in", "", "also stand in for this plugin (whereabouts): harvester-ipam at its name, the real binary at <name>"+standin.RealSuffix+"; \"\" does not")
+	flag.BoolVar(&giveBack, "give-back", false, "give the --stand-in name back to the real binary and exit")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -56,13 +67,39 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	if giveBack {
+		if standIn == "" {
+			fail(fmt.Errorf("--give-back needs --stand-in, the name to give back"))
+		}
+		if err := install.GiveBack(context.Background(), opt, standIn); err != nil {
+			fail(err)
+		}
+		logf("gave %s back to the real binary", standIn)
+		return
+	}
 	if verify {
 		res, err := install.Verify(ctx, opt)
 		if err != nil {
 			fail(err)
 		}
+		if standIn != "" {
+			if err := install.VerifyStandIn(ctx, opt, standIn); err != nil {
+				fail(err)
+			}
+		}
 		fmt.Printf("%s is installed and runs: %s\n", res.Path, res.About)
 		return
+	}
+	if standIn != "" {
+		defer giveBackOnExit(ctx, opt, standIn)
+		if interval > 0 {
+			go func() {
+				err := standin.Watch(ctx, opt.BinDir, standIn, func() { takeName(ctx, opt, standIn, false) })
+				if err != nil {
+					fail(err)
+				}
+			}()
+		}
 	}
 
 	var warned string
@@ -81,6 +118,9 @@ func main() {
 		} else if first {
 			logf("%s is up to date (%s)", res.Path, res.About)
 		}
+		if standIn != "" {
+			takeName(ctx, opt, standIn, first)
+		}
 		// Warnings only when they change: the loop runs every interval.
 		if w := strings.Join(install.Preflight(opt.BinDir, delegate, flatFile), "\n"); w != warned {
 			if w != "" {
@@ -95,12 +135,43 @@ func main() {
 		}
 		select {
 		case <-ctx.Done():
-			// The binary stays: pods attached through it need it for their DEL.
+			// The binary stays under its own name: pods attached through a
+			// NAD naming it need it for their DEL.
 			logf("terminating; %s stays installed", res.Path)
 			return
 		case <-time.After(interval):
 		}
 	}
+}
+
+// takeName stands in (again); a failure is logged, not fatal: the name is
+// whole either way, and the next event or interval tries again.
+func takeName(ctx context.Context, opt install.Options, name string, first bool) {
+	changed, err := install.StandIn(ctx, opt, name)
+	switch {
+	case errors.Is(err, standin.ErrNoReal) && first:
+		logf("warning: %v", err)
+	case err != nil && ctx.Err() == nil:
+		logf("error: stand in for %s: %v", name, err)
+	case changed:
+		logf("harvester-ipam stands in at %s; the real binary is at %s", filepath.Join(opt.BinDir, name), standin.Aside(filepath.Join(opt.BinDir, name)))
+	}
+}
+
+// giveBackOnExit gives the name back when the installer stops (helm
+// uninstall, a rollout, a drain): what is left on the node is whereabouts as
+// its own installer left it. A newer installer takes the name again.
+func giveBackOnExit(ctx context.Context, opt install.Options, name string) {
+	if ctx.Err() == nil {
+		return // exits after one install (--interval 0): the stand-in stays
+	}
+	gctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := install.GiveBack(gctx, opt, name); err != nil {
+		logf("error: give %s back: %v", name, err)
+		return
+	}
+	logf("gave %s/%s back to the real binary", opt.BinDir, name)
 }
 
 func logf(format string, args ...any) {

@@ -26,7 +26,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 )
 
-// Early is an invoke.Exec whose next run of the plugin it was started for,
+// Early is an invoke.Exec that finds delegates with Find, and whose next run of the plugin it was started for,
 // with the same environment, is that process: ExecPlugin writes the config to
 // it and waits. Any other run, or every run when the start failed, is
 // invoke's own. The zero value runs everything as invoke does.
@@ -45,20 +45,20 @@ type Early struct {
 	errOut bytes.Buffer
 }
 
-// Start starts the plugin named name, found on CNI_PATH as invoke finds a
-// delegate, for a CNI_COMMAND of command, bound to ctx. A failure to start
+// Start starts the plugin named name, found on CNI_PATH by Find, for a
+// CNI_COMMAND of command, bound to ctx. A failure to start
 // is not an error here: the run at ExecPlugin then execs it as invoke does
 // and reports what fails.
 func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
 	e := &Early{stderr: stderr}
 	paths := filepath.SplitList(os.Getenv("CNI_PATH"))
-	path, err := invoke.FindInPath(name, paths)
+	path, err := Find(name, paths)
 	if err != nil {
 		return e
 	}
 	env := (&invoke.DelegateArgs{Command: command}).AsEnv()
 	cmd := exec.CommandContext(ctx, path)
-	cmd.Env = env
+	cmd.Env = guarded(env)
 	cmd.Stdout, cmd.Stderr = &e.out, &e.errOut
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -71,6 +71,10 @@ func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
 	e.name, e.paths, e.path, e.env, e.cmd, e.stdin = name, paths, path, env, cmd, stdin
 	return e
 }
+
+// Plain is an Early with no process started: it finds delegates with Find
+// and runs them as invoke does.
+func Plain(stderr io.Writer) *Early { return &Early{stderr: stderr} }
 
 // Started says whether a process waits for its config.
 func (e *Early) Started() bool { return e.cmd != nil }
@@ -93,7 +97,7 @@ func (e *Early) Abandon() {
 func (e *Early) ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
 	if e.cmd == nil || pluginPath != e.path || !sameEnv(environ, e.env) {
 		e.Abandon()
-		return (&invoke.RawExec{Stderr: e.stderr}).ExecPlugin(ctx, pluginPath, stdinData, environ)
+		return (&invoke.RawExec{Stderr: e.stderr}).ExecPlugin(ctx, pluginPath, stdinData, guarded(environ))
 	}
 	cmd := e.cmd
 	e.cmd = nil
@@ -123,13 +127,19 @@ func sameEnv(a, b []string) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
-// FindInPath finds a plugin as invoke does; the started one (invoke looks it
-// up again before it runs it) is where Start found it.
+// FindInPath finds a plugin with Find; the started one (invoke looks it up
+// again before it runs it) is where Start found it.
 func (e *Early) FindInPath(plugin string, paths []string) (string, error) {
 	if e.cmd != nil && plugin == e.name && slices.Equal(paths, e.paths) {
 		return e.path, nil
 	}
-	return invoke.FindInPath(plugin, paths)
+	return Find(plugin, paths)
+}
+
+// guarded is a delegate's environment, marked so that a harvester-ipam run
+// as its own delegate knows it.
+func guarded(env []string) []string {
+	return append(slices.Clip(env), GuardEnv+"=1")
 }
 
 // pluginErr is the error of a plugin that failed, as invoke's RawExec makes

@@ -300,6 +300,8 @@ type Delegate struct {
 	WB *Whereabouts
 	// Calls are "VERB name" of every call, in order.
 	Calls []string
+	// Stdins are the config bytes of every call, in order.
+	Stdins [][]byte
 	// Before, when set, runs at the start of every call: a test's knob.
 	Before func(verb string) error
 	// Skip, when it says so, makes a call succeed without doing anything:
@@ -323,6 +325,7 @@ func (d *Delegate) ExecPlugin(ctx context.Context, path string, stdin []byte, en
 	}
 	verb := env["CNI_COMMAND"]
 	d.Calls = append(d.Calls, verb+" "+path[strings.LastIndex(path, "/")+1:])
+	d.Stdins = append(d.Stdins, stdin)
 	if d.Before != nil {
 		if err := d.Before(verb); err != nil {
 			return nil, err

@@ -1,0 +1,380 @@
+package standin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A test run's harvester-ipam, built once from cmd/harvester-ipam: what
+// stands in must be told apart from the real binary by its build info.
+var (
+	buildOnce sync.Once
+	selfBin   string
+	buildErr  error
+)
+
+func harvesterIPAM(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "standin-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		selfBin = filepath.Join(dir, "harvester-ipam")
+		cmd := exec.Command("go", "build", "-o", selfBin, "github.com/harvester/harvester-ipam/cmd/harvester-ipam")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build harvester-ipam: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return selfBin
+}
+
+// realBinary is a stand-in for whereabouts of a version: a small static
+// program that answers VERSION as a CNI plugin does (an ELF binary, as
+// whereabouts is: a script is read by path a second time by its interpreter,
+// so a rename in between would run half of one and half of another), with
+// the version appended to its bytes.
+func realBinary(version string) []byte {
+	realOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "standin-real-")
+		if err != nil {
+			realErr = err
+			return
+		}
+		src := `package main
+
+import "os"
+
+func main() {
+	if os.Getenv("CNI_COMMAND") == "VERSION" {
+		os.Stdout.WriteString("{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.3.1\",\"1.0.0\"]}")
+		return
+	}
+	os.Exit(1)
+}
+`
+		if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
+			realErr = err
+			return
+		}
+		if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module fakewhereabouts\n\ngo 1.26\n"), 0o644); err != nil {
+			realErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", "whereabouts", ".")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			realErr = fmt.Errorf("build a fake whereabouts: %v\n%s", err, out)
+			return
+		}
+		realELF, realErr = os.ReadFile(filepath.Join(dir, "whereabouts"))
+	})
+	if realErr != nil {
+		panic(realErr)
+	}
+	return append(append([]byte{}, realELF...), []byte("whereabouts "+version)...)
+}
+
+var (
+	realOnce sync.Once
+	realELF  []byte
+	realErr  error
+)
+
+func probeVersion(ctx context.Context, path string) error {
+	var out []byte
+	var err error
+	for attempt := 0; attempt < 20; attempt++ { // ETXTBSY passes in moments
+		cmd := exec.CommandContext(ctx, path)
+		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		if out, err = cmd.Output(); err == nil || !strings.Contains(err.Error(), "text file busy") {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	var v struct{ SupportedVersions []string }
+	if json.Unmarshal(out, &v) != nil || len(v.SupportedVersions) == 0 {
+		return fmt.Errorf("no version info: %q", out)
+	}
+	return nil
+}
+
+func newDir(t *testing.T, real []byte) Dir {
+	t.Helper()
+	d := Dir{Path: t.TempDir(), Name: "whereabouts", Self: harvesterIPAM(t), Probe: probeVersion}
+	if real != nil {
+		require.NoError(t, os.WriteFile(d.name(), real, 0o755))
+	}
+	return d
+}
+
+func read(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	return b
+}
+
+func temps(t *testing.T, d Dir) []string {
+	m, err := filepath.Glob(filepath.Join(d.Path, tempPrefix+"*"))
+	require.NoError(t, err)
+	return m
+}
+
+func TestTakeAndGiveBack(t *testing.T) {
+	ctx := context.Background()
+	self := read(t, harvesterIPAM(t))
+	v093 := realBinary("v0.9.3")
+	d := newDir(t, v093)
+
+	changed, err := d.Take(ctx)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, self, read(t, d.name()), "harvester-ipam at the name")
+	assert.Equal(t, v093, read(t, d.aside()), "the real binary aside, byte for byte")
+	assert.Empty(t, temps(t, d))
+
+	changed, err = d.Take(ctx)
+	require.NoError(t, err)
+	assert.False(t, changed, "taking again changes nothing")
+
+	require.NoError(t, d.GiveBack(ctx))
+	assert.Equal(t, v093, read(t, d.name()), "the real binary back at its name, byte for byte")
+	st, err := os.Stat(d.name())
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o755), st.Mode().Perm())
+	assert.Nil(t, read(t, d.aside()), "no aside left")
+	require.NoError(t, d.GiveBack(ctx), "giving back again is a no-op")
+	assert.Equal(t, v093, read(t, d.name()))
+}
+
+// whereabouts' install-cni.sh writes its binary over the name in place
+// (`cp -f`), at every start of its pod and at an upgrade: the next Take keeps
+// that binary aside and stands in again; harvester-ipam is never put aside.
+func TestTakeAgainAfterTheRealInstallerWroteTheName(t *testing.T) {
+	ctx := context.Background()
+	self := read(t, harvesterIPAM(t))
+	d := newDir(t, realBinary("v0.9.3"))
+	_, err := d.Take(ctx)
+	require.NoError(t, err)
+
+	v094 := realBinary("v0.9.4")
+	f, err := os.OpenFile(d.name(), os.O_WRONLY|os.O_TRUNC, 0) // as cp -f does, into the inode
+	require.NoError(t, err)
+	_, err = f.Write(v094)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	changed, err := d.Take(ctx)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, self, read(t, d.name()))
+	assert.Equal(t, v094, read(t, d.aside()), "the new version is the delegate now")
+}
+
+func TestTakeRefusesWhatItCannotDo(t *testing.T) {
+	ctx := context.Background()
+	t.Run("nothing to stand in for", func(t *testing.T) {
+		d := newDir(t, nil)
+		_, err := d.Take(ctx)
+		assert.ErrorIs(t, err, ErrNoReal)
+		assert.Nil(t, read(t, d.name()), "harvester-ipam not put where it would have no delegate")
+	})
+	t.Run("a real binary that does not run", func(t *testing.T) {
+		d := newDir(t, []byte("\x7fELF half of a binary"))
+		_, err := d.Take(ctx)
+		assert.ErrorContains(t, err, "does not run")
+		assert.Equal(t, "\x7fELF half of a binary", string(read(t, d.name())), "left as it was")
+		assert.Nil(t, read(t, d.aside()))
+	})
+	t.Run("harvester-ipam at the name, nothing aside", func(t *testing.T) {
+		d := newDir(t, read(t, harvesterIPAM(t)))
+		_, err := d.Take(ctx)
+		assert.ErrorContains(t, err, "the real whereabouts is missing at "+d.aside())
+		assert.Nil(t, read(t, d.aside()), "harvester-ipam is never put aside")
+		assert.ErrorIs(t, d.GiveBack(ctx), ErrNoReal, "nothing to give back")
+	})
+}
+
+// An older harvester-ipam at the name (an upgrade of the DaemonSet) is
+// replaced; the aside, the real binary, is kept.
+func TestTakeReplacesAnotherHarvesterIPAM(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t, realBinary("v0.9.3"))
+	_, err := d.Take(ctx)
+	require.NoError(t, err)
+	older := append(read(t, d.Self), []byte("older build")...) // still harvester-ipam by its build info
+	require.NoError(t, os.WriteFile(d.name(), older, 0o755))
+	require.True(t, IsHarvesterIPAM(d.name()))
+
+	changed, err := d.Take(ctx)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, read(t, d.Self), read(t, d.name()))
+	assert.Equal(t, realBinary("v0.9.3"), read(t, d.aside()))
+}
+
+// crashEnv makes the test binary, run as a child, do one operation on a
+// dir and die by SIGKILL at a step.
+const crashEnv = "STANDIN_TEST_CRASH"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(crashEnv); spec != "" {
+		// op:step:dir:self
+		parts := strings.SplitN(spec, ":", 4)
+		d := Dir{Path: parts[2], Name: "whereabouts", Self: parts[3], Probe: probeVersion,
+			AtStep: func(step string) {
+				if step == parts[1] {
+					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+					select {}
+				}
+			}}
+		var err error
+		if parts[0] == "take" {
+			_, err = d.Take(context.Background())
+		} else {
+			err = d.GiveBack(context.Background())
+		}
+		fmt.Fprintln(os.Stderr, "finished without crashing:", err)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// A kill at any step of taking the name or giving it back leaves a whole
+// runnable binary at the name, the real one at the name or aside, and never
+// harvester-ipam aside; the next run of the same operation finishes it.
+func TestAKillAtAnyStepLosesNothing(t *testing.T) {
+	ctx := context.Background()
+	self := read(t, harvesterIPAM(t))
+	v093 := realBinary("v0.9.3")
+	tests := []struct {
+		op, step string
+		// setup runs before the child; taken says the dir starts stood in.
+		taken bool
+		// rewrite writes v0.9.4 over the name first (whereabouts' pod restarted).
+		rewrite bool
+	}{
+		{"take", StepAsideKept, false, false},
+		{"take", StepSelfReady, false, false},
+		{"take", StepExchanged, false, false},
+		{"take", StepAsideKept, true, true},
+		{"take", StepSelfReady, true, true},
+		{"take", StepExchanged, true, true},
+		{"giveback", StepGivenBack, true, false},
+		{"giveback", StepAsideGone, true, false},
+		{"giveback", StepAsideGone, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s killed at %s (stood in %v, rewritten %v)", tt.op, tt.step, tt.taken, tt.rewrite), func(t *testing.T) {
+			d := newDir(t, v093)
+			want := v093
+			if tt.taken {
+				_, err := d.Take(ctx)
+				require.NoError(t, err)
+			}
+			if tt.rewrite {
+				want = realBinary("v0.9.4")
+				require.NoError(t, os.WriteFile(d.name(), want, 0o755))
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s:%s:%s:%s", crashEnv, tt.op, tt.step, d.Path, d.Self))
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "the child must be killed at %s: %s", tt.step, out)
+			require.Equal(t, "signal: killed", exit.Error())
+
+			// Right after the kill.
+			at := read(t, d.name())
+			require.True(t, bytes.Equal(at, self) || bytes.Equal(at, want), "a whole binary at the name: %.40q", at)
+			require.NoError(t, probeVersion(ctx, d.name()), "it runs")
+			aside := read(t, d.aside())
+			assert.False(t, bytes.Equal(aside, self), "harvester-ipam is never aside")
+			realSomewhere := bytes.Equal(at, want) || bytes.Equal(aside, want)
+			for _, tmp := range temps(t, d) {
+				realSomewhere = realSomewhere || bytes.Equal(read(t, tmp), want)
+			}
+			assert.True(t, realSomewhere, "the real binary is kept")
+
+			// The next run of the operation finishes it.
+			if tt.op == "take" {
+				_, err := d.Take(ctx)
+				require.NoError(t, err)
+				assert.Equal(t, self, read(t, d.name()))
+				assert.Equal(t, want, read(t, d.aside()))
+			} else {
+				require.NoError(t, d.GiveBack(ctx))
+				assert.Equal(t, want, read(t, d.name()))
+				assert.Nil(t, read(t, d.aside()))
+			}
+			assert.Empty(t, temps(t, d))
+		})
+	}
+}
+
+// A loop that execs the name throughout take, rewrite, retake and give-back
+// never fails to start a whole binary.
+func TestTheNameAlwaysRuns(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t, realBinary("v0.9.3"))
+	var execs, failures atomic.Int64
+	var firstFailure atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				execs.Add(1)
+				if err := probeVersion(ctx, d.name()); err != nil {
+					failures.Add(1)
+					firstFailure.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	for i := 0; i < 20; i++ {
+		_, err := d.Take(ctx)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(d.name()+".new", realBinary(fmt.Sprintf("v0.9.%d", i)), 0o755))
+		require.NoError(t, os.Rename(d.name()+".new", d.name())) // a new version lands
+		_, err = d.Take(ctx)
+		require.NoError(t, err)
+		require.NoError(t, d.GiveBack(ctx))
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d execs of the name, %d failed", execs.Load(), failures.Load())
+	assert.Greater(t, execs.Load(), int64(50))
+	assert.Zero(t, failures.Load(), "first failure: %v", firstFailure.Load())
+}
