@@ -17,7 +17,7 @@ import (
 //   - on a pod's deletion, as its informer delivers it (the last object, so
 //     the network-status of then), for each non-default interface of that
 //     status: the NAD from its informer (gone: the item fails, is retried
-//     twice, rate-limited, then dropped), the pool from its informer (a
+//     three times, rate-limited, then dropped), the pool from its informer (a
 //     cached read), and for each entry whose podref is the pod: a fresh GET
 //     of the pod (a pod of that name exists again: skip the entry), then
 //     whereabouts' own deallocation of the entry's container ID and ifname,
@@ -59,7 +59,7 @@ func (w *world) podDeleted(p *pod) {
 				return
 			}
 			w.tr.add("ip-control-loop: %s: %v", p.ref(), err)
-			if attempt >= 2 { // maxRetries: dropped, with an Event
+			if attempt >= 3 { // requeued while NumRequeues <= maxRetries (2): then dropped, with an Event
 				return
 			}
 			a.sleep(time.Duration(5<<attempt) * time.Millisecond) // the workqueue's backoff
