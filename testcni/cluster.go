@@ -31,13 +31,21 @@ type proc struct {
 }
 
 func startProc(dir, name, bin string, args ...string) (*proc, error) {
-	return startProcEnv(dir, name, bin, nil, args...)
+	return startProcWith(dir, name, bin, nil, nil, args...)
 }
 
-// startProcEnv is startProc with env as the whole environment (nil: this
-// process's).
+// startProcEnv is startProc with env as the whole environment.
 func startProcEnv(dir, name, bin string, env []string, args ...string) (*proc, error) {
+	return startProcWith(dir, name, bin, nil, env, args...)
+}
+
+// startProcWith is startProc with attributes set by attr (a chroot, say) and
+// env as the whole environment when not nil.
+func startProcWith(dir, name, bin string, attr func(*syscall.SysProcAttr), env []string, args ...string) (*proc, error) {
 	logPath := filepath.Join(dir, name+".log")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
@@ -47,6 +55,9 @@ func startProcEnv(dir, name, bin string, env []string, args ...string) (*proc, e
 	cmd.Env = env
 	// Die with the rig, however it ends.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if attr != nil {
+		attr(cmd.SysProcAttr)
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)

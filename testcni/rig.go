@@ -76,14 +76,15 @@ type Rig struct {
 	Dynamic    dynamic.Interface
 
 	cluster  *cluster
-	webhook  *proc     // Harvester's network webhook, unless Options.NoWebhook
-	progress io.Writer // where the rig says what it does
+	webhook  *proc             // Harvester's network webhook, unless Options.NoWebhook
+	progress io.Writer         // where the rig says what it does
 	bin      string            // the harvester-ipam binaries built for this rig
 	cniPaths map[string]string // whereabouts version -> CNI_PATH
 	crashBin string            // dir with the crashpoints build of harvester-ipam
 
 	mu      sync.Mutex
 	netns   map[string]bool // sandboxes' namespaces still to delete
+	parts   []*WhereaboutsParts
 	counter int
 }
 
@@ -291,7 +292,12 @@ func (r *Rig) Close() {
 		_ = exec.Command("ip", "netns", "del", ns).Run()
 	}
 	r.netns = map[string]bool{}
+	parts := r.parts
+	r.parts = nil
 	r.mu.Unlock()
+	for _, w := range parts {
+		w.Stop()
+	}
 	if r.webhook != nil {
 		r.webhook.stop(5 * time.Second)
 	}

@@ -31,7 +31,7 @@ func (r *Rig) RunWhereaboutsInstall(ctx context.Context, version, hostBin, hostC
 	if err := writeFile(filepath.Join(sa, "token"), []byte(r.cluster.token)); err != nil {
 		return "", err
 	}
-	if err := copyFile(r.cluster.caFile, filepath.Join(sa, "ca.crt")); err != nil {
+	if err := copyFile(r.cluster.caFile, filepath.Join(sa, "ca.crt"), 0o644); err != nil {
 		return "", err
 	}
 	subst := func(name string, must []string, pairs ...string) error {
@@ -75,12 +75,4 @@ func (r *Rig) RunWhereaboutsInstall(ctx context.Context, version, hostBin, hostC
 		return string(out), fmt.Errorf("whereabouts %s's install-cni.sh: %w\n%s", version, err, out)
 	}
 	return string(out), nil
-}
-
-func copyFile(from, to string) error {
-	b, err := os.ReadFile(from)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(to, b, 0o644)
 }

@@ -31,6 +31,8 @@ func main() {
 	steps := flag.Int("steps", 0, "events a schedule plays (0: the default); fewer find shorter traces")
 	worker := flag.Int("worker", -1, "(internal) run as worker number N of -workers")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of a worker (-worker) to this file")
+	wbReconciler := flag.Bool("wb-reconciler", false, "run whereabouts' own reconciler now and then (it frees live entries Multus' status does not name, alone too)")
+	podController := flag.Bool("pod-controller", true, "run whereabouts' pod controller on pod deletions (false: replay seeds found before it was modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -45,6 +47,8 @@ func main() {
 	vs := strings.Split(*versions, ",")
 	options := func(v string) sim.Options {
 		o := sim.DefaultOptions(v)
+		o.PodController = *podController
+		o.WBReconciler = *wbReconciler
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -90,7 +94,8 @@ func main() {
 		go func(i int) {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
-				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps))
+				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
+				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome

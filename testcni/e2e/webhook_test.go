@@ -41,7 +41,9 @@ func TestHarvesterRefusesTheNADSwitch(t *testing.T) {
 	other.SetNamespace("default")
 	other, err = rig.Dynamic.Resource(testcni.NADResource).Namespace("default").Create(ctx(t), other, metav1.CreateOptions{})
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = rig.Dynamic.Resource(testcni.NADResource).Namespace("default").Delete(ctx(t), "storagenetwork-plain", metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = rig.Dynamic.Resource(testcni.NADResource).Namespace("default").Delete(ctx(t), "storagenetwork-plain", metav1.DeleteOptions{})
+	})
 	require.NoError(t, unstructured.SetNestedField(other.Object, strings.Replace(config, `"type":"whereabouts"`, `"type":"harvester-ipam"`, 1), "spec", "config"))
 	_, err = rig.Dynamic.Resource(testcni.NADResource).Namespace("default").Update(ctx(t), other, metav1.UpdateOptions{})
 	assert.NoError(t, err, "a NAD outside harvester-system may name harvester-ipam")

@@ -22,7 +22,7 @@ func (w *world) live() []*attachment {
 			out = append(out, sb.atts...)
 		case sb.state == sbDead && sb.netns:
 			for _, att := range sb.atts {
-				if att.ip != nil && !att.delStarted {
+				if att.ip != nil && !att.delStarted && !att.podControllerFreed {
 					out = append(out, att)
 				}
 			}

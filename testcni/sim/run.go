@@ -25,15 +25,24 @@ type Options struct {
 	Faults bool
 	// Grace is the reconciler's.
 	Grace time.Duration
+	// PodController runs whereabouts' pod controller (ip-control-loop) on
+	// each pod deletion, as Harvester's whereabouts DaemonSet does.
+	PodController bool
+	// WBReconciler runs whereabouts' own reconciler now and then (see
+	// wbReconcile): off by default.
+	WBReconciler bool
 	// Dir holds the nodes' checkpoints ("" is a temporary dir).
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
 	sabotage bool
+	// podControllerFreesAll makes whereabouts' pod controller release every
+	// entry of the deleted pod's pools, not just the pod's: the checker's test.
+	podControllerFreesAll bool
 }
 
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
-	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute}
+	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true}
 }
 
 // Result is one schedule's outcome.
@@ -218,6 +227,7 @@ func (w *world) event(a *actor) {
 		if p.exists {
 			w.tr.add("pod %s force-deleted", p.ref())
 			p.exists = false
+			w.podDeleted(p)
 			if sb := p.current; sb != nil && (sb.state == sbLive || sb.state == sbCreating) {
 				w.kill(sb, "pod deleted", true)
 				w.spawnKubelet("stop "+p.name, func(k *actor) { w.teardown(k, sb) })
@@ -240,8 +250,9 @@ func (w *world) event(a *actor) {
 			w.tr.add("node %s removed", n.name)
 			n.exists = false
 			for _, q := range w.pods_() {
-				if q.node == n.name {
+				if q.node == n.name && q.exists {
 					q.exists = false
+					w.podDeleted(q)
 				}
 			}
 			for _, sb := range w.sbs {
@@ -258,6 +269,10 @@ func (w *world) event(a *actor) {
 			sb.lostCache = true
 		}
 	case r < 85: // a reconciler pass
+		if w.o.WBReconciler && w.s.chance(0.5) {
+			w.s.spawn("whereabouts reconciler", func(k *actor) { w.wbReconcile(k) })
+			break
+		}
 		w.s.spawn("reconciler", func(k *actor) { w.reconcile(k) })
 	case r < 88: // GC on a node (CRI-O calls it; containerd does not)
 		n := w.nodes[w.s.pick(len(w.nodes))]

@@ -82,6 +82,50 @@ func TestTheCheckerCatchesAFreedLiveEntry(t *testing.T) {
 	}
 }
 
+// whereabouts' pod controller is in the model and the checker sees what it
+// does: made to release every entry of a deleted pod's pool (live pods'
+// too), it is caught.
+func TestTheCheckerCatchesThePodControllerFreeingALivePod(t *testing.T) {
+	o := DefaultOptions(fake.V093)
+	o.podControllerFreesAll = true
+	caught, releases := 0, 0
+	for seed := uint64(1); seed <= 50; seed++ {
+		res, err := Run(seed, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases += res.Stats["pod controller releases"]
+		if len(res.Violations) > 0 {
+			caught++
+		}
+	}
+	if caught == 0 {
+		t.Fatalf("50 schedules of a pod controller freeing live pods (%d releases), no violation seen", releases)
+	}
+	t.Logf("%d of 50 schedules caught, %d releases by the pod controller", caught, releases)
+}
+
+// Without the mutation, the pod controller releases what deleted pods held
+// (it runs in the schedules the other tests play), and nothing live.
+func TestThePodControllerReleasesGonePods(t *testing.T) {
+	o := DefaultOptions(fake.V093)
+	releases := 0
+	for seed := uint64(1); seed <= 50; seed++ {
+		res, err := Run(seed, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Violations) > 0 {
+			t.Fatalf("seed %d: %v\n%s\n%s", seed, res.Violations, res.Trace, res.State)
+		}
+		releases += res.Stats["pod controller releases"]
+	}
+	if releases == 0 {
+		t.Fatal("in 50 schedules the pod controller released nothing: it is not in the model")
+	}
+	t.Logf("%d releases by the pod controller in 50 schedules", releases)
+}
+
 // Regression seeds: each broke an invariant on the code before one fix (a
 // scratch branch that reverted it, patches in the note), and must
 // hold now. A change of the simulation's model may make a seed play another
@@ -93,31 +137,35 @@ func TestRegressionSeeds(t *testing.T) {
 		seed  uint64
 		wb    string
 		steps int
+		// podController: the seeds found before whereabouts' pod controller
+		// joined the model play their stories without it (an actor more
+		// changes every interleaving after it).
+		podController bool
 	}{
 		// Hole 1: a crash after lhnet2's delegate; the runtime's DEL of lhnet2
 		// released every entry of the container without an ifname, lhnet1's too.
-		{"hole 1: a DEL of one of two interfaces, v0.7.0", 56, fake.V070, 6},
-		{"hole 1: whereabouts v0.8.0 deallocating the container's first entry", 82, fake.V080, 6},
-		{"hole 1, longer", 16, fake.V080, 24},
+		{"hole 1: a DEL of one of two interfaces, v0.7.0", 56, fake.V070, 6, false},
+		{"hole 1: whereabouts v0.8.0 deallocating the container's first entry", 82, fake.V080, 6, false},
+		{"hole 1, longer", 16, fake.V080, 24, false},
 		// Hole 2: Multus' status names lhnet1 only; lhnet2 was judged
 		// superseded by its own sibling and released.
-		{"hole 2: a sibling judged superseded", 17, fake.V093, 6},
-		{"hole 2, on v0.8.0", 17, fake.V080, 24},
+		{"hole 2: a sibling judged superseded", 17, fake.V093, 6, false},
+		{"hole 2, on v0.8.0", 17, fake.V080, 24, false},
 		// Hole 3: the kubelet's GC DELs the old sandbox while the new one is
 		// made; the reservation re-read after the conflict was deleted.
-		{"hole 3: a reservation re-read after a conflict", 1985, fake.V093, 6},
-		{"hole 3, on v0.8.0", 31, fake.V080, 24},
+		{"hole 3: a reservation re-read after a conflict", 1985, fake.V093, 6, false},
+		{"hole 3, on v0.8.0", 31, fake.V080, 24, false},
 		// Found by the simulation: a DEL handed to whereabouts takes its Lease
 		// under the pod's name, as the next sandbox's ADD does. (Seeds found
 		// again after the model changed: 1130 at 6 steps and 590 at 24 play
 		// other stories now, and 5,144 schedules of 6 steps found none.)
-		{"DEL handed to whereabouts beside the next ADD", 1768, fake.V093, 24},
+		{"DEL handed to whereabouts beside the next ADD", 1768, fake.V093, 24, false},
 		// Found by the big run: the simulated kubelet began a second sandbox
 		// of a pod while the first was being made, and the first's ADD
 		// released the second's entry. The kubelet never does that (one pod
 		// worker per pod); the model was wrong, and now checks itself.
-		{"the model: two sandboxes of one pod made at once", 10125, fake.V093, 16},
-		{"the model: two sandboxes of one pod made at once, v0.8.0", 10125, fake.V080, 16},
+		{"the model: two sandboxes of one pod made at once", 10125, fake.V093, 16, false},
+		{"the model: two sandboxes of one pod made at once, v0.8.0", 10125, fake.V080, 16, false},
 		// Found by the big run after it became 4x faster: (a) the kubelet
 		// did not come back to a failed DEL for the 11 minutes the director
 		// let pass, and the reconciler released the entry of the force-deleted
@@ -127,14 +175,22 @@ func TestRegressionSeeds(t *testing.T) {
 		// kubelet's cleanup DEL of a pod's old sandbox ran beside its next
 		// ADD: whereabouts' own race (both hold its Lease under the pod's
 		// name), which the model already kept out of the GC path.
-		{"the model: no kubelet retry for the grace", 268830, fake.V093, 16},
-		{"the model: no kubelet retry for the grace, v0.8.0", 268830, fake.V080, 16},
-		{"the model: whereabouts alone, a DEL beside the same pod's ADD", 73326, fake.V093, 16},
-		{"the model: whereabouts alone, a DEL beside the same pod's ADD, v0.8.0", 217734, fake.V080, 16},
+		{"the model: no kubelet retry for the grace", 268830, fake.V093, 16, false},
+		{"the model: no kubelet retry for the grace, v0.8.0", 268830, fake.V080, 16, false},
+		{"the model: whereabouts alone, a DEL beside the same pod's ADD", 73326, fake.V093, 16, false},
+		{"the model: whereabouts alone, a DEL beside the same pod's ADD, v0.8.0", 217734, fake.V080, 16, false},
+		// Found once whereabouts' pod controller joined the model: a pod
+		// force-deleted, the kubelet's DEL of lhnet2 crashed, and the pod
+		// controller released lhnet1 while its sandbox was still being
+		// stopped. whereabouts does that alone too; the model now counts it
+		// (stats "pod controller frees a stopping sandbox") and stops holding
+		// that attachment live.
+		{"the model: the pod controller frees a stopping sandbox's entry", 1758, fake.V093, 16, true},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)
 			o.Steps = tt.steps
+			o.PodController = tt.podController
 			res, err := Run(tt.seed, o)
 			if err != nil {
 				t.Fatal(err)

@@ -132,6 +132,10 @@ type attachment struct {
 	ip     net.IP // what ADD returned; nil until then
 	// delStarted: its own DEL was sent; the address is its DEL's to free.
 	delStarted bool
+	// podControllerFreed: whereabouts' pod controller released its entry
+	// after its pod object was deleted, while the runtime was still stopping
+	// its sandbox (see podDeleted): no longer the product's to keep.
+	podControllerFreed bool
 }
 
 func (a *attachment) String() string {

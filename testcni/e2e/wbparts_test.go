@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+// TestWhereaboutsPartsBeside runs whereabouts' own controllers as Harvester
+// runs them (ip-control-loop from its DaemonSet; from v0.9.4 its reconciler
+// Deployment) beside harvester-ipam on one pool whose NAD names whereabouts:
+// pods live, recreate their sandbox, go away with and without DEL, and come
+// back under the same name; then harvester-ipam's reconciler passes too.
+// Every live sandbox keeps its address and reservation, the gone pods hold
+// nothing, and no address is handed out twice.
+//
+// whereabouts' reconciler judges every pool of the cluster, so this test does
+// not run beside the others (whose leftovers it would release); its versions
+// run side by side, each on a node of its own. Its cron runs at most once a
+// minute: each version waits for one run after the pods went away.
+func TestWhereaboutsPartsBeside(t *testing.T) {
+	require.NoError(t, rig.InstallNADCRD(ctx(t)))
+	for _, v := range testcni.Delegates {
+		t.Run("whereabouts "+v, func(t *testing.T) {
+			t.Parallel()
+			testWhereaboutsPartsBeside(t, newEnv(t, v))
+		})
+	}
+}
+
+func testWhereaboutsPartsBeside(t *testing.T, e *env) {
+	c := ctx(t)
+	node := e.Node("n1")
+	require.NoError(t, rig.CreateNode(c, node))
+	n := e.network(t, testcni.Network{})
+	nad := createHarvesterNAD(t, e, n)
+
+	pod := func(name string) testcni.Pod { return e.Pod(name) }
+	keep, again, gone, done, same := pod("keep"), pod("again"), pod("gone"), pod("done"), pod("same")
+	sb := map[testcni.Pod]*testcni.Sandbox{}
+	for _, p := range []testcni.Pod{keep, again, gone, done, same} {
+		sb[p] = runningPod(t, n, p, node, nad)
+	}
+	// A network with a network_name: its reservations are named
+	// "storage-<address>".
+	named := e.network(t, testcni.Network{NetworkName: "storage"})
+	namedPod := pod("named")
+	sb[namedPod] = runningPod(t, named, namedPod, node, createHarvesterNAD(t, e, named))
+
+	parts, err := rig.StartWhereaboutsParts(c, testcni.PartsOptions{Version: e.WB, Node: node, Tenant: e.Tenant, Cron: "* * * * *"})
+	require.NoError(t, err)
+	t.Cleanup(parts.Stop)
+	reconcilerPart := "ip-control-loop"
+	if testcni.AtLeast(e.WB, testcni.V094) {
+		reconcilerPart = "reconciler"
+	}
+	runsBefore := reconcilerRuns(parts.Log(reconcilerPart))
+
+	// A sandbox recreated without DEL: harvester-ipam's ADD releases the old one.
+	require.NoError(t, sb[again].Kill())
+	sb[again] = add(t, n, again)
+	setNetworkStatus(t, again, nad, sb[again].IP())
+	// A pod stopped as usual: DEL, then the object goes; nothing is left to
+	// release when the pod controller looks.
+	require.NoError(t, sb[done].Del(c))
+	require.NoError(t, rig.DeletePod(c, done))
+	// A pod whose node died: no DEL, the object is force-deleted.
+	require.NoError(t, sb[gone].Kill())
+	require.NoError(t, rig.DeletePod(c, gone))
+	goneIP := sb[gone].IP()
+	// A pod deleted and created again under its name (a StatefulSet's, say)
+	// whose old sandbox never saw DEL: its new sandbox is live.
+	require.NoError(t, sb[same].Kill())
+	require.NoError(t, rig.DeletePod(c, same))
+	require.NoError(t, createPodOnNAD(c, same, node, nad, ""))
+	sb[same] = add(t, n, same)
+	setNetworkStatus(t, same, nad, sb[same].IP())
+
+	// The pod controller has seen the deletions once it has logged each.
+	for _, p := range []testcni.Pod{done, gone, same} {
+		require.NoError(t, parts.WaitLog(c, "ip-control-loop", "deleted pod ["+p.Ref()+"]", 1, 30*time.Second))
+	}
+	if testcni.AtLeast(e.WB, testcni.V093) {
+		// It releases what the gone pod held, by its container ID and ifname.
+		require.NoError(t, waitReleased(c, n, gone), "the pod controller did not release %s of %s:\n%s", goneIP, gone.Ref(), parts.Log("ip-control-loop"))
+	} else {
+		// Before v0.9.3 its deallocation has no namespace for whereabouts'
+		// Lease (nor a container ID): its one worker waits for that Lease
+		// for ever, and the pod controller releases nothing.
+		require.NoError(t, parts.WaitLog(c, "ip-control-loop", "an empty namespace may not be set", 1, 30*time.Second))
+	}
+	// One whereabouts reconciler run after all that. It may fail: up to
+	// v0.9.3 every node's ip-control-loop runs it on the same cron, and the
+	// versions here do too; a pool written since its list fails its patch.
+	err = wait.PollUntilContextTimeout(c, time.Second, 90*time.Second, true, func(context.Context) (bool, error) {
+		return reconcilerRuns(parts.Log(reconcilerPart)) > runsBefore, nil
+	})
+	require.NoError(t, err, "no whereabouts reconciler run:\n%s", parts.Log(reconcilerPart))
+	// whereabouts' reconciler turns a reservation's name back into an
+	// address by replacing every "-" with ":" (findClusterWideIPReservations):
+	// "storage-10.x.y.z" is never a pod's address, so a successful run
+	// deletes the live pod's reservation (alone too); its entry stays.
+	namedRes := names.Reservation(net.ParseIP(sb[namedPod].IP()), "storage")
+	err = wait.PollUntilContextTimeout(c, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		orips, err := named.ORIPs(ctx)
+		for _, o := range orips {
+			if o.Name == namedRes {
+				return false, err
+			}
+		}
+		return err == nil, err
+	})
+	require.NoError(t, err, "whereabouts' reconciler kept %s", namedRes)
+	allocs, err := named.Allocations(c)
+	require.NoError(t, err)
+	require.Len(t, testcni.Of(allocs, namedPod.Ref()), 1, "the named network's entry of %s", namedPod.Ref())
+	// And harvester-ipam's reconciler: whatever is left of a gone pod goes.
+	e.reconcile(t)
+	sleepPastGrace()
+	e.reconcile(t)
+
+	// A new pod gets an address no live sandbox holds.
+	late := pod("late")
+	sb[late] = runningPod(t, n, late, node, nad)
+
+	live := []*testcni.Sandbox{sb[keep], sb[again], sb[same], sb[late]}
+	verify(t, n, live, keep, again, gone, done, same, late)
+	require.True(t, parts.Running("ip-control-loop"), "ip-control-loop exited:\n%s", parts.Log("ip-control-loop"))
+	for _, p := range []string{"ip-control-loop", "reconciler"} {
+		require.NotContains(t, parts.Log(p), "panic:", "whereabouts %s %s", e.WB, p)
+	}
+}
+
+// reconcilerRuns counts the ends of whereabouts' reconciler runs in a log:
+// "reconciler success" or "reconciler failure" (cmd/controlloop before
+// v0.9.4), "reconciler run succeeded" or "reconciler run failed"
+// (cmd/reconciler from it).
+func reconcilerRuns(log string) int {
+	n := 0
+	for _, s := range []string{"reconciler success", "reconciler failure", "reconciler run succeeded", "reconciler run failed"} {
+		n += strings.Count(log, s)
+	}
+	return n
+}
+
+// createHarvesterNAD creates the network's NAD as Harvester writes it: the
+// IPAM named whereabouts, no configuration_path (the flat file is found at
+// the host's /etc/cni/net.d/whereabouts.d).
+func createHarvesterNAD(t *testing.T, e *env, n *testcni.Network) string {
+	t.Helper()
+	ipam := map[string]any{"type": "whereabouts", "range": n.Range}
+	if n.NetworkName != "" {
+		ipam["network_name"] = n.NetworkName
+	}
+	conf, _ := json.Marshal(map[string]any{
+		"cniVersion": "0.3.1", "type": "bridge", "bridge": "mgmt-br", "promiscMode": true, "ipam": ipam,
+	})
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+		"metadata": map[string]any{"name": n.Name, "namespace": e.PodNamespace},
+		"spec":     map[string]any{"config": string(conf)},
+	}}
+	_, err := rig.Dynamic.Resource(testcni.NADResource).Namespace(e.PodNamespace).Create(ctx(t), obj, metav1.CreateOptions{})
+	require.NoError(t, err)
+	return e.PodNamespace + "/" + n.Name
+}
+
+// runningPod creates a Running pod on node attached to nad, adds its sandbox
+// and writes its network-status as Multus does after ADD.
+func runningPod(t *testing.T, n *testcni.Network, pod testcni.Pod, node, nad string) *testcni.Sandbox {
+	t.Helper()
+	require.NoError(t, createPodOnNAD(ctx(t), pod, node, nad, corev1.PodRunning))
+	s := add(t, n, pod)
+	setNetworkStatus(t, pod, nad, s.IP())
+	return s
+}
+
+// createPodOnNAD creates a pod object asking for nad on lhnet1, in a phase.
+func createPodOnNAD(ctx context.Context, pod testcni.Pod, node, nad string, phase corev1.PodPhase) error {
+	if phase == "" {
+		phase = corev1.PodRunning
+	}
+	ns, name, _ := strings.Cut(nad, "/")
+	req, _ := json.Marshal([]map[string]string{{"namespace": ns, "name": name, "interface": "lhnet1"}})
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name,
+			Annotations: map[string]string{"k8s.v1.cni.cncf.io/networks": string(req)}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/longhorn-instance-manager"}}},
+	}
+	created, err := rig.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create pod %s: %w", pod.Ref(), err)
+	}
+	created.Status.Phase = phase
+	if _, err := rig.Kube.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("set phase of pod %s: %w", pod.Ref(), err)
+	}
+	return nil
+}
+
+// setNetworkStatus writes the pod's network-status as Multus does: the
+// default network, then the NAD's interface with the address ADD returned.
+func setNetworkStatus(t *testing.T, pod testcni.Pod, nad, ip string) {
+	t.Helper()
+	status, _ := json.Marshal([]map[string]any{
+		{"name": "k8s-pod-network", "interface": "eth0", "ips": []string{"10.52.0.9"}, "default": true},
+		{"name": nad, "interface": "lhnet1", "ips": []string{ip}},
+	})
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{"k8s.v1.cni.cncf.io/network-status": string(status)}}})
+	_, err := rig.Kube.CoreV1().Pods(pod.Namespace).Patch(ctx(t), pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	require.NoError(t, err)
+}
+
+// waitReleased waits until the pool holds nothing of pod.
+func waitReleased(ctx context.Context, n *testcni.Network, pod testcni.Pod) error {
+	var held []shim.Allocation
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		allocs, err := n.Allocations(ctx)
+		if err != nil {
+			return false, err
+		}
+		held = testcni.Of(allocs, pod.Ref())
+		return len(held) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %s still holds %v", err, pod.Ref(), held)
+	}
+	return nil
+}
