@@ -40,6 +40,11 @@ type NodeOptions struct {
 	// of a sandbox until a DEL of it succeeds (by default it drops the cache
 	// at the first DEL, failed or not).
 	RetryDeleteOnError bool
+	// StandIn installs the node's CNI bin dir as a cluster does with the
+	// chart: whereabouts' own install step (its install-cni.sh), then
+	// harvester-ipam's installer standing in for whereabouts; NADs name
+	// whereabouts.
+	StandIn bool
 }
 
 // Node is a Kubernetes node without its kubelet: containerd (and runc, and
@@ -187,16 +192,27 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 		}
 	}
 	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"], "loopback": r.Tools["loopback"], "multus": r.Tools["multus"], "harvester-ipam": r.PluginBinary()}
-	if opt.SwallowDel {
+	switch {
+	case opt.StandIn && opt.SwallowDel:
+		return nil, fmt.Errorf("node %s: StandIn with SwallowDel is not a node the rig makes", name)
+	case opt.SwallowDel:
 		if err := writeSwallowingWhereabouts(filepath.Join(nd.BinDir, "whereabouts"), wb); err != nil {
 			return nil, err
 		}
-	} else {
+	case !opt.StandIn:
 		links["whereabouts"] = wb
+	}
+	if opt.StandIn {
+		delete(links, "harvester-ipam") // the installer puts it there
 	}
 	for n, target := range links {
 		if err := os.Symlink(target, filepath.Join(nd.BinDir, n)); err != nil {
 			return nil, err
+		}
+	}
+	if opt.StandIn {
+		if err := r.standInOnNode(ctx, opt.Whereabouts, nd.BinDir, nd.ConfDir); err != nil {
+			return nil, fmt.Errorf("node %s: %w", name, err)
 		}
 	}
 	if nd.Gate, err = newGate(strings.TrimPrefix(r.APIServerURL(), "https://")); err != nil {
@@ -660,4 +676,29 @@ func (nd *Node) ForgetMultusCache(id string) ([]string, error) {
 		return removed, fmt.Errorf("forget Multus' cache of %s on %s: %w", short(id), nd.Name, err)
 	}
 	return removed, nil
+}
+
+// standInOnNode sets up a node's CNI bin dir as whereabouts' DaemonSet and
+// then harvester-ipam's leave it: whereabouts' install-cni.sh of the
+// version, then harvester-ipam-install --stand-in=whereabouts, run once.
+func (r *Rig) standInOnNode(ctx context.Context, version, binDir, confDir string) error {
+	if out, err := r.RunWhereaboutsInstall(ctx, version, binDir, confDir); err != nil {
+		return fmt.Errorf("%w\n%s", err, out)
+	}
+	installer := filepath.Join(r.bin, "harvester-ipam-install")
+	r.mu.Lock()
+	_, err := os.Stat(installer)
+	if err != nil {
+		err = r.BuildCommand(ctx, "./cmd/harvester-ipam-install", installer, "-s -w")
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, installer, "--source="+r.PluginBinary(), "--cni-bin-dir="+binDir,
+		"--stand-in=whereabouts", "--flat-file=", "--interval=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("harvester-ipam-install --stand-in=whereabouts: %w\n%s", err, out)
+	}
+	return nil
 }

@@ -119,7 +119,7 @@ func crashLoop(ctx context.Context, rig *testcni.Rig, wb string, aloneT, shimT *
 		tenant *testcni.Tenant
 		prefix string
 		t      *tally
-	}{{"whereabouts", aloneT, aloneNet, &r.alone}, {"harvester-ipam", shimT, shimNet, &r.shimmed}} {
+	}{{testcni.Alone, aloneT, aloneNet, &r.alone}, {testcni.StandIn, shimT, shimNet, &r.shimmed}} {
 		n, err := rig.AddNetwork(testcni.Network{Name: fmt.Sprintf("crashloop-%s-%s", wb, sd.ipam), IPAM: sd.ipam, Whereabouts: wb,
 			Tenant: sd.tenant, Range: sd.prefix + ".0/27", Exclude: []string{sd.prefix + ".1/32", sd.prefix + ".2/32"}})
 		if err != nil {
@@ -204,10 +204,13 @@ func verify(ctx context.Context, n *testcni.Network, live []*testcni.Sandbox, po
 }
 
 func sideTitle(ipam, wb string) string {
-	if ipam == "whereabouts" {
+	switch ipam {
+	case testcni.Alone:
 		return "whereabouts " + wb + " alone"
+	case testcni.Named:
+		return "harvester-ipam (named in the NAD) -> whereabouts " + wb
 	}
-	return "harvester-ipam -> whereabouts " + wb
+	return "harvester-ipam standing in for whereabouts " + wb
 }
 
 func longhorn(name string) testcni.Pod { return testcni.Pod{Namespace: "longhorn-system", Name: name} }
@@ -229,7 +232,7 @@ func summary(rows []row) error {
 			if last != "" {
 				fmt.Fprintln(w, "\t\t")
 			}
-			fmt.Fprintf(w, "SCENARIO\tWHEREABOUTS %s ALONE\tHARVESTER-IPAM -> %s\n", r.delegate, r.delegate)
+			fmt.Fprintf(w, "SCENARIO\tWHEREABOUTS %s ALONE\tHARVESTER-IPAM IN ITS PLACE\n", r.delegate)
 			last = r.delegate
 		}
 		verdict := ""

@@ -41,7 +41,7 @@ func leakDemo(ctx context.Context, rig *testcni.Rig) ([]row, error) {
 	for i, s := range []struct {
 		name, ipam string
 		third      int
-	}{{aloneTenant, "whereabouts", 100}, {shimTenant, "harvester-ipam", 200}} {
+	}{{aloneTenant, testcni.Alone, 100}, {shimTenant, testcni.StandIn, 200}} {
 		t, err := rig.NewTenant(ctx, s.name)
 		if err != nil {
 			return nil, err
@@ -59,7 +59,8 @@ func leakDemo(ctx context.Context, rig *testcni.Rig) ([]row, error) {
 	}
 	fmt.Printf("Two copies of Harvester's storage network, each a /27 with the first two addresses excluded (28 usable):\n"+
 		"one whose IPAM is whereabouts %s alone (Harvester's current chart), pools in namespace %s;\n"+
-		"one whose IPAM is harvester-ipam delegating to that same whereabouts, pools in namespace %s.\n"+
+		"one where harvester-ipam stands in for that same whereabouts (the NAD still names whereabouts, as Harvester\n"+
+		"writes it; no NAD is edited), pools in namespace %s.\n"+
 		"The pods are Longhorn's, in longhorn-system; each scenario has a pool of its own on each side.\n",
 		testcni.V093, d.sides[0].tenant.PoolNamespace, d.sides[1].tenant.PoolNamespace)
 
@@ -104,10 +105,10 @@ func (d *leaks) legacyEntry(ctx context.Context) (row, error) {
 	pod := longhorn("instance-manager-0e4b1a7c")
 	heading("1. an entry written before v0.8, after an upgrade: %s", pod.Ref())
 	fmt.Printf("On Harvester's 2024 release whereabouts %s gave the pod's sandbox an address and wrote no ifname. The node\n"+
-		"reboots (no DEL), Harvester is upgraded (whereabouts %s; the other side's NAD now names harvester-ipam), and the\n"+
+		"reboots (no DEL), Harvester is upgraded (whereabouts %s; on the other side harvester-ipam now stands in for it), and the\n"+
 		"pod's next sandbox is ADDed. %s hands back an address only when podref AND ifname match.\n", testcni.V070, testcni.V093, testcni.V093)
 	for i, sd := range d.sides {
-		before, err := d.network(sd, 1, "whereabouts", testcni.V070, false)
+		before, err := d.network(sd, 1, testcni.Alone, testcni.V070, false)
 		if err != nil {
 			return r, err
 		}

@@ -11,9 +11,10 @@ import (
 // rebootDemo reboots a node with a few Longhorn pods on it, on the real
 // runtime (containerd, Multus), twice; each reboot loses containerd's root
 // (the node's disk replaced or wiped), so no DEL ever comes for the
-// sandboxes of before. Two copies of the storage network side by side: one
-// whose IPAM is whereabouts v0.7.0 alone, one whose IPAM is harvester-ipam
-// delegating to that same whereabouts. On v0.7.0 only: v0.9.3 gives each
+// sandboxes of before. Two nodes side by side, each with its copy of the
+// storage network, whose NAD names whereabouts as Harvester writes it: on one
+// whereabouts v0.7.0 alone; on the other whereabouts' install step ran, then
+// harvester-ipam's installer, which stands in for it. On v0.7.0 only: v0.9.3 gives each
 // pod's new sandbox the address its pod and ifname held, so the reboot leaks
 // nothing there (run on v0.9.3 it ends 3 held / 0 leaked on both sides).
 func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
@@ -31,13 +32,8 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 		"containerd's root, so no DEL comes for the sandboxes of before. (On %s a pod's new sandbox gets its old address\n"+
 		"back, same pod and ifname, as the crash-loop row of %s shows: there the reboot leaks nothing.)\n",
 		testcni.ContainerdVersion, testcni.RuncVersion, testcni.V093, testcni.V093)
-	node, err := rig.StartNode(ctx, t, testcni.NodeOptions{Whereabouts: testcni.V070})
-	if err != nil {
-		return r, err
-	}
-	defer node.Close()
-
 	type side struct {
+		node  *testcni.Node
 		title string
 		net   *testcni.MultusNetwork
 		pods  []testcni.Pod
@@ -45,15 +41,20 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 		tally *tally
 	}
 	sides := []*side{
-		{title: sideTitle("whereabouts", testcni.V070), tally: &r.alone},
-		{title: sideTitle("harvester-ipam", testcni.V070), tally: &r.shimmed},
+		{title: sideTitle(testcni.Alone, testcni.V070), tally: &r.alone},
+		{title: sideTitle(testcni.StandIn, testcni.V070), tally: &r.shimmed},
 	}
 	for i, s := range sides {
-		ipam, rng := "whereabouts", "192.168.70"
+		ipam, rng := testcni.Alone, "192.168.70"
 		if i == 1 {
-			ipam, rng = "harvester-ipam", "192.168.80"
+			ipam, rng = testcni.StandIn, "192.168.80"
 		}
-		s.net, err = node.StorageNetwork(ctx, testcni.Network{IPAM: ipam, Range: rng + ".0/27", Exclude: []string{rng + ".1/32", rng + ".2/32"}},
+		s.node, err = rig.StartNode(ctx, t, testcni.NodeOptions{Whereabouts: testcni.V070, StandIn: ipam == testcni.StandIn})
+		if err != nil {
+			return r, err
+		}
+		defer s.node.Close()
+		s.net, err = s.node.StorageNetwork(ctx, testcni.Network{IPAM: ipam, Range: rng + ".0/27", Exclude: []string{rng + ".1/32", rng + ".2/32"}},
 			"harvester-system", "storagenetwork-"+ipam, "lhnet1")
 		if err != nil {
 			return r, err
@@ -63,7 +64,7 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 			{"instance-manager-e2a0c4d1", "backing-image-manager-a81e", "backing-image-ds-47c2"},
 		}[i]
 		for _, name := range names {
-			p, err := node.CreatePod(ctx, s.net, name)
+			p, err := s.node.CreatePod(ctx, s.net, name)
 			if err != nil {
 				return r, err
 			}
@@ -74,7 +75,7 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 		for _, s := range sides {
 			s.live = map[string]string{}
 			for _, p := range s.pods {
-				sync, err := node.SyncPod(ctx, p, 2*time.Minute)
+				sync, err := s.node.SyncPod(ctx, p, 2*time.Minute)
 				if err != nil {
 					return fmt.Errorf("%s: %w", s.title, err)
 				}
@@ -95,12 +96,14 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 	if err := start(); err != nil {
 		return r, err
 	}
-	if err := show(fmt.Sprintf("node %s up, %d Longhorn pods on each network", node.Name, len(sides[0].pods))); err != nil {
+	if err := show(fmt.Sprintf("nodes %s and %s up, %d Longhorn pods on each", sides[0].node.Name, sides[1].node.Name, len(sides[0].pods))); err != nil {
 		return r, err
 	}
 	for i := 1; i <= reboots; i++ {
-		if err := node.Reboot(ctx, true); err != nil {
-			return r, err
+		for _, s := range sides {
+			if err := s.node.Reboot(ctx, true); err != nil {
+				return r, err
+			}
 		}
 		if err := start(); err != nil {
 			return r, err
