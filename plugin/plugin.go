@@ -166,12 +166,17 @@ func delegateError(delegate, verb string, err error) error {
 type phases struct {
 	last  time.Time
 	parts []string
+	// now is the clock; nil is time.Now (a test sets its own).
+	now func() time.Time
 }
 
 func newPhases() *phases { return &phases{last: time.Now()} }
 
 func (ph *phases) mark(step string) {
 	now := time.Now()
+	if ph.now != nil {
+		now = ph.now()
+	}
 	ph.parts = append(ph.parts, fmt.Sprintf("%s %s", step, now.Sub(ph.last).Round(10*time.Microsecond)))
 	ph.last = now
 }
@@ -186,7 +191,7 @@ func (l *logger) retried(s *shim.Store) {
 	}
 }
 
-// release frees what a plan holds, in the store's three steps: the
+// release frees what a plan holds, in the store's two steps: the
 // reservations (judged under whereabouts' Lease), then the pool entries still
 // as planned. A crash between the two leaves the entries, which the next
 // ADD, DEL or reconciler pass releases; verb names the boundary for the

@@ -21,9 +21,12 @@ import (
 func plugin(t *testing.T, name, body string) string {
 	t.Helper()
 	dir := t.TempDir()
+	// The script says it started last of all: a test that kills it then
+	// finds its start counted and stdin as read so far (nothing), not a race.
 	script := "#!/bin/sh\n" +
-		"echo \"$CNI_COMMAND $CNI_CONTAINERID\" > " + dir + "/started\n" +
+		": > " + dir + "/stdin\n" +
 		"echo start >> " + dir + "/starts\n" +
+		"echo \"$CNI_COMMAND $CNI_CONTAINERID\" > " + dir + "/started\n" +
 		"cat > " + dir + "/stdin\n" +
 		body + "\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755))
