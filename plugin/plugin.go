@@ -1,8 +1,9 @@
-// Package plugin implements harvester-ipam's CNI verbs. ADD releases what
-// earlier sandboxes of the same pod still hold, then hands the allocation to
-// the delegate (whereabouts); DEL hands over too, then makes sure the
-// attachment's allocation is really gone; CHECK, STATUS and GC follow the CNI
-// spec 1.1.0.
+// Package plugin implements harvester-ipam's CNI verbs, whether a NAD names
+// it or it stands in at whereabouts' name. ADD releases what earlier
+// sandboxes of the same pod still hold, then hands the allocation to the
+// delegate (the real whereabouts); DEL is never handed over: it releases the
+// attachment's entry and reservation itself, by the config or the
+// checkpoint; CHECK, STATUS and GC follow the CNI spec 1.1.0.
 package plugin
 
 import (

@@ -2,11 +2,11 @@
 // OverlappingRangeIPReservations (ORIPs): the plugin and the reconciler read
 // and write them through Store, which holds the safety rules by construction.
 // Every pool write is a patch that tests the resourceVersion of a fresh read
-// (Guarded), retried a bounded number of times on 409 and 422. A release
-// takes three steps, so that a crash between any two loses nothing: Plan
-// (what a fresh read shows), ReleaseReservations (while whereabouts' Lease is
-// held, delete each reservation that is still the released entry's and that
-// no other entry of its pod holds, with UID and resourceVersion
+// (Guarded), retried a bounded number of times on 409 and 422. A release is
+// planned on a fresh read (Plan) and then takes two steps, so that a crash
+// between them loses nothing: ReleaseReservations (while whereabouts' Lease
+// is held, delete each reservation that is still the released entry's and
+// that no other entry of its pod holds, with UID and resourceVersion
 // preconditions), then RemoveAllocations (remove the planned entries that are
 // still what the plan saw).
 package shim

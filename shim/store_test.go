@@ -129,7 +129,7 @@ func ipsOf(as []shim.Allocation) []string {
 	return out
 }
 
-// release runs the three steps as the plugin does.
+// release plans, then runs the two steps, as the plugin does.
 func release(t *testing.T, s *shim.Store, poolName, network string, pick shim.Picker) ([]shim.Allocation, []string) {
 	t.Helper()
 	ctx := context.Background()
