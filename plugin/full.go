@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -34,9 +33,11 @@ const (
 
 // explainFull says in words why a range is full: for each pool of the
 // config, one fresh read, how many entries it holds and how many of those
-// the reconciler would release (the extra entries of pods holding more than
-// one, the entries of pods that are gone or finished), naming the pods, and
-// what to run. Pods are listed with whereabouts' identity, in the
+// look stale by a count of its own (the entries of a pod's earlier sandboxes,
+// all but the sandbox holding the most; the entries of pods that are gone or
+// finished), naming the pods, and what to run. It is a count, not the
+// reconciler's judgement (which reads network-status and nodes): the message
+// says so, and points at the reconciler for the judgement. Pods are listed with whereabouts' identity, in the
 // namespaces the entries name: whereabouts' own ClusterRole grants pods
 // list, this chart's Role does not add it; when the list fails the pool's
 // own facts are still given.
@@ -66,11 +67,23 @@ func (p *Plugin) explainPool(ctx context.Context, ns string, pool *shim.Pool, ku
 	for _, a := range pool.Spec.Allocations {
 		byPod[a.PodRef] = append(byPod[a.PodRef], a)
 	}
-	stale := map[string]int{} // podref -> entries the reconciler would release
+	// A pod's entries under other sandboxes than the one holding the most:
+	// two attachments of one sandbox (lhnet1, lhnet2) are not extra.
+	stale := map[string]int{}     // podref -> entries that look stale
+	sandboxes := map[string]int{} // podref -> sandboxes holding its entries
 	var dups []string
 	for ref, as := range byPod {
-		if len(as) > 1 && ref != "" {
-			stale[ref] = len(as) - 1
+		if ref == "" {
+			continue
+		}
+		per := map[string]int{}
+		most := 0
+		for _, a := range as {
+			per[a.ContainerID]++
+			most = max(most, per[a.ContainerID])
+		}
+		if extra := len(as) - most; extra > 0 {
+			stale[ref], sandboxes[ref] = extra, len(per)
 			dups = append(dups, ref)
 		}
 	}
@@ -90,18 +103,18 @@ func (p *Plugin) explainPool(ctx context.Context, ns string, pool *shim.Pool, ku
 		total += n
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "pool %s/%s (%s) holds %d entries, %d of them what the reconciler would release", ns, pool.Name, pool.Spec.Range, len(pool.Spec.Allocations), total)
+	fmt.Fprintf(&b, "pool %s/%s (%s) holds %d entries, %d of them stale by this count", ns, pool.Name, pool.Spec.Range, len(pool.Spec.Allocations), total)
 	var why []string
 	if len(dups) > 0 {
 		extra := 0
 		named := make([]string, 0, explainNames)
 		for i, ref := range dups {
-			extra += len(byPod[ref]) - 1
+			extra += stale[ref]
 			if i < explainNames {
-				named = append(named, ref+" holds "+strconv.Itoa(len(byPod[ref])))
+				named = append(named, fmt.Sprintf("%s holds %d under %d sandboxes", ref, len(byPod[ref]), sandboxes[ref]))
 			}
 		}
-		why = append(why, fmt.Sprintf("%d extra entries of %d pods holding more than one (%s)", extra, len(dups), more(named, len(dups))))
+		why = append(why, fmt.Sprintf("%d entries of earlier sandboxes of %d pods (%s)", extra, len(dups), more(named, len(dups))))
 	}
 	if len(gone) > 0 {
 		n := 0

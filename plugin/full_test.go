@@ -53,8 +53,8 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 		},
 		want: []string{
 			"whereabouts ADD: Could not allocate IP in range",
-			"pool kube-system/192.168.60.0-29 (192.168.60.0/29) holds 6 entries, 4 of them what the reconciler would release",
-			"2 extra entries of 1 pods holding more than one (longhorn-system/im-a holds 3)",
+			"pool kube-system/192.168.60.0-29 (192.168.60.0/29) holds 6 entries, 4 of them stale by this count",
+			"2 entries of earlier sandboxes of 1 pods (longhorn-system/im-a holds 3 under 3 sandboxes)",
 			"2 entries of 2 pods gone or finished (longhorn-system/im-c, longhorn-system/im-gone)",
 			"nodes not checked",
 		},
@@ -62,7 +62,7 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 		name: "pods cannot be listed",
 		list: func(context.Context, string, string) ([]Pod, error) { return nil, forbidden },
 		want: []string{
-			"holds 6 entries, 2 of them what the reconciler would release: 2 extra entries of 1 pods holding more than one (longhorn-system/im-a holds 3)",
+			"holds 6 entries, 2 of them stale by this count: 2 entries of earlier sandboxes of 1 pods (longhorn-system/im-a holds 3 under 3 sandboxes)",
 			`could not check pods in longhorn-system (pods is forbidden: User "system:serviceaccount:kube-system:harvester-whereabouts" cannot list resource "pods")`,
 		},
 		notWant: []string{"gone or finished", "nodes not checked"},
@@ -134,16 +134,28 @@ func TestTheFullPoolExplained(t *testing.T) {
 			sevenDups[fmt.Sprint(10*i+j+1)] = alloc{ContainerID: fmt.Sprint("c", i, j), PodRef: fmt.Sprintf("ns/p%d", i), IfName: "lhnet1"}
 		}
 	}
+	// One sandbox with two attachments (lhnet1, lhnet2), both live, and one
+	// pod with an earlier sandbox's entry beside its current two.
+	siblings := map[string]alloc{
+		"1": {ContainerID: "cur", PodRef: "ns/p0", IfName: "lhnet1"},
+		"2": {ContainerID: "cur", PodRef: "ns/p0", IfName: "lhnet2"},
+		"3": {ContainerID: "new", PodRef: "ns/p1", IfName: "lhnet1"},
+		"4": {ContainerID: "new", PodRef: "ns/p1", IfName: "lhnet2"},
+		"5": {ContainerID: "old", PodRef: "ns/p1", IfName: "lhnet1"},
+	}
 	for _, tt := range []struct {
 		name string
 		pool *shim.Pool
 		want string
 	}{
+		{"two attachments of one sandbox are not extra", pool(siblings),
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 5 entries, 1 of them stale by this count: " +
+				"1 entries of earlier sandboxes of 1 pods (ns/p1 holds 3 under 2 sandboxes); nodes not checked"},
 		{"entries of no pod: nothing to say of them", pool(legacy),
-			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 3 entries, 0 of them what the reconciler would release"},
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 3 entries, 0 of them stale by this count"},
 		{"seven pods holding two each: five named", pool(sevenDups),
-			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 14 entries, 7 of them what the reconciler would release: " +
-				"7 extra entries of 7 pods holding more than one (ns/p0 holds 2, ns/p1 holds 2, ns/p2 holds 2, ns/p3 holds 2, ns/p4 holds 2, and 2 more); nodes not checked"},
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 14 entries, 7 of them stale by this count: " +
+				"7 entries of earlier sandboxes of 7 pods (ns/p0 holds 2 under 2 sandboxes, ns/p1 holds 2 under 2 sandboxes, ns/p2 holds 2 under 2 sandboxes, ns/p3 holds 2 under 2 sandboxes, ns/p4 holds 2 under 2 sandboxes, and 2 more); nodes not checked"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			p := &Plugin{Pods: func(_ context.Context, _, ns string) ([]Pod, error) {

@@ -80,7 +80,7 @@ func testExhaustionIsSeenAndSaid(t *testing.T, e *env) {
 	require.True(t, errors.As(err, &ce), "ADD on a full range fails: %v", err)
 	t.Logf("the CNI error:\n%s", ce.Stderr)
 	assert.Contains(t, ce.Stderr, "Could not allocate IP in range")
-	assert.Contains(t, ce.Stderr, fmt.Sprintf("pool %s/%s (%s) holds 5 entries, 2 of them what the reconciler would release", e.PoolNamespace, n.PoolName(), n.Range))
+	assert.Contains(t, ce.Stderr, fmt.Sprintf("pool %s/%s (%s) holds 5 entries, 2 of them stale by this count", e.PoolNamespace, n.PoolName(), n.Range))
 	assert.Contains(t, ce.Stderr, fmt.Sprintf("2 entries of 2 pods gone or finished (%s, %s)", e.Pod("im-gone-0").Ref(), e.Pod("im-gone-1").Ref()))
 	assert.Contains(t, ce.Stderr, "harvester-ipam-reconciler inspect")
 	require.NoError(t, s.Kill())
