@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
+	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
@@ -163,4 +165,33 @@ func TestDelOfARangelessConfigGoesByTheCheckpoint(t *testing.T) {
 			assert.Contains(t, r.pool(), "4", "another pod's stays")
 		})
 	}
+}
+
+// DEL with neither a usable config nor a checkpoint (an attachment made
+// before harvester-ipam stood in, its NAD gone) searches every pool for the
+// container: it releases the entries naming its ifname, in every pool, and
+// leaves another interface's entry of the same sandbox, an entry without
+// ifname (nothing tells whose it is) and other containers' entries.
+func TestDelWithoutConfigOrCheckpointReleasesOnlyItsInterface(t *testing.T) {
+	other := &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: "10.9.0.0-24", Namespace: "kube-system"},
+		Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "10.9.0.0/24", Allocations: map[string]alloc{
+			"7": {ContainerID: "sbx", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+		}}}
+	r := newRig(t, ipamPool(map[string]alloc{
+		"2": {ContainerID: "sbx", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+		"3": {ContainerID: "sbx", PodRef: "longhorn-system/im-a", IfName: "lhnet2"},
+		"4": {ContainerID: "sbx", PodRef: "longhorn-system/im-a"},
+		"5": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
+	}), other, oripObj("192.168.50.2", "longhorn-system/im-a"), oripObj("192.168.50.3", "longhorn-system/im-a"),
+		oripObj("10.9.0.7", "longhorn-system/im-a"))
+
+	require.NoError(t, r.p.Del(args(t, "sbx", "lhnet1", "", r.rangelessConfig())))
+
+	assert.Equal(t, map[string]alloc{
+		"3": {ContainerID: "sbx", PodRef: "longhorn-system/im-a", IfName: "lhnet2"},
+		"4": {ContainerID: "sbx", PodRef: "longhorn-system/im-a"},
+		"5": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
+	}, r.pool(), "only lhnet1's entry released")
+	assert.Empty(t, r.api.Pool("kube-system", "10.9.0.0-24").Spec.Allocations, "in every pool")
+	assert.Equal(t, []string{"192.168.50.3=longhorn-system/im-a"}, r.orips(), "lhnet2's reservation stays")
 }
