@@ -26,6 +26,10 @@ func (r *Rig) ReconcilerBinary() string { return filepath.Join(r.bin, "harvester
 // bridge, host-local, multus and harvester-ipam.
 func (r *Rig) CNIDir(whereabouts string) string { return r.cniPaths[whereabouts] }
 
+// StandInDir is the rig's CNI_PATH dir for a whereabouts version where
+// harvester-ipam stands in at `whereabouts`, the real one at whereabouts.real.
+func (r *Rig) StandInDir(whereabouts string) string { return r.cniPaths[whereabouts+standInKey] }
+
 // BuildCommand builds a main package of this module (./cmd/...) into out, as
 // the image does: static, trimmed, with extra -ldflags.
 func (r *Rig) BuildCommand(ctx context.Context, pkg, out, ldflags string) error {
