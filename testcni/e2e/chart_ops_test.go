@@ -80,7 +80,7 @@ func TestChartStandInAndMonitoringValues(t *testing.T) {
 		{
 			name: "named in NADs only, no stand-in",
 			set:  []string{"standIn.enabled=false"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				c := typed[appsv1.DaemonSet](t, objs, "DaemonSet").Spec.Template.Spec.Containers[0]
 				assert.NotContains(t, strings.Join(c.Args, " "), "--stand-in")
@@ -90,7 +90,7 @@ func TestChartStandInAndMonitoringValues(t *testing.T) {
 		{
 			name: "stand in for another name",
 			set:  []string{"standIn.name=whereabouts-v2"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				c := typed[appsv1.DaemonSet](t, objs, "DaemonSet").Spec.Template.Spec.Containers[0]
 				assert.Contains(t, c.Args, "--stand-in=whereabouts-v2")

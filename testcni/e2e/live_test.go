@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -238,31 +239,49 @@ func TestReconcilerReleasesThousandsOfStaleEntries(t *testing.T) {
 }
 
 // node_slice_size (whereabouts v0.9's fast IPAM) allocates from per-node
-// pools harvester-ipam does not manage: ADD refuses such a config, says why,
-// and allocates nothing.
-func TestNodeSliceSizeIsRefused(t *testing.T) {
+// pools harvester-ipam does not manage. A NAD that names harvester-ipam with
+// it is refused, saying why, and nothing is allocated. Standing in for
+// whereabouts, harvester-ipam hands such a config to the real binary as it
+// came, which does with it what it always did: v0.9 looks for its node
+// slices (the rig has none: whereabouts' own failure), v0.8.0 and v0.7.0
+// ignore the field and allocate.
+func TestNodeSliceSizeIsRefusedOrHandedOn(t *testing.T) {
 	onEachDelegate(t, func(t *testing.T, e *env) {
-		n := e.network(t, testcni.Network{})
-		pod := e.Pod("instance-manager-sliced")
-		s, err := rig.NewSandbox(n, pod, "lhnet1")
-		require.NoError(t, err)
-		conf := n.PluginConf()
-		conf["ipam"].(map[string]any)["node_slice_size"] = "/26"
-		stdin, err := json.Marshal(conf)
-		require.NoError(t, err)
-		res, err := rig.Plugin(ctx(t), n, s.CNIEnv("ADD"), stdin)
-		require.NoError(t, err)
-		require.NotZero(t, res.Exit)
-		var cniErr struct {
-			Code uint   `json:"code"`
-			Msg  string `json:"msg"`
+		for _, ipam := range []string{testcni.Named, testcni.StandIn} {
+			n := e.network(t, testcni.Network{IPAM: ipam})
+			pod := e.Pod("instance-manager-sliced-" + ipam)
+			s, err := rig.NewSandbox(n, pod, "lhnet1")
+			require.NoError(t, err)
+			conf := n.PluginConf()
+			conf["ipam"].(map[string]any)["node_slice_size"] = "/26"
+			stdin, err := json.Marshal(conf)
+			require.NoError(t, err)
+			res, err := rig.Plugin(ctx(t), n, s.CNIEnv("ADD"), stdin)
+			require.NoError(t, err)
+			allocs, err := n.Allocations(ctx(t))
+			require.NoError(t, err)
+			var cniErr struct {
+				Code uint   `json:"code"`
+				Msg  string `json:"msg"`
+			}
+			if ipam == testcni.Named {
+				require.NotZero(t, res.Exit)
+				require.NoError(t, json.Unmarshal([]byte(res.Stdout), &cniErr), res.Stdout)
+				assert.EqualValues(t, 2, cniErr.Code, "an unsupported field")
+				assert.Contains(t, cniErr.Msg, `ipam.node_slice_size "/26" is not supported by harvester-ipam`)
+				assert.Empty(t, allocs, "nothing allocated")
+				continue
+			}
+			assert.NotContains(t, res.Stdout, "not supported by harvester-ipam", "standing in, it does not refuse")
+			if strings.HasPrefix(e.WB, "v0.9.") {
+				require.NotZero(t, res.Exit, "whereabouts %s looks for its node slices", e.WB)
+				assert.Contains(t, res.Stdout, "nodeslicepools", "whereabouts' own failure")
+				assert.Empty(t, allocs)
+			} else {
+				require.Zero(t, res.Exit, "whereabouts %s ignores node_slice_size: %s", e.WB, res.Stdout)
+				assert.Len(t, testcni.Of(allocs, pod.Ref()), 1, "whereabouts allocated")
+			}
 		}
-		require.NoError(t, json.Unmarshal([]byte(res.Stdout), &cniErr), res.Stdout)
-		assert.EqualValues(t, 2, cniErr.Code, "an unsupported field")
-		assert.Contains(t, cniErr.Msg, "node_slice_size")
-		allocs, err := n.Allocations(ctx(t))
-		require.NoError(t, err)
-		assert.Empty(t, allocs, "nothing allocated")
 	})
 }
 
