@@ -45,6 +45,8 @@ type NodeOptions struct {
 	// harvester-ipam's installer standing in for whereabouts; NADs name
 	// whereabouts.
 	StandIn bool
+	// Name tells apart the nodes of one tenant ("node" unless set).
+	Name string
 }
 
 // Node is a Kubernetes node without its kubelet: containerd (and runc, and
@@ -170,7 +172,10 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 		return nil, fmt.Errorf("no whereabouts %s in the rig's tools", opt.Whereabouts)
 	}
 	i := nodeSeq.Add(1)
-	name := t.Node("node")
+	if opt.Name == "" {
+		opt.Name = "node"
+	}
+	name := t.Node(opt.Name)
 	dir := filepath.Join(r.Dir, "nodes", name)
 	nd := &Node{
 		Name: name, Tenant: t, Whereabouts: opt.Whereabouts, Dir: dir,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/harvester/harvester-ipam/testcni"
@@ -49,7 +50,7 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 		if i == 1 {
 			ipam, rng = testcni.StandIn, "192.168.80"
 		}
-		s.node, err = rig.StartNode(ctx, t, testcni.NodeOptions{Whereabouts: testcni.V070, StandIn: ipam == testcni.StandIn})
+		s.node, err = rig.StartNode(ctx, t, testcni.NodeOptions{Whereabouts: testcni.V070, StandIn: ipam == testcni.StandIn, Name: "node-" + strings.ReplaceAll(ipam, "-", "")})
 		if err != nil {
 			return r, err
 		}
