@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -236,20 +235,15 @@ func (r *Rig) connect() error {
 	return err
 }
 
-// installCRDs installs whereabouts' own CRDs, from the module the plugin builds against.
+// installCRDs installs whereabouts' own IPPool and ORIP CRDs, the newest
+// delegate's (from v0.8.0 on they are the same; v0.7.0's lack ifname). The
+// tools cache holds them: inside the rig's namespace no module is fetched.
 func (r *Rig) installCRDs(ctx context.Context) error {
-	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/k8snetworkplumbingwg/whereabouts")
-	cmd.Dir = r.Root
-	cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
-	out, err := cmd.Output()
-	if err != nil {
-		return fmt.Errorf("find the whereabouts module: %w", err)
-	}
-	crds := filepath.Join(strings.TrimSpace(string(out)), "doc", "crds")
+	crds := r.Tools["whereabouts-crds-"+Delegates[0]]
 	for _, f := range []string{"whereabouts.cni.cncf.io_ippools.yaml", "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml"} {
 		b, err := os.ReadFile(filepath.Join(crds, f))
 		if err != nil {
-			return fmt.Errorf("whereabouts CRD: %w", err)
+			return fmt.Errorf("whereabouts %s's CRD (testcni/tools.sh whereabouts-%s copies them): %w", Delegates[0], Delegates[0], err)
 		}
 		if err := r.Apply(ctx, b, false); err != nil {
 			return fmt.Errorf("install %s: %w", f, err)
@@ -257,7 +251,7 @@ func (r *Rig) installCRDs(ctx context.Context) error {
 	}
 	// The CRDs serve once established.
 	var err1, err2 error
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err1 = r.WB.WhereaboutsV1alpha1().IPPools(PoolNamespace).List(ctx, metav1.ListOptions{Limit: 1})
 		_, err2 = r.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(PoolNamespace).List(ctx, metav1.ListOptions{Limit: 1})
 		return err1 == nil && err2 == nil, nil

@@ -19,6 +19,7 @@ var toolNames = []string{"etcd", "kube-apiserver", "cnitool", "bridge", "host-lo
 	"whereabouts-v0.9.4", "whereabouts-v0.9.3", "whereabouts-v0.8.0", "whereabouts-v0.7.0",
 	"ip-control-loop-v0.9.4", "ip-control-loop-v0.9.3", "ip-control-loop-v0.8.0", "ip-control-loop-v0.7.0",
 	"whereabouts-reconciler-v0.9.4", "whereabouts-script-v0.9.4", "whereabouts-script-v0.9.3", "whereabouts-script-v0.8.0", "whereabouts-script-v0.7.0",
+	"whereabouts-crds-v0.9.4", "whereabouts-crds-v0.9.3", "whereabouts-crds-v0.8.0", "whereabouts-crds-v0.7.0",
 	"multus", "helm", "monitoring-crds", "webhook", "webhook-crds"}
 
 // EnsureTools returns the cached tools, building the missing ones first with

@@ -150,6 +150,31 @@ build_whereabouts() {
   log "copied whereabouts $v's install-cni.sh to $BIN/whereabouts-$v-script"
 }
 
+# whereabouts_crds V copies whereabouts V's CRDs (its doc/crds) into the
+# cache: the rig installs them inside its network namespace, where no module
+# can be fetched. Apart from the binaries, so that a cache built before it
+# gains them without a rebuild.
+whereabouts_crds() {
+  local v="$1" out="$BIN/whereabouts-$1-crds"
+  [[ -s "$out/whereabouts.cni.cncf.io_ippools.yaml" ]] && return 0
+  local mod=github.com/k8snetworkplumbingwg/whereabouts want="" info dir sum
+  case $v in
+    v0.9.3) want=$WHEREABOUTS_V093_SUM ;;
+    v0.9.4) want=$WHEREABOUTS_V094_SUM ;;
+  esac
+  info=$(cd "$SRC" && GONOSUMDB=$mod go mod download -json "$mod@$v")
+  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
+  if [[ -n "$want" && "$sum" != "$want" ]]; then
+    echo "tools: $mod@$v has module hash '$sum', want $want: refusing its CRDs" >&2
+    return 1
+  fi
+  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  cp "$dir"/doc/crds/whereabouts.cni.cncf.io_*.yaml "$out.tmp/" && chmod -R u+w "$out.tmp"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "copied whereabouts $v's CRDs to $out"
+}
+
 # build_webhook: cmd/webhook of Harvester's network controller, from a module
 # that copies its go.sum and its replace directives (it builds only with them),
 # and the CRDs it waits for (its manifests/crds), copied beside it: the rig runs
@@ -258,6 +283,7 @@ paths() {
     echo "whereabouts-$v=$BIN/whereabouts-$v"
     echo "ip-control-loop-$v=$BIN/ip-control-loop-$v"
     echo "whereabouts-script-$v=$BIN/whereabouts-$v-script"
+    echo "whereabouts-crds-$v=$BIN/whereabouts-$v-crds"
   done
   echo "whereabouts-reconciler-v0.9.4=$BIN/whereabouts-reconciler-v0.9.4"
   echo "webhook=$BIN/harvester-network-webhook-$NETWORK_CONTROLLER_VERSION"
@@ -276,14 +302,14 @@ case "${1:-all}" in
   kube-apiserver) build_kube_apiserver ;;
   cnitool) build_cnitool ;;
   cni-plugins) build_plugins ;;
-  whereabouts-v*) build_whereabouts "${1#whereabouts-}" ;;
+  whereabouts-v*) build_whereabouts "${1#whereabouts-}"; whereabouts_crds "${1#whereabouts-}" ;;
   webhook) build_webhook ;;
   multus) build_multus ;;
   helm) build_helm ;;
   gremlins) build_gremlins ;;
   all)
     build_cnitool; build_plugins
-    for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; done
+    for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_crds "$v"; done
     build_etcd; build_kube_apiserver; build_multus; build_helm; monitoring_crds; build_webhook
     ;;
   *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-vX.Y.Z|multus|helm|webhook|gremlins]" >&2; exit 2 ;;
