@@ -460,24 +460,41 @@ func nodeRebootSwallowedDelStillReleases(t *testing.T, e *nodeEnv) {
 			}
 		}
 		assert.Empty(t, mustAllocs(t, shimmed.Network), "round %d: harvester-ipam released what it held (it never hands DEL to whereabouts)", round)
-		want := pods // v0.8.0 and later gave each new sandbox the address its pod held
-		if e.WB == testcni.V070 {
-			want = pods * round
-		}
-		assert.Len(t, mustAllocs(t, alone.Network), want, "round %d: whereabouts alone keeps every address of before", round)
+		aloneHolds(t, e, alone, ap, pods*round, fmt.Sprintf("round %d", round))
 		e.stopRemove(t, old...)
 		live = e.run(t, append(append([]testcni.Pod{}, sp...), ap...))
 	}
 	logPool(t, "harvester-ipam after three reboots", shimmed)
 	liveOnly(t, shimmed, live[:pods])
 	allocs := logPool(t, "whereabouts alone after three reboots", alone)
-	want := pods // v0.8.0 and later: the same address again, to the new sandbox
-	if e.WB == testcni.V070 {
-		want = pods * (reboots + 1)
-	}
-	assert.Len(t, allocs, want, "whereabouts %s alone", e.WB)
+	aloneHolds(t, e, alone, ap, pods*(reboots+1), "after three reboots")
 	for _, sb := range live[pods:] {
 		assert.Contains(t, ipsOf(allocs, sb.Pod.Ref()), storageIP(t, alone, sb.Pod), "the live sandbox's address is held")
+	}
+}
+
+// aloneHolds checks what whereabouts alone keeps of pods when its DEL is
+// swallowed: from v0.8.0 on, one address per pod (a new sandbox gets the
+// address its pod and ifname held); v0.7.0 gives every sandbox a new
+// address and keeps every old one, so at least sandboxes entries. More on a
+// loaded machine: a sandbox start that failed after whereabouts' ADD (Multus
+// then timed out on the API server; the kubelet retried) leaves one more,
+// its DEL swallowed too.
+func aloneHolds(t *testing.T, e *nodeEnv, m *testcni.MultusNetwork, pods []testcni.Pod, sandboxes int, when string) {
+	t.Helper()
+	allocs := mustAllocs(t, m.Network)
+	held := 0
+	for _, p := range pods {
+		held += len(testcni.Of(allocs, p.Ref()))
+	}
+	assert.Equal(t, len(allocs), held, "%s: the pool holds only the pods' entries:\n%s", when, testcni.Table(allocs))
+	if e.WB != testcni.V070 {
+		assert.Len(t, allocs, len(pods), "%s: whereabouts %s alone holds one address per pod:\n%s", when, e.WB, testcni.Table(allocs))
+		return
+	}
+	assert.GreaterOrEqual(t, len(allocs), sandboxes, "%s: whereabouts v0.7.0 alone keeps every address of before:\n%s", when, testcni.Table(allocs))
+	if len(allocs) > sandboxes {
+		t.Logf("%s: whereabouts v0.7.0 alone holds %d, %d more than the sandboxes the test ran: starts that failed after its ADD, their DEL swallowed", when, len(allocs), len(allocs)-sandboxes)
 	}
 }
 
