@@ -308,9 +308,17 @@ case "${1:-all}" in
   helm) build_helm ;;
   gremlins) build_gremlins ;;
   all)
-    build_cnitool; build_plugins
-    for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_crds "$v"; done
-    build_etcd; build_kube_apiserver; build_multus; build_helm; monitoring_crds; build_webhook
+    # Two lanes side by side: one go build alone leaves a core idle while it
+    # downloads and links. kube-apiserver, about half the work, has a lane
+    # of its own with etcd and helm; the rest take the other.
+    (build_kube_apiserver; build_etcd; build_helm) & big=$!
+    (build_cnitool; build_plugins
+      for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_crds "$v"; done
+      build_multus; monitoring_crds; build_webhook) & rest=$!
+    ok=0
+    wait "$rest" || ok=$?
+    wait "$big" || ok=$?
+    exit "$ok"
     ;;
   *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-vX.Y.Z|multus|helm|webhook|gremlins]" >&2; exit 2 ;;
 esac
