@@ -44,6 +44,10 @@ type side struct {
 	path  string // CNI_PATH
 	rng   string
 	extra string // more ipam fields
+	// ifname is the attachment's interface, lhnet1 unless set: the sides
+	// of one section share sandboxes (container IDs), and one sandbox's
+	// attachments have interfaces of their own.
+	ifname string
 }
 
 func (b *bencher) sides(rngH, rngW string) (h, w side) {
@@ -57,13 +61,29 @@ func delegateRange(base, k, side int) string {
 	return fmt.Sprintf("10.%d.0.0/16", base+2*k+side)
 }
 
+// conf is the side's network config, a network of its own name, as each of
+// a sandbox's attachments is.
 func (s side) conf(flat string) []byte {
-	return []byte(fmt.Sprintf(`{"cniVersion":"0.3.1","name":"bench","type":"bridge","ipam":{"type":%q,"range":%q,"configuration_path":%q%s}}`, s.typ, s.rng, flat, s.extra))
+	return []byte(fmt.Sprintf(`{"cniVersion":"0.3.1","name":%q,"type":"bridge","ipam":{"type":%q,"range":%q,"configuration_path":%q%s}}`, s.network(), s.typ, s.rng, flat, s.extra))
+}
+
+// network is the side's name as a CNI network name ([a-zA-Z0-9_.-]).
+func (s side) network() string {
+	return "bench-" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' {
+			return r
+		}
+		return '-'
+	}, s.name)
 }
 
 // call runs one verb of one sandbox (container id) of pod.
 func (b *bencher) call(ctx context.Context, s side, verb, id, pod string) (testcni.Measured, error) {
-	env := []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + b.netns, "CNI_IFNAME=lhnet1",
+	ifname := s.ifname
+	if ifname == "" {
+		ifname = "lhnet1"
+	}
+	env := []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + b.netns, "CNI_IFNAME=" + ifname,
 		"CNI_PATH=" + s.path, "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=" + pod}
 	m, err := testcni.Exec(ctx, s.bin, env, s.conf(b.rig.FlatFile))
 	if err == nil && m.Exit != 0 {
@@ -234,6 +254,9 @@ func (b *bencher) latency(ctx context.Context, n, k int) error {
 	// has harvester-ipam at that name and the real one beside it.
 	st := side{name: "stand-in", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: delegateRange(250, k, 0)}
 	sides := []side{h, st, w, f}
+	for i := range sides {
+		sides[i].ifname = fmt.Sprintf("lhnet%d", i+1)
+	}
 	add := map[string][]time.Duration{}
 	del := map[string][]time.Duration{}
 	rss := map[string][]int64{}
