@@ -608,9 +608,9 @@ func (b *bencher) makePods(ctx context.Context, from, to int) error {
 }
 
 // order rotates which side goes first, so none always runs warm.
-func order(i int, sides ...side) []side {
+func order[T any](i int, sides ...T) []T {
 	k := i % len(sides)
-	return append(append([]side{}, sides[k:]...), sides[:k]...)
+	return append(append([]T{}, sides[k:]...), sides[:k]...)
 }
 
 func median(d []time.Duration) time.Duration { return pct(d, 0.5) }

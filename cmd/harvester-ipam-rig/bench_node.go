@@ -11,8 +11,10 @@ import (
 // nodeBench measures what a user waits for on a real node: a pod sandbox's
 // start (RunPodSandbox: containerd, runc, Multus, the cluster network and the
 // storage network's IPAM) and its stop and removal, one sandbox at a time,
-// harvester-ipam -> whereabouts v0.9.3 against whereabouts v0.9.3 alone, on
-// the same node in the same run, the two sides interleaved.
+// against whereabouts v0.9.3 alone, in the same run, the sides interleaved:
+// harvester-ipam named in the NAD (on the same node as whereabouts alone),
+// and harvester-ipam standing in for whereabouts, as the chart installs it,
+// on a node of its own (there the name whereabouts is harvester-ipam's).
 func (b *bencher) node(ctx context.Context) error {
 	n := envInt("BENCH_NODE_SANDBOXES", 40)
 	t, err := b.rig.NewTenant(ctx, "bench-node")
@@ -27,8 +29,15 @@ func (b *bencher) node(ctx context.Context) error {
 		return err
 	}
 	defer node.Close()
+	standIn, err := b.rig.StartNode(ctx, t, testcni.NodeOptions{Whereabouts: testcni.V093, StandIn: true, Name: "standin"})
+	if err != nil {
+		return err
+	}
+	defer standIn.Close()
 	type nodeSide struct {
 		name       string
+		node       *testcni.Node
+		ipam       string // what the NAD names
 		net        *testcni.MultusNetwork
 		pods       []testcni.Pod
 		ids        []string
@@ -36,15 +45,18 @@ func (b *bencher) node(ctx context.Context) error {
 		runFailed  int
 		stopFailed int
 	}
-	sides := []*nodeSide{{name: "harvester-ipam"}, {name: "whereabouts v0.9.3"}}
+	sides := []*nodeSide{
+		{name: "harvester-ipam", node: node, ipam: "harvester-ipam"},
+		{name: "stand-in", node: standIn, ipam: "whereabouts"},
+		{name: "whereabouts v0.9.3", node: node, ipam: "whereabouts"},
+	}
 	for i, s := range sides {
-		ipam := []string{"harvester-ipam", "whereabouts"}[i]
-		s.net, err = node.StorageNetwork(ctx, testcni.Network{IPAM: ipam, Range: fmt.Sprintf("10.%d.0.0/16", 210+i)}, "harvester-system", "bench-"+ipam, "lhnet1")
+		s.net, err = s.node.StorageNetwork(ctx, testcni.Network{IPAM: s.ipam, Range: fmt.Sprintf("10.%d.0.0/16", 210+i)}, "harvester-system", fmt.Sprintf("bench-%d", i), "lhnet1")
 		if err != nil {
 			return err
 		}
 		for j := 0; j < n; j++ {
-			p, err := node.CreatePod(ctx, s.net, fmt.Sprintf("bench-%s-%03d", ipam, j))
+			p, err := s.node.CreatePod(ctx, s.net, fmt.Sprintf("bench-%d-%03d", i, j))
 			if err != nil {
 				return err
 			}
@@ -54,10 +66,10 @@ func (b *bencher) node(ctx context.Context) error {
 	// A failed start or stop (Multus reads the pod for 2.5 s at most, which a
 	// loaded machine can exceed) is counted and retried, not timed.
 	for j := 0; j < n; j++ {
-		for _, s := range orderNode(j, sides) {
+		for _, s := range order(j, sides...) {
 			for {
 				began := time.Now()
-				sb, err := node.RunPodSandbox(ctx, s.pods[j])
+				sb, err := s.node.RunPodSandbox(ctx, s.pods[j])
 				if err != nil {
 					if s.runFailed++; s.runFailed > n {
 						return fmt.Errorf("%s: %w", s.name, err)
@@ -71,12 +83,12 @@ func (b *bencher) node(ctx context.Context) error {
 		}
 	}
 	for j := 0; j < n; j++ {
-		for _, s := range orderNode(j, sides) {
+		for _, s := range order(j, sides...) {
 			for {
 				began := time.Now()
-				err := node.StopPodSandbox(ctx, s.ids[j])
+				err := s.node.StopPodSandbox(ctx, s.ids[j])
 				if err == nil {
-					err = node.RemovePodSandbox(ctx, s.ids[j])
+					err = s.node.RemovePodSandbox(ctx, s.ids[j])
 				}
 				if err != nil {
 					if s.stopFailed++; s.stopFailed > n {
@@ -89,24 +101,21 @@ func (b *bencher) node(ctx context.Context) error {
 			}
 		}
 	}
-	h, w := sides[0], sides[1]
+	h, st, w := sides[0], sides[1], sides[2]
 	fmt.Printf("## A real node: sandboxes through containerd %s, runc %s and Multus (%d sandboxes a side, one at a time)\n\n", testcni.ContainerdVersion, testcni.RuncVersion, n)
-	fmt.Println("| | harvester-ipam -> whereabouts v0.9.3 | whereabouts v0.9.3 alone | ratio |")
-	fmt.Println("|---|---|---|---|")
-	row := func(what string, hv, wv []time.Duration) {
-		fmt.Printf("| %s median | %s | %s | %.2fx |\n", what, ms(median(hv)), ms(median(wv)), ratio(median(hv), median(wv)))
-		fmt.Printf("| %s p95 | %s | %s | %.2fx |\n", what, ms(p95(hv)), ms(p95(wv)), ratio(p95(hv), p95(wv)))
+	fmt.Println("| | harvester-ipam -> whereabouts v0.9.3 (named in the NAD) | ratio | harvester-ipam standing in for whereabouts v0.9.3 | ratio | whereabouts v0.9.3 alone |")
+	fmt.Println("|---|---|---|---|---|---|")
+	row := func(what string, hv, sv, wv []time.Duration) {
+		for _, q := range []struct {
+			name string
+			at   func([]time.Duration) time.Duration
+		}{{"median", median}, {"p95", p95}} {
+			a, b, c := q.at(hv), q.at(sv), q.at(wv)
+			fmt.Printf("| %s %s | %s | %.2fx | %s | %.2fx | %s |\n", what, q.name, ms(a), ratio(a, c), ms(b), ratio(b, c), ms(c))
+		}
 	}
-	row("RunPodSandbox", h.run, w.run)
-	row("StopPodSandbox + RemovePodSandbox", h.stop, w.stop)
-	fmt.Printf("| failed and retried (start, stop) | %d, %d | %d, %d | |\n\n", h.runFailed, h.stopFailed, w.runFailed, w.stopFailed)
+	row("RunPodSandbox", h.run, st.run, w.run)
+	row("StopPodSandbox + RemovePodSandbox", h.stop, st.stop, w.stop)
+	fmt.Printf("| failed and retried (start, stop) | %d, %d | | %d, %d | | %d, %d |\n\n", h.runFailed, h.stopFailed, st.runFailed, st.stopFailed, w.runFailed, w.stopFailed)
 	return nil
-}
-
-// orderNode alternates which side goes first, so neither always runs warm.
-func orderNode[T any](i int, s []T) []T {
-	if i%2 == 0 {
-		return s
-	}
-	return []T{s[1], s[0]}
 }
