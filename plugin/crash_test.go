@@ -84,3 +84,15 @@ func TestAddThatDiesAfterTheDelegateIsReleasedByADelWithTheNADGone(t *testing.T)
 		})
 	}
 }
+
+// The crash points are the plugin's own step boundaries, in order.
+func TestCrashPointsAreThePluginsSteps(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	var points []string
+	r.p.AtStep = func(p string) { points = append(points, p) }
+	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	assert.Equal(t, []string{"add-after-checkpoint", "add-after-reservations", "add-after-reclaim", "add-after-delegate"}, points)
+	points = nil
+	require.NoError(t, r.p.Del(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	assert.Equal(t, []string{"del-after-reservations", "del-after-release"}, points)
+}

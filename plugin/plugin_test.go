@@ -6,17 +6,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
@@ -201,3 +208,206 @@ func (r *rig) breakKubeconfig(t *testing.T) {
 }
 
 var ctxBg = context.Background()
+
+// Every verb on every CNI version the plugin says it supports, as
+// host-local's tests loop over the spec's versions.
+func TestVerbsOnEverySpecVersion(t *testing.T) {
+	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config(v, ""))))
+			res, err := version.NewResult(v, r.out.Bytes())
+			require.NoError(t, err, "a %s result: %s", v, r.out.String())
+			assert.Equal(t, v, res.Version())
+			cur, err := current.NewResultFromResult(res)
+			require.NoError(t, err)
+			require.Len(t, cur.IPs, 1)
+			assert.Equal(t, "192.168.50.2/24", cur.IPs[0].Address.String())
+
+			if v != "0.3.1" { // CHECK came with 0.4.0
+				prev := append(r.config(v, "")[:len(r.config(v, ""))-1], []byte(`,"prevResult":`+strings.TrimSpace(r.out.String())+`}`)...)
+				require.NoError(t, r.p.Check(args(t, "new", "lhnet1", podArgs, prev)))
+			}
+			if v == "1.1.0" { // STATUS and GC came with 1.1.0
+				require.NoError(t, r.p.Status(args(t, "", "", "", r.config(v, ""))))
+				c := r.config(v, "")
+				require.NoError(t, r.p.GC(args(t, "", "", "", append(c[:len(c)-1], []byte(`,"cni.dev/valid-attachments":[{"containerID":"new","ifname":"lhnet1"}]}`)...))))
+				assert.Len(t, r.pool(), 2, "GC keeps the valid attachment")
+			}
+			require.NoError(t, r.p.Del(args(t, "new", "lhnet1", podArgs, r.config(v, ""))))
+			assert.Equal(t, map[string]alloc{"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"}}, r.pool())
+		})
+	}
+}
+
+func TestDelegateErrorsKeepTheirCode(t *testing.T) {
+	err := delegateError("whereabouts", "ADD", &cnitypes.Error{Code: 11, Msg: "busy", Details: "d"})
+	assert.Equal(t, uint(11), cniCode(t, err))
+	assert.Equal(t, "whereabouts ADD: busy", err.(*cnitypes.Error).Msg)
+	err = delegateError("whereabouts", "ADD", fmt.Errorf("exec: not found"))
+	assert.Equal(t, uint(cnitypes.ErrInternal), cniCode(t, err))
+	assert.Contains(t, err.(*cnitypes.Error).Details, "ipam.harvester_ipam.delegate")
+}
+
+// hostileAttachments are CNI_CONTAINERID / CNI_IFNAME pairs a checkpoint path
+// could be built from that leaves the checkpoint dir, or that no file name
+// can hold.
+var hostileAttachments = []struct {
+	name, id, ifname, want string
+}{
+	{"container ID climbs out", "../../etc/cron.d/x", "lhnet1", "CNI_CONTAINERID"},
+	{"container ID climbs to the parent", "..", "lhnet1", "CNI_CONTAINERID"},
+	{"container ID climbs out behind a prefix", "abc/../../x", "lhnet1", "CNI_CONTAINERID"},
+	{"container ID is absolute", "/etc/passwd", "lhnet1", "CNI_CONTAINERID"},
+	{"container ID with NUL", "abc\x00../../x", "lhnet1", "CNI_CONTAINERID"},
+	{"container ID too long", strings.Repeat("f", 201), "lhnet1", "at most 200"},
+	{"container ID empty", "", "lhnet1", "CNI_CONTAINERID is empty"},
+	{"ifname climbs out", "new", "../../x", "CNI_IFNAME"},
+	{"ifname is ..", "new", "..", "CNI_IFNAME"},
+	{"ifname with a slash", "new", "a/b", "CNI_IFNAME"},
+	{"ifname with NUL", "new", "lh\x00net1", "CNI_IFNAME"},
+	{"ifname too long", "new", "lhnet1-lhnet1-lh", "longer than 15 bytes"},
+	{"ifname not UTF-8", "new", "lh\x93", "not valid UTF-8"},
+}
+
+// hostileArgs are args() without the environment, which cannot hold NUL:
+// nothing may be delegated anyway.
+func hostileArgs(id, ifname, cniArgs string, stdin []byte) *skel.CmdArgs {
+	return &skel.CmdArgs{ContainerID: id, IfName: ifname, Netns: "/var/run/netns/x", Args: cniArgs, Path: "/opt/cni/bin", StdinData: stdin}
+}
+
+// tree lists every path under dir.
+func tree(t *testing.T, dir string) []string {
+	t.Helper()
+	var paths []string
+	require.NoError(t, filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		paths = append(paths, p)
+		return err
+	}))
+	sort.Strings(paths)
+	return paths
+}
+
+func TestHostileAttachmentsAreRefused(t *testing.T) {
+	for _, verb := range []string{"ADD", "DEL"} {
+		for _, tt := range hostileAttachments {
+			t.Run(verb+" "+tt.name, func(t *testing.T) {
+				// The pool holds an allocation of exactly this attachment and
+				// earlier sandboxes of the pod: a DEL or ADD that went on would
+				// release one or the other.
+				objs := crashLoopedPool()
+				pool := objs[0].(*shim.Pool)
+				pool.Spec.Allocations["9"] = alloc{ContainerID: tt.id, PodRef: "longhorn-system/im-a", IfName: tt.ifname}
+				r := newRig(t, objs...)
+				want := r.pool() // as the API server stores it
+				dir := filepath.Dir(r.cpDir)
+				before := tree(t, dir)
+
+				a := hostileArgs(tt.id, tt.ifname, podArgs, r.config("0.3.1", ""))
+				var err error
+				if verb == "ADD" {
+					err = r.p.Add(a)
+				} else {
+					err = r.p.Del(a)
+				}
+
+				assert.Equal(t, cnitypes.ErrInvalidEnvironmentVariables, cniCode(t, err), "%v", err)
+				ce := err.(*cnitypes.Error)
+				assert.Contains(t, ce.Msg, tt.want)
+				assert.NotEmpty(t, ce.Details, "the error says what to fix")
+				assert.Empty(t, r.calls(), "nothing delegated")
+				assert.Equal(t, want, r.pool(), "nothing released")
+				assert.Len(t, r.orips(), 3, "no reservation deleted")
+				assert.Empty(t, r.out.String(), "no result")
+				assert.Equal(t, before, tree(t, dir), "nothing created or removed")
+			})
+		}
+	}
+}
+
+// The debug log times each step, to 10 µs.
+func TestPhasesAreRoundedTo10Microseconds(t *testing.T) {
+	start := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	at := start
+	ph := &phases{last: start, now: func() time.Time { return at }}
+	for _, tt := range []struct {
+		step string
+		took time.Duration
+		want string
+	}{
+		{"config", 1234567 * time.Nanosecond, "config 1.23ms"},
+		{"client", 4 * time.Microsecond, "config 1.23ms, client 0s"},
+		{"checkpoint", 15 * time.Microsecond, "config 1.23ms, client 0s, checkpoint 20µs"},
+		{"whereabouts", 88235 * time.Microsecond, "config 1.23ms, client 0s, checkpoint 20µs, whereabouts 88.24ms"},
+	} {
+		at = at.Add(tt.took)
+		ph.mark(tt.step)
+		assert.Equal(t, tt.want, ph.String())
+	}
+}
+
+// Writes retried after conflicts are counted in the log; none, no line.
+func TestRetriedWritesAreLogged(t *testing.T) {
+	for _, conflicts := range []int{0, 1} {
+		r := newRig(t, crashLoopedPool()...)
+		n := 0
+		r.api.Hook = func(c *fake.Call) error {
+			if c.Verb == "patch" && c.Resource == fake.Pools && n < conflicts {
+				n++
+				return apierrors.NewConflict(schema.GroupResource{Resource: "ippools"}, poolName, errors.New("modified"))
+			}
+			return nil
+		}
+		require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+		if conflicts == 0 {
+			assert.NotContains(t, r.log.String(), "retried")
+		} else {
+			assert.Contains(t, r.log.String(), "1 writes retried after conflicts")
+		}
+	}
+}
+
+// deadlineAPI is the fake API server, and how long each pool read was given.
+type deadlineAPI struct {
+	*fake.API
+	left []time.Duration
+}
+
+func (d *deadlineAPI) GetPool(ctx context.Context, ns, name string, from shim.Source) (*shim.Pool, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(time.Hour)
+	}
+	d.left = append(d.left, time.Until(dl))
+	return d.API.GetPool(ctx, ns, name, from)
+}
+
+// A verb is bounded by Plugin.Timeout, by DefaultTimeout when it is zero;
+// each request by the store's own 10 s within that.
+func TestAVerbIsBoundedByItsTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		timeout  time.Duration
+		min, max time.Duration
+	}{
+		{0, 9 * time.Second, 10 * time.Second},
+		{2 * time.Second, time.Second, 2 * time.Second},
+	} {
+		r := newRig(t, crashLoopedPool()...)
+		spy := &deadlineAPI{API: r.api}
+		r.p.NewStore = func(path string) (*shim.Store, error) {
+			kube, err := conf.LoadKubeconfig(path)
+			if err != nil {
+				return nil, err
+			}
+			return shim.New(spy, kube.Namespace, shim.Options{}), nil
+		}
+		r.p.Timeout = tt.timeout
+		require.NoError(t, r.p.Check(args(t, "old1", "lhnet1", podArgs, withPrevResult(r.config("1.0.0", ""), "192.168.50.2"))))
+		require.NotEmpty(t, spy.left)
+		for _, left := range spy.left {
+			assert.Greater(t, left, tt.min, "timeout %s", tt.timeout)
+			assert.LessOrEqual(t, left, tt.max, "timeout %s", tt.timeout)
+		}
+	}
+	assert.Equal(t, 150*time.Second, DefaultTimeout)
+}

@@ -2,124 +2,48 @@ package plugin
 
 import (
 	"fmt"
-	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	cnitypes "github.com/containernetworking/cni/pkg/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/harvester/harvester-ipam/shim"
 )
 
-// hostileAttachments are CNI_CONTAINERID / CNI_IFNAME pairs a checkpoint path
-// could be built from that leaves the checkpoint dir, or that no file name
-// can hold.
-var hostileAttachments = []struct {
-	name, id, ifname, want string
-}{
-	{"container ID climbs out", "../../etc/cron.d/x", "lhnet1", "CNI_CONTAINERID"},
-	{"container ID climbs to the parent", "..", "lhnet1", "CNI_CONTAINERID"},
-	{"container ID climbs out behind a prefix", "abc/../../x", "lhnet1", "CNI_CONTAINERID"},
-	{"container ID is absolute", "/etc/passwd", "lhnet1", "CNI_CONTAINERID"},
-	{"container ID with NUL", "abc\x00../../x", "lhnet1", "CNI_CONTAINERID"},
-	{"container ID too long", strings.Repeat("f", 201), "lhnet1", "at most 200"},
-	{"container ID empty", "", "lhnet1", "CNI_CONTAINERID is empty"},
-	{"ifname climbs out", "new", "../../x", "CNI_IFNAME"},
-	{"ifname is ..", "new", "..", "CNI_IFNAME"},
-	{"ifname with a slash", "new", "a/b", "CNI_IFNAME"},
-	{"ifname with NUL", "new", "lh\x00net1", "CNI_IFNAME"},
-	{"ifname too long", "new", "lhnet1-lhnet1-lh", "longer than 15 bytes"},
-	{"ifname not UTF-8", "new", "lh\x93", "not valid UTF-8"},
-}
-
-// hostileArgs are args() without the environment, which cannot hold NUL:
-// nothing may be delegated anyway.
-func hostileArgs(id, ifname, cniArgs string, stdin []byte) *skel.CmdArgs {
-	return &skel.CmdArgs{ContainerID: id, IfName: ifname, Netns: "/var/run/netns/x", Args: cniArgs, Path: "/opt/cni/bin", StdinData: stdin}
-}
-
-// tree lists every path under dir.
-func tree(t *testing.T, dir string) []string {
-	t.Helper()
-	var paths []string
-	require.NoError(t, filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
-		paths = append(paths, p)
-		return err
-	}))
-	sort.Strings(paths)
-	return paths
-}
-
-func TestHostileAttachmentsAreRefused(t *testing.T) {
-	for _, verb := range []string{"ADD", "DEL"} {
-		for _, tt := range hostileAttachments {
-			t.Run(verb+" "+tt.name, func(t *testing.T) {
-				// The pool holds an allocation of exactly this attachment and
-				// earlier sandboxes of the pod: a DEL or ADD that went on would
-				// release one or the other.
-				objs := crashLoopedPool()
-				pool := objs[0].(*shim.Pool)
-				pool.Spec.Allocations["9"] = alloc{ContainerID: tt.id, PodRef: "longhorn-system/im-a", IfName: tt.ifname}
-				r := newRig(t, objs...)
-				want := r.pool() // as the API server stores it
-				dir := filepath.Dir(r.cpDir)
-				before := tree(t, dir)
-
-				a := hostileArgs(tt.id, tt.ifname, podArgs, r.config("0.3.1", ""))
-				var err error
-				if verb == "ADD" {
-					err = r.p.Add(a)
-				} else {
-					err = r.p.Del(a)
-				}
-
-				assert.Equal(t, cnitypes.ErrInvalidEnvironmentVariables, cniCode(t, err), "%v", err)
-				ce := err.(*cnitypes.Error)
-				assert.Contains(t, ce.Msg, tt.want)
-				assert.NotEmpty(t, ce.Details, "the error says what to fix")
-				assert.Empty(t, r.calls(), "nothing delegated")
-				assert.Equal(t, want, r.pool(), "nothing released")
-				assert.Len(t, r.orips(), 3, "no reservation deleted")
-				assert.Empty(t, r.out.String(), "no result")
-				assert.Equal(t, before, tree(t, dir), "nothing created or removed")
-			})
-		}
-	}
-}
-
-// Names the checkpoint cannot record are refused as the bad input they are
-// (found by FuzzParseArgs and FuzzLoad), not as a checkpoint dir that cannot
-// be written (CNI error 5).
-func TestAddRefusesWhatNoCheckpointCanRecord(t *testing.T) {
-	tests := []struct {
-		name, cniArgs, ipamExtra string
-		wantCode                 uint
-		wantMsg                  string
+// The log goes to whereabouts' log_file when the config names one, at its
+// log_level; to stderr when it names none, or one that cannot be opened.
+func TestTheLogGoesWhereTheConfigSays(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		ipam       func(dir string) string
+		wantFile   bool   // the log is in the file
+		wantStderr string // and this is on stderr
 	}{
-		{"a pod name that is not UTF-8", "K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=im-\x93", "", cnitypes.ErrInvalidEnvironmentVariables, "is not a Kubernetes namespace and name"},
-		{"a network_name with a slash", podArgs, `,"network_name":"storage/net"`, cnitypes.ErrInvalidNetworkConfig, "which Kubernetes refuses"},
-		{"an uppercase network_name", podArgs, `,"network_name":"Storage"`, cnitypes.ErrInvalidNetworkConfig, "which Kubernetes refuses"},
-	}
-	for _, tt := range tests {
+		{"no log_file: stderr", func(string) string { return "" }, false, "released 192.168.50.2 from pool"},
+		{"a log_file", func(dir string) string { return `,"log_file":"` + filepath.Join(dir, "wb.log") + `"` }, true, ""},
+		{"a log_file that cannot be opened: stderr, saying so", func(dir string) string { return `,"log_file":"` + dir + `"` }, false,
+			"harvester-ipam: cannot open log_file "},
+	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t, crashLoopedPool()...)
-			err := r.p.Add(hostileArgs("new", "lhnet1", tt.cniArgs, r.config("0.3.1", tt.ipamExtra)))
-			assert.Equal(t, tt.wantCode, cniCode(t, err), "%v", err)
-			assert.Contains(t, err.Error(), tt.wantMsg)
-			assert.Empty(t, r.calls(), "nothing delegated")
-			assert.Len(t, r.pool(), 3, "nothing released")
-			_, statErr := os.Stat(r.cpDir)
-			assert.True(t, os.IsNotExist(statErr), "no checkpoint")
+			dir := t.TempDir()
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", tt.ipam(dir)))))
+			b, _ := os.ReadFile(filepath.Join(dir, "wb.log"))
+			if tt.wantFile {
+				assert.Contains(t, string(b), "[verbose] harvester-ipam ADD new: released 192.168.50.2 from pool")
+				assert.Empty(t, r.log.String(), "nothing on stderr")
+				return
+			}
+			assert.Empty(t, b)
+			assert.Contains(t, r.log.String(), tt.wantStderr)
+			if tt.wantStderr != "released 192.168.50.2 from pool" {
+				assert.Contains(t, r.log.String(), "released 192.168.50.2 from pool", "the log itself, on stderr")
+			}
 		})
 	}
 }

@@ -1,0 +1,243 @@
+package plugin
+
+import (
+	"os"
+	"testing"
+
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+func TestAddReclaimsEarlierSandboxesThenDelegates(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+
+	assert.Equal(t, []string{"ADD whereabouts"}, r.calls())
+	assert.Equal(t, map[string]alloc{
+		"2": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+		"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
+	}, r.pool(), "one allocation for the pod; the other pod's untouched")
+	assert.Equal(t, []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"}, r.orips())
+	assert.JSONEq(t, `{"cniVersion":"0.3.1","ips":[{"version":"4","address":"192.168.50.2/24"}],"dns":{}}`, r.out.String())
+
+	rec, ok, err := checkpoint.Dir(r.cpDir).Read("new", "lhnet1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, rec.Pools)
+	assert.Equal(t, []string{"192.168.50.2/24"}, rec.IPs)
+	assert.Equal(t, "longhorn-system/im-a", rec.PodRef)
+	assert.Equal(t, "kube-system", rec.Namespace)
+
+	for _, want := range []string{"released 192.168.50.2 from pool 192.168.50.0-24", "was container old1, pod longhorn-system/im-a",
+		"released 192.168.50.3", "reservation 192.168.50.3 deleted"} {
+		assert.Contains(t, r.log.String(), want)
+	}
+	assert.NotContains(t, r.log.String(), "t0ken")
+}
+
+// The checkpoint is on disk before the delegate allocates: a crash between
+// the two leaves a DEL that knows the attachment's pools, even with the NAD
+// gone.
+func TestAddRecordsTheAttachmentBeforeItDelegates(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.del.Before = func(verb string) error {
+		_, ok, err := checkpoint.Dir(r.cpDir).Read("new", "lhnet1")
+		require.NoError(t, err)
+		assert.True(t, ok, "recorded before %s", verb)
+		return nil
+	}
+	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+}
+
+// ADD looks in the API server's watch cache first: with nothing to release
+// there, it reads nothing fresh and writes nothing.
+func TestAddLooksInTheCacheFirst(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		objs       []any
+		lag        int
+		wantFresh  int
+		wantPool   int
+		wantOldTwo bool
+	}{
+		{"nothing to release", []any{ipamPool(map[string]alloc{"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b"}})}, 0, 0, 2, false},
+		{"an earlier sandbox", crashLoopedPool(), 0, 2, 2, false},
+		// whereabouts v0.9.3 hands the sandbox the entry its pod and ifname
+		// held; the entry without ifname waits for the next ADD.
+		{"an earlier sandbox the cache has not seen yet: the next ADD's", crashLoopedPool(), 1000, 0, 3, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, tt.objs...)
+			r.api.CacheLag = func() int { return tt.lag }
+			fresh := 0
+			r.api.Hook = func(c *fake.Call) error {
+				if c.Verb == "get" && c.Resource == fake.Pools && c.From == shim.Fresh && len(r.calls()) == 0 {
+					fresh++
+				}
+				return nil
+			}
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+			assert.Equal(t, tt.wantFresh, fresh, "fresh reads of the pool before the delegate")
+			assert.Len(t, r.pool(), tt.wantPool)
+			_, held := r.pool()["3"]
+			assert.Equal(t, tt.wantOldTwo, held)
+		})
+	}
+}
+
+func TestAddRefusesBadInputAndLosesNothing(t *testing.T) {
+	tests := []struct {
+		name     string
+		id, ifn  string
+		cniArgs  string
+		stdin    func(r *rig) []byte
+		wantCode uint
+		wantMsg  string
+	}{
+		{"no pod identity", "new", "lhnet1", "IgnoreUnknown=true", nil, cnitypes.ErrInvalidEnvironmentVariables, "CNI_ARGS lacks K8S_POD_NAMESPACE and K8S_POD_NAME"},
+		{"a container ID that escapes", "../../etc", "lhnet1", podArgs, nil, cnitypes.ErrInvalidEnvironmentVariables, "CNI_CONTAINERID"},
+		{"an ifname that escapes", "new", "../x", podArgs, nil, cnitypes.ErrInvalidEnvironmentVariables, "CNI_IFNAME"},
+		{"no range", "new", "lhnet1", podArgs, func(r *rig) []byte { return r.rangelessConfig() }, cnitypes.ErrInvalidNetworkConfig, "ipam config has no range"},
+		{"no flat file", "new", "lhnet1", podArgs, func(r *rig) []byte { return r.goneConfig() }, cnitypes.ErrInvalidNetworkConfig, "whereabouts flat file not found"},
+		{"an unknown option", "new", "lhnet1", podArgs, func(r *rig) []byte { return r.config("0.3.1", `,"harvester_ipam":{"bogus":1}`) }, cnitypes.ErrUnsupportedField, `unknown field "bogus"`},
+		{"node slices", "new", "lhnet1", podArgs, func(r *rig) []byte { return r.config("0.3.1", `,"node_slice_size":"/26"`) }, cnitypes.ErrUnsupportedField, `ipam.node_slice_size "/26" is not supported`},
+		{"node slices of the wrong type", "new", "lhnet1", podArgs, func(r *rig) []byte { return r.config("0.3.1", `,"node_slice_size":26`) }, cnitypes.ErrDecodingFailure, "node_slice_size must be a string"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			stdin := r.config("0.3.1", "")
+			if tt.stdin != nil {
+				stdin = tt.stdin(r)
+			}
+			err := r.p.Add(args(t, tt.id, tt.ifn, tt.cniArgs, stdin))
+			assert.Equal(t, tt.wantCode, cniCode(t, err), "%v", err)
+			assert.Contains(t, err.Error(), tt.wantMsg)
+			assert.NotEmpty(t, err.(*cnitypes.Error).Details, "it says what to fix")
+			assert.Empty(t, r.calls(), "nothing delegated")
+			assert.Len(t, r.pool(), 3, "nothing released")
+			assert.Empty(t, r.out.String(), "no result on stdout")
+		})
+	}
+}
+
+func TestAddWithTheStoreDownFailsBeforeDelegating(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.storeDown()
+	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	assert.Equal(t, cnitypes.ErrTryAgainLater, cniCode(t, err))
+	assert.Contains(t, err.Error(), "release earlier sandboxes of longhorn-system/im-a from pool 192.168.50.0-24")
+	assert.Contains(t, err.Error(), "connection refused")
+	assert.Empty(t, r.calls())
+}
+
+func TestAddPassesTheDelegatesErrorOn(t *testing.T) {
+	r := newRig(t, ipamPool(map[string]alloc{}))
+	r.fillPool(t)
+	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	assert.Equal(t, uint(cnitypes.ErrInternal), cniCode(t, err))
+	assert.Contains(t, err.Error(), "whereabouts ADD: Could not allocate IP in range")
+}
+
+// A sandbox that never got its DEL leaves its checkpoint; once the next
+// sandbox's ADD released its entries, the record is forgotten too, or such
+// records pile up on the node forever (Multus never forwards GC).
+func TestAddForgetsTheRecordsOfWhatItReleased(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.record(t, "old1", "192.168.50.2/24")
+	other := checkpoint.Record{ContainerID: "old1", IfName: "lhnet2", Network: "othernet", PodRef: "longhorn-system/im-a",
+		Kubeconfig: r.kubeconfig(), Namespace: "kube-system", Pools: []checkpoint.Pool{{Name: "10.9.0.0-24", Range: "10.9.0.0/24"}}}
+	require.NoError(t, checkpoint.Dir(r.cpDir).Write(other))
+	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	recs, errs := checkpoint.Dir(r.cpDir).List()
+	require.Empty(t, errs)
+	var left []string
+	for _, rec := range recs {
+		left = append(left, rec.ContainerID+":"+rec.IfName)
+	}
+	assert.ElementsMatch(t, []string{"new:lhnet1", "old1:lhnet2"}, left, "old1's record of this pool is gone; its record of another pool stays")
+	assert.NotContains(t, r.log.String(), "forget the checkpoint", "forgetting went well: no error logged")
+}
+
+// ADD that cannot record the attachment allocates nothing: the error says
+// which directory must be writable, and the delegate is never called.
+func TestAddWithoutACheckpointDirAllocatesNothing(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	require.NoError(t, os.WriteFile(r.cpDir, []byte("a file where the directory should be"), 0o600))
+	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	assert.Equal(t, cnitypes.ErrIOFailure, cniCode(t, err))
+	assert.Contains(t, err.(*cnitypes.Error).Details, "the checkpoint directory must be writable by root (harvester_ipam.checkpoint_dir)")
+	assert.Empty(t, r.calls(), "no delegate")
+	assert.Len(t, r.pool(), 3, "nothing released, nothing allocated")
+}
+
+// After the delegate, ADD records the addresses it got; a failure to record
+// them is logged and loses nothing (DEL finds the attachment by its pools).
+func TestAddRecordsTheAddressesItGot(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		breakDir  bool
+		wantIPs   []string
+		wantInLog string
+	}{
+		{"recorded", false, []string{"192.168.50.2/24"}, ""},
+		{"the record cannot be updated", true, nil, "record addresses [192.168.50.2/24]"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			if tt.breakDir {
+				r.del.Before = func(verb string) error {
+					// The directory goes, and a file takes its place.
+					require.NoError(t, os.RemoveAll(r.cpDir))
+					return os.WriteFile(r.cpDir, nil, 0o600)
+				}
+			}
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+			assert.Contains(t, r.out.String(), `"address": "192.168.50.2/24"`, "the delegate's result")
+			if tt.wantInLog != "" {
+				assert.Contains(t, r.log.String(), tt.wantInLog)
+				return
+			}
+			assert.NotContains(t, r.log.String(), "record addresses")
+			rec, ok, err := checkpoint.Dir(r.cpDir).Read("new", "lhnet1")
+			require.NoError(t, err)
+			require.True(t, ok)
+			assert.Equal(t, tt.wantIPs, rec.IPs)
+			assert.Equal(t, "longhorn-system/im-a", rec.PodRef)
+			assert.Equal(t, "kube-system", rec.Namespace)
+			assert.Equal(t, []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, rec.Pools)
+		})
+	}
+}
+
+// Names the checkpoint cannot record are refused as the bad input they are
+// (found by FuzzParseArgs and FuzzLoad), not as a checkpoint dir that cannot
+// be written (CNI error 5).
+func TestAddRefusesWhatNoCheckpointCanRecord(t *testing.T) {
+	tests := []struct {
+		name, cniArgs, ipamExtra string
+		wantCode                 uint
+		wantMsg                  string
+	}{
+		{"a pod name that is not UTF-8", "K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=im-\x93", "", cnitypes.ErrInvalidEnvironmentVariables, "is not a Kubernetes namespace and name"},
+		{"a network_name with a slash", podArgs, `,"network_name":"storage/net"`, cnitypes.ErrInvalidNetworkConfig, "which Kubernetes refuses"},
+		{"an uppercase network_name", podArgs, `,"network_name":"Storage"`, cnitypes.ErrInvalidNetworkConfig, "which Kubernetes refuses"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			err := r.p.Add(hostileArgs("new", "lhnet1", tt.cniArgs, r.config("0.3.1", tt.ipamExtra)))
+			assert.Equal(t, tt.wantCode, cniCode(t, err), "%v", err)
+			assert.Contains(t, err.Error(), tt.wantMsg)
+			assert.Empty(t, r.calls(), "nothing delegated")
+			assert.Len(t, r.pool(), 3, "nothing released")
+			_, statErr := os.Stat(r.cpDir)
+			assert.True(t, os.IsNotExist(statErr), "no checkpoint")
+		})
+	}
+}
