@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sort"
 	"strconv"
 	"testing"
@@ -13,7 +14,6 @@ import (
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -88,6 +88,27 @@ func runaway(now time.Time) error {
 	return nil
 }
 
+// recClock records the waits; Sleep moves it on at once, or fails as a
+// cancelled context does when err is set.
+type recClock struct {
+	now   time.Time
+	waits []time.Duration
+	err   error
+}
+
+func (c *recClock) Now() time.Time { return c.now }
+func (c *recClock) Sleep(_ context.Context, d time.Duration) error {
+	c.waits = append(c.waits, d)
+	c.now = c.now.Add(d)
+	if c.err != nil {
+		return c.err
+	}
+	if len(c.waits) > 100000 {
+		return errors.New("test clock: a loop that never ends")
+	}
+	return nil
+}
+
 func newStore(objs ...any) (*shim.Store, *fake.API, *clock) {
 	api := fake.New()
 	api.Put(objs...)
@@ -140,6 +161,51 @@ func release(t *testing.T, s *shim.Store, poolName, network string, pick shim.Pi
 	removed, err := s.RemoveAllocations(ctx, plan)
 	require.NoError(t, err)
 	return removed, deleted
+}
+
+// spyAPI is the fake API server, and what each request asked for.
+type spyAPI struct {
+	*fake.API
+	deadlines []time.Duration // how long each pool GET was given
+	limits    []int64         // the page size of each pool LIST
+}
+
+func (s *spyAPI) GetPool(ctx context.Context, namespace, name string, from shim.Source) (*shim.Pool, error) {
+	if d, ok := ctx.Deadline(); ok {
+		s.deadlines = append(s.deadlines, time.Until(d))
+	} else {
+		s.deadlines = append(s.deadlines, 0)
+	}
+	return s.API.GetPool(ctx, namespace, name, from)
+}
+
+func (s *spyAPI) ListPools(ctx context.Context, namespace string, page shim.Page) ([]shim.Pool, string, error) {
+	s.limits = append(s.limits, page.Limit)
+	return s.API.ListPools(ctx, namespace, page)
+}
+
+func conflictOnPatch(api *fake.API) *int {
+	patches := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" {
+			patches++
+			return apierrors.NewConflict(schema.GroupResource{Resource: "ippools"}, storage, errors.New("modified"))
+		}
+		return nil
+	}
+	return &patches
+}
+
+// manyOld is a pool of n entries of earlier sandboxes of ns/p, each with its
+// reservation.
+func manyOld(n int) []any {
+	allocs := map[string]alloc{"1": {ContainerID: "current", PodRef: "ns/p", IfName: "eth1"}}
+	var objs []any
+	for i := 2; i < 2+n; i++ {
+		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old-" + strconv.Itoa(i), PodRef: "ns/p", IfName: "eth1"}
+		objs = append(objs, orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
+	}
+	return append(objs, pool("10.0.0.0-24", "10.0.0.0/24", allocs))
 }
 
 func TestRelease(t *testing.T) {
@@ -231,16 +297,6 @@ func TestPoolWritesAreGuardedPatches(t *testing.T) {
 		{Op: "add", Path: "/metadata/annotations", Value: map[string]string{"a/b": "c"}},
 	}, sent[1].Ops())
 	assert.Equal(t, []string{"3", "5", "6", "7"}, offsets(t, api, storage))
-}
-
-func TestGuardedPatchJSON(t *testing.T) {
-	p := shim.Guarded("7", shim.PatchOp{Op: "remove", Path: "/spec/allocations/4"})
-	b, err := p.MarshalJSON()
-	require.NoError(t, err)
-	assert.JSONEq(t, `[{"op":"test","path":"/metadata/resourceVersion","value":"7"},{"op":"remove","path":"/spec/allocations/4"}]`, string(b))
-	assert.Equal(t, "7", p.ResourceVersion())
-	assert.Equal(t, 1, p.Removals())
-	assert.Equal(t, "", shim.Patch{}.ResourceVersion())
 }
 
 // Another writer changes the pool between our read and our write: the patch's
@@ -493,143 +549,6 @@ func TestNoLeaseWithoutAReservationToJudge(t *testing.T) {
 	assert.Nil(t, api.Lease(ns, names.Lease))
 }
 
-// The judgement and the delete happen under whereabouts' Lease, taken as
-// client-go's elector takes it and handed back as it hands it back.
-func TestReservationsAreReleasedUnderWhereaboutsLease(t *testing.T) {
-	s, api, _ := newStore(storageNetwork()...)
-	var holders []string
-	api.Hook = func(c *fake.Call) error {
-		if c.Verb == "delete" {
-			l := api.Lease(ns, names.Lease)
-			require.NotNil(t, l, "the Lease exists when we delete")
-			holders = append(holders, *l.Spec.HolderIdentity)
-		}
-		return nil
-	}
-	_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
-	assert.Len(t, deleted, 2)
-	assert.Equal(t, []string{"harvester-ipam/test", "harvester-ipam/test"}, holders)
-	l := api.Lease(ns, names.Lease)
-	assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back")
-	assert.EqualValues(t, 1, *l.Spec.LeaseDurationSeconds)
-	assert.EqualValues(t, 0, *l.Spec.LeaseTransitions, "created: no transition yet")
-}
-
-func lease(holder string, seconds int32, transitions int32) *shim.Lease {
-	now := metav1.NewMicroTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
-	return &shim.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: names.Lease, Namespace: ns},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds,
-			LeaseTransitions: &transitions, AcquireTime: &now, RenewTime: &now},
-	}
-}
-
-func TestTheLeaseProtocol(t *testing.T) {
-	for _, tt := range []struct {
-		name     string
-		held     *shim.Lease
-		renew    int // how many times whereabouts renews while we wait
-		wantWait time.Duration
-	}{
-		{"no Lease yet: created", nil, 0, 0},
-		{"handed back by whereabouts: taken at once", lease("", 1, 3), 0, 0},
-		{"held by whereabouts that died: taken once its record is a second old", lease("kube-system/whereabouts-node1", 1, 3), 0, time.Second},
-		{"held by whereabouts that renews it: we wait out each renewal", lease("kube-system/whereabouts-node1", 1, 3), 2, 2 * time.Second},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			objs := storageNetwork()
-			if tt.held != nil {
-				objs = append(objs, tt.held)
-			}
-			s, api, c := newStore(objs...)
-			start := c.now
-			renewed := 0
-			var lastRenewal time.Time
-			api.Hook = func(call *fake.Call) error {
-				// whereabouts renews every half second while it works.
-				if call.Resource == fake.Leases && call.Verb == "get" && renewed < tt.renew && c.now.Sub(lastRenewal) >= 500*time.Millisecond && c.now.Sub(start) >= time.Duration(renewed)*time.Second {
-					l := api.Lease(ns, names.Lease)
-					if l != nil && *l.Spec.HolderIdentity != "harvester-ipam/test" && c.now.Sub(start) > 0 {
-						l.Spec.RenewTime = &metav1.MicroTime{Time: c.now}
-						_, err := api.UpdateLease(context.Background(), l)
-						require.NoError(t, err)
-						renewed++
-						lastRenewal = c.now
-					}
-				}
-				return nil
-			}
-			_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
-			assert.Len(t, deleted, 2)
-			waited := c.now.Sub(start)
-			assert.GreaterOrEqual(t, waited, tt.wantWait)
-			assert.Less(t, waited, tt.wantWait+500*time.Millisecond)
-			l := api.Lease(ns, names.Lease)
-			assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back")
-			want := int32(0)
-			if tt.held != nil {
-				want = *tt.held.Spec.LeaseTransitions + 1
-			}
-			assert.Equal(t, want, *l.Spec.LeaseTransitions)
-		})
-	}
-}
-
-// A long critical section renews the Lease; one taken from us ends it before
-// the next delete.
-func TestTheLeaseIsRenewedAndItsLossStopsTheDeletes(t *testing.T) {
-	allocs := map[string]alloc{}
-	var objs []any
-	for i := 10; i < 40; i++ {
-		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old", PodRef: "ns/p", IfName: "eth1"}
-		objs = append(objs, orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
-	}
-	objs = append(objs, pool("10.0.0.0-24", "10.0.0.0/24", allocs))
-
-	t.Run("renewed", func(t *testing.T) {
-		s, api, c := newStore(objs...)
-		renewals := 0
-		api.Hook = func(call *fake.Call) error {
-			if call.Verb == "delete" {
-				c.now = c.now.Add(200 * time.Millisecond) // a slow API server
-			}
-			if call.Resource == fake.Leases && (call.Verb == "update" || call.Verb == "create") {
-				renewals++
-			}
-			return nil
-		}
-		_, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
-		assert.Len(t, deleted, 30)
-		assert.GreaterOrEqual(t, renewals, 1+3+1, "taken, renewed at least every 1.5 s of 6 s, handed back")
-	})
-	t.Run("lost", func(t *testing.T) {
-		s, api, c := newStore(objs...)
-		deletes := 0
-		api.Hook = func(call *fake.Call) error {
-			if call.Verb == "delete" {
-				deletes++
-				c.now = c.now.Add(200 * time.Millisecond)
-				if deletes == 5 {
-					l := api.Lease(ns, names.Lease)
-					other := "kube-system/whereabouts-node2"
-					l.Spec.HolderIdentity = &other
-					_, err := api.UpdateLease(context.Background(), l)
-					require.NoError(t, err)
-				}
-			}
-			return nil
-		}
-		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
-		require.NoError(t, err)
-		deleted, err := s.ReleaseReservations(context.Background(), plan)
-		require.Error(t, err)
-		assert.Contains(t, err.Error(), "renew lease kube-system/whereabouts")
-		assert.Len(t, deleted, 8, "those deleted before its loss was seen, at the first renewal")
-		assert.Equal(t, 8, deletes, "no delete once the Lease is seen lost")
-		assert.Equal(t, "kube-system/whereabouts-node2", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "not handed back: it is not ours")
-	})
-}
-
 // Many releases: the reservations are listed once, not read one by one, and
 // the pool is written in patches the API server takes.
 func TestManyReleases(t *testing.T) {
@@ -780,31 +699,6 @@ func TestInSharesOptionsAndCounts(t *testing.T) {
 	assert.EqualValues(t, 1, s.Retried(), "a retry in another namespace counts in the store's log")
 }
 
-func TestAllocationsAddresses(t *testing.T) {
-	for _, tt := range []struct {
-		rng, off, want string
-		wantErr        bool
-	}{
-		{"192.168.50.0/24", "4", "192.168.50.4", false},
-		{"192.168.50.0/24", "255", "192.168.50.255", false},
-		{"10.0.0.0/8", "65537", "10.1.0.1", false},
-		{"fd00:10::/64", "17", "fd00:10::11", false},
-		{"192.168.50.0/24", "x", "", true},
-		{"192.168.50.0/24", "-1", "", true},
-		{"bad", "1", "", true},
-	} {
-		as, err := shim.Allocations(pool("p", tt.rng, map[string]alloc{tt.off: {ContainerID: "c", PodRef: "ns/p"}}))
-		if tt.wantErr {
-			assert.Error(t, err, "%s + %s", tt.rng, tt.off)
-			continue
-		}
-		require.NoError(t, err)
-		require.Len(t, as, 1)
-		assert.Equal(t, tt.want, as[0].IP.String())
-		assert.Contains(t, as[0].String(), tt.want+" (pool p, container c, pod ns/p")
-	}
-}
-
 // A pool is deleted only as it was judged: the delete carries the UID and
 // resourceVersion of the fresh read the judgement saw, so a pool written in
 // between (an ADD took an address) or deleted and created again stays, and
@@ -866,4 +760,205 @@ func TestDeletePoolIsGuarded(t *testing.T) {
 			assert.Equal(t, tt.wantDeletes, deletes, "one delete at most, never retried")
 		})
 	}
+}
+
+// The zero Options are the documented defaults: 10 s a request, pages of
+// 500, this process's identity on a Lease of 5 s.
+func TestTheDefaults(t *testing.T) {
+	api := &spyAPI{API: fake.New()}
+	api.Put(storageNetwork()...)
+	s := shim.New(api, ns, shim.Options{})
+	_, err := s.Pool(context.Background(), storage)
+	require.NoError(t, err)
+	require.Len(t, api.deadlines, 1)
+	assert.InDelta(t, float64(10*time.Second), float64(api.deadlines[0]), float64(time.Second), "a request's timeout")
+	_, err = s.Pools(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []int64{500}, api.limits, "a page")
+
+	host, _ := os.Hostname()
+	var during shim.Lease
+	require.NoError(t, s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+		during = *api.Lease(ns, names.Lease)
+		return nil
+	}))
+	assert.Equal(t, fmt.Sprintf("harvester-ipam/%s/%d", host, os.Getpid()), *during.Spec.HolderIdentity)
+	assert.EqualValues(t, 5, *during.Spec.LeaseDurationSeconds)
+	after := api.Lease(ns, names.Lease)
+	assert.Equal(t, "", *after.Spec.HolderIdentity, "handed back")
+	assert.EqualValues(t, 1, *after.Spec.LeaseDurationSeconds)
+
+	// Options of its own are kept.
+	api.deadlines, api.limits = nil, nil
+	s = shim.New(api, ns, shim.Options{CallTimeout: time.Minute, PageSize: 2})
+	_, err = s.Pool(context.Background(), storage)
+	require.NoError(t, err)
+	assert.InDelta(t, float64(time.Minute), float64(api.deadlines[0]), float64(time.Second))
+	_, err = s.Pools(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []int64{2}, api.limits)
+}
+
+// A retry whose wait is cut short (the verb's deadline) says both why it
+// retried and why it stopped.
+func TestARetryCutShortSaysWhy(t *testing.T) {
+	api := fake.New()
+	api.Put(storageNetwork()...)
+	c := &recClock{err: context.DeadlineExceeded}
+	s := shim.New(api, ns, shim.Options{Clock: c})
+	patches := conflictOnPatch(api)
+	err := s.SetPoolAnnotation(context.Background(), storage, "k", func(*shim.Pool) string { return "v" })
+	require.Error(t, err)
+	assert.True(t, apierrors.IsConflict(err))
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, 1, *patches)
+	assert.Len(t, c.waits, 1)
+}
+
+func TestPlanEmpty(t *testing.T) {
+	assert.True(t, shim.Plan{Pool: "p"}.Empty())
+	assert.False(t, shim.Plan{Pool: "p", Entries: []shim.Allocation{{Offset: "1"}}}.Empty())
+}
+
+// Up to 20 planned entries, their reservations are looked up one by one
+// before the Lease is taken; more are listed in one request.
+func TestReservationsAreLookedUpOneByOneUpTo20(t *testing.T) {
+	for _, tt := range []struct {
+		entries, wantGets, wantLists int
+	}{
+		{20, 20 + 20, 0}, // each looked up before the Lease, then read again under it
+		{21, 21, 1},
+	} {
+		t.Run(strconv.Itoa(tt.entries), func(t *testing.T) {
+			s, api, _ := newStore(manyOld(tt.entries)...)
+			gets, lists := 0, 0
+			api.Hook = func(c *fake.Call) error {
+				if c.Resource == fake.Reservations {
+					switch c.Verb {
+					case "get":
+						gets++
+					case "list":
+						lists++
+					}
+				}
+				return nil
+			}
+			removed, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current"))
+			assert.Len(t, removed, tt.entries)
+			assert.Len(t, deleted, tt.entries)
+			assert.Equal(t, tt.wantGets, gets)
+			assert.Equal(t, tt.wantLists, lists)
+		})
+	}
+}
+
+// Under the Lease, the pools are listed once to judge every candidate
+// reservation of a release, and again only for one that changed under its
+// delete.
+func TestThePoolsAreListedOnceUnderTheLease(t *testing.T) {
+	s, api, _ := newStore(manyOld(5)...)
+	lists := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "list" && c.Resource == fake.Pools {
+			lists++
+		}
+		return nil
+	}
+	plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current"))
+	require.NoError(t, err)
+	deleted, err := s.ReleaseReservations(context.Background(), plan)
+	require.NoError(t, err)
+	assert.Len(t, deleted, 5)
+	assert.Equal(t, 1, lists)
+}
+
+// A failed release names the first eight addresses and counts the rest.
+func TestAFailedReleaseNamesItsAddresses(t *testing.T) {
+	for _, tt := range []struct {
+		n    int
+		want string
+	}{
+		{8, "release 10.0.0.2, 10.0.0.3, 10.0.0.4, 10.0.0.5, 10.0.0.6, 10.0.0.7, 10.0.0.8, 10.0.0.9 from pool kube-system/10.0.0.0-24"},
+		// In the plan's order: by offset, as text.
+		{10, "release 10.0.0.10, 10.0.0.11, 10.0.0.2, 10.0.0.3, 10.0.0.4, 10.0.0.5, 10.0.0.6, 10.0.0.7, and 2 more from pool kube-system/10.0.0.0-24"},
+	} {
+		s, api, _ := newStore(manyOld(tt.n)...)
+		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current"))
+		require.NoError(t, err)
+		api.Hook = func(c *fake.Call) error {
+			if c.Verb == "patch" {
+				return errors.New("etcdserver: request timed out")
+			}
+			return nil
+		}
+		_, err = s.RemoveAllocations(context.Background(), plan)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), tt.want)
+	}
+}
+
+// A release reads the pool fresh once for each patch of at most 1000
+// removals, and no more.
+func TestEachChunkOfARemovalReadsThePoolOnce(t *testing.T) {
+	for _, n := range []int{1, 1000, 1001} {
+		allocs := map[string]alloc{}
+		for i := 0; i < n; i++ {
+			allocs[strconv.Itoa(2+i)] = alloc{ContainerID: "old", PodRef: "ns/p"}
+		}
+		s, api, _ := newStore(pool("10.0.0.0-16", "10.0.0.0/16", allocs))
+		plan, err := s.Plan(context.Background(), "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "new"))
+		require.NoError(t, err)
+		gets, patches := 0, 0
+		api.Hook = func(c *fake.Call) error {
+			switch {
+			case c.Verb == "get" && c.Resource == fake.Pools:
+				gets++
+			case c.Verb == "patch":
+				patches++
+			}
+			return nil
+		}
+		removed, err := s.RemoveAllocations(context.Background(), plan)
+		require.NoError(t, err)
+		assert.Len(t, removed, n)
+		want := (n + 999) / 1000
+		assert.Equal(t, want, patches, "%d entries", n)
+		assert.Equal(t, want, gets, "%d entries", n)
+	}
+}
+
+func TestOwns(t *testing.T) {
+	a := shim.Allocation{IPAllocation: alloc{ContainerID: "c1", PodRef: "ns/p"}}
+	for _, tt := range []struct {
+		podRef, container string
+		want              bool
+	}{
+		{"ns/p", "", true},
+		{"ns/p", "c1", true},
+		{"ns/p", "c2", false},
+		{"ns/q", "", false},
+		{"ns/q", "c1", false},
+	} {
+		o := orip("10.0.0.1", tt.podRef)
+		o.Spec.ContainerID = tt.container
+		assert.Equal(t, tt.want, shim.Owns(o, a), "%+v", tt)
+	}
+}
+
+// Holders indexes only the pools that may hold the network's reservations
+// (in doubt, yes), and skips one it cannot read.
+func TestHolders(t *testing.T) {
+	pools := []shim.Pool{
+		*pool("10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"4": {ContainerID: "a", PodRef: "ns/a"}}),
+		*pool("blue-10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"5": {ContainerID: "b", PodRef: "ns/b"}}),
+		*pool("red-10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"6": {ContainerID: "r", PodRef: "ns/r"}}),
+		*pool("10.0.1.0-24", "10.0.1.0/24", map[string]alloc{"x": {ContainerID: "c", PodRef: "ns/c"}}), // unreadable
+	}
+	h := shim.Holders(pools, "")
+	assert.Len(t, h, 3, "the unnamed network: any pool may hold its addresses")
+	h = shim.Holders(pools, "blue")
+	require.Len(t, h, 1, "blue's pool only")
+	held := h[names.Reservation(net.ParseIP("10.0.0.5"), "blue")]
+	require.Len(t, held, 1)
+	assert.Equal(t, "ns/b", held[0].PodRef)
 }

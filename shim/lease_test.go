@@ -1,0 +1,467 @@
+package shim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/shim/names"
+)
+
+var leases = schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+
+func lease(holder string, seconds int32, transitions int32) *shim.Lease {
+	now := metav1.NewMicroTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
+	return &shim.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: names.Lease, Namespace: ns},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds,
+			LeaseTransitions: &transitions, AcquireTime: &now, RenewTime: &now},
+	}
+}
+
+// How the Lease is taken, as client-go's elector takes it: what is on the
+// record after, how long we waited, and what fails.
+func TestTakingTheLease(t *testing.T) {
+	noDuration := lease("kube-system/whereabouts-node1", 1, 3)
+	noDuration.Spec.LeaseDurationSeconds = nil
+	noTransitions := lease("", 1, 0)
+	noTransitions.Spec.LeaseTransitions = nil
+	for _, tt := range []struct {
+		name            string
+		held            *shim.Lease
+		hook            func(n int, c *fake.Call) error // n: the how-many-th lease request
+		wantErr         string
+		wantWait        time.Duration
+		wantTransitions int32
+	}{
+		{name: "none yet: created, no transition", wantTransitions: 0},
+		{name: "handed back: taken, one more transition", held: lease("", 1, 3), wantTransitions: 4},
+		{name: "no transitions recorded: the first", held: noTransitions, wantTransitions: 1},
+		{name: "ours already (a crash under it): taken, no transition", held: lease("harvester-ipam/test", 5, 3), wantTransitions: 3},
+		{name: "held without a duration: expired at once", held: noDuration, wantTransitions: 4},
+		// Looked at again every 75 ms (50 ms and half again at random).
+		{name: "held for 2 s: taken once its record is 2 s old", held: lease("kube-system/whereabouts-node1", 2, 3), wantWait: 2025 * time.Millisecond, wantTransitions: 4},
+		{
+			name: "created by another first: looked at again, then taken",
+			hook: func(n int, c *fake.Call) error {
+				if n == 2 && c.Verb == "create" {
+					return apierrors.NewAlreadyExists(leases, names.Lease)
+				}
+				return nil
+			},
+			wantTransitions: 0,
+		},
+		{
+			name: "taken by another first: looked at again",
+			held: lease("", 1, 3),
+			hook: func(n int, c *fake.Call) error {
+				if n == 2 && c.Verb == "update" {
+					return apierrors.NewConflict(leases, names.Lease, errors.New("modified"))
+				}
+				return nil
+			},
+			wantTransitions: 4,
+		},
+		{
+			name:    "the read fails",
+			hook:    func(_ int, c *fake.Call) error { return errors.New("connection refused") },
+			wantErr: "get lease kube-system/whereabouts: connection refused",
+		},
+		{
+			name: "the create fails",
+			hook: func(_ int, c *fake.Call) error {
+				if c.Verb == "create" {
+					return errors.New("forbidden")
+				}
+				return nil
+			},
+			wantErr: "create lease kube-system/whereabouts: forbidden",
+		},
+		{
+			name: "the take fails",
+			held: lease("", 1, 3),
+			hook: func(_ int, c *fake.Call) error {
+				if c.Verb == "update" {
+					return errors.New("forbidden")
+				}
+				return nil
+			},
+			wantErr: "take lease kube-system/whereabouts: forbidden",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := storageNetwork()
+			if tt.held != nil {
+				objs = append(objs, tt.held)
+			}
+			s, api, c := newStore(objs...)
+			start := c.now
+			n := 0
+			api.Hook = func(call *fake.Call) error {
+				if call.Resource != fake.Leases || tt.hook == nil {
+					return nil
+				}
+				n++
+				return tt.hook(n, call)
+			}
+			var during *shim.Lease
+			err := s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+				during = api.Lease(ns, names.Lease)
+				return nil
+			})
+			if tt.wantErr != "" {
+				require.Error(t, err)
+				assert.Equal(t, tt.wantErr, err.Error())
+				return
+			}
+			require.NoError(t, err)
+			require.NotNil(t, during)
+			assert.Equal(t, "harvester-ipam/test", *during.Spec.HolderIdentity)
+			assert.EqualValues(t, 5, *during.Spec.LeaseDurationSeconds)
+			require.NotNil(t, during.Spec.LeaseTransitions)
+			assert.Equal(t, tt.wantTransitions, *during.Spec.LeaseTransitions)
+			assert.Equal(t, start.Add(tt.wantWait), during.Spec.AcquireTime.Time.UTC(), "acquired after the wait")
+			assert.Equal(t, during.Spec.AcquireTime, during.Spec.RenewTime)
+			assert.Equal(t, tt.wantWait, c.now.Sub(start))
+		})
+	}
+}
+
+// Waiting for the Lease ends with the verb's context, saying who holds it.
+func TestWaitingForTheLeaseEndsWithTheVerb(t *testing.T) {
+	api := fake.New()
+	api.Put(append(storageNetwork(), lease("kube-system/whereabouts-node1", 5, 3))...)
+	c := &recClock{now: time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC), err: context.DeadlineExceeded}
+	s := shim.New(api, ns, shim.Options{Clock: c, Identity: "me"})
+	err := s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+		t.Fatal("not while another holds it")
+		return nil
+	})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "wait for lease kube-system/whereabouts held by kube-system/whereabouts-node1")
+}
+
+// The Lease is handed back even when the verb's context is done, and only
+// as we last wrote it: a Lease changed since is not ours to touch.
+func TestTheLeaseIsHandedBack(t *testing.T) {
+	s, api, c := newStore(storageNetwork()...)
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, s.Locked(ctx, func(context.Context, *shim.Locked) error {
+		cancel()
+		c.now = c.now.Add(time.Second)
+		return nil
+	}))
+	l := api.Lease(ns, names.Lease)
+	assert.Equal(t, "", *l.Spec.HolderIdentity)
+	assert.EqualValues(t, 1, *l.Spec.LeaseDurationSeconds)
+	assert.Equal(t, c.now, l.Spec.RenewTime.Time.UTC())
+	assert.Equal(t, c.now, l.Spec.AcquireTime.Time.UTC())
+
+	// Taken over under us (we were too slow): left as the new holder wrote it.
+	err := s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+		other := api.Lease(ns, names.Lease)
+		holder := "kube-system/whereabouts-node2"
+		other.Spec.HolderIdentity = &holder
+		_, err := api.UpdateLease(context.Background(), other)
+		return err
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "kube-system/whereabouts-node2", *api.Lease(ns, names.Lease).Spec.HolderIdentity)
+}
+
+// Deleting a reservation under the Lease: gone or changed is no error, and
+// nothing deleted; anything else is an error.
+func TestDeleteReservationUnderTheLease(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		err         error
+		wantDeleted bool
+		wantErr     string
+	}{
+		{"deleted", nil, true, ""},
+		{"gone already", apierrors.NewNotFound(schema.GroupResource{Resource: "overlappingrangeipreservations"}, "192.168.50.4"), false, ""},
+		{"changed since it was read", apierrors.NewConflict(schema.GroupResource{Resource: "overlappingrangeipreservations"}, "192.168.50.4", errors.New("precondition")), false, ""},
+		{"refused", errors.New("forbidden"), false, "delete reservation kube-system/192.168.50.4: forbidden"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, api, _ := newStore(storageNetwork()...)
+			err := s.Locked(context.Background(), func(ctx context.Context, l *shim.Locked) error {
+				o, err := l.Reservation(ctx, "192.168.50.4")
+				require.NoError(t, err)
+				require.NotNil(t, o)
+				api.Hook = func(c *fake.Call) error {
+					if c.Verb == "delete" {
+						return tt.err
+					}
+					return nil
+				}
+				defer func() { api.Hook = nil }()
+				deleted, err := l.DeleteReservation(ctx, o)
+				assert.Equal(t, tt.wantDeleted, deleted)
+				return err
+			})
+			if tt.wantErr != "" {
+				assert.EqualError(t, err, tt.wantErr)
+			} else {
+				assert.NoError(t, err)
+			}
+			assert.Equal(t, !tt.wantDeleted, contains(reservations(api), "192.168.50.4"))
+		})
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// The judgement and the delete happen under whereabouts' Lease, taken as
+// client-go's elector takes it and handed back as it hands it back.
+func TestReservationsAreReleasedUnderWhereaboutsLease(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	var holders []string
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "delete" {
+			l := api.Lease(ns, names.Lease)
+			require.NotNil(t, l, "the Lease exists when we delete")
+			holders = append(holders, *l.Spec.HolderIdentity)
+		}
+		return nil
+	}
+	_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+	assert.Len(t, deleted, 2)
+	assert.Equal(t, []string{"harvester-ipam/test", "harvester-ipam/test"}, holders)
+	l := api.Lease(ns, names.Lease)
+	assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back")
+	assert.EqualValues(t, 1, *l.Spec.LeaseDurationSeconds)
+	assert.EqualValues(t, 0, *l.Spec.LeaseTransitions, "created: no transition yet")
+}
+
+func TestTheLeaseProtocol(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		held     *shim.Lease
+		renew    int // how many times whereabouts renews while we wait
+		wantWait time.Duration
+	}{
+		{"no Lease yet: created", nil, 0, 0},
+		{"handed back by whereabouts: taken at once", lease("", 1, 3), 0, 0},
+		{"held by whereabouts that died: taken once its record is a second old", lease("kube-system/whereabouts-node1", 1, 3), 0, time.Second},
+		{"held by whereabouts that renews it: we wait out each renewal", lease("kube-system/whereabouts-node1", 1, 3), 2, 2 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := storageNetwork()
+			if tt.held != nil {
+				objs = append(objs, tt.held)
+			}
+			s, api, c := newStore(objs...)
+			start := c.now
+			renewed := 0
+			var lastRenewal time.Time
+			api.Hook = func(call *fake.Call) error {
+				// whereabouts renews every half second while it works.
+				if call.Resource == fake.Leases && call.Verb == "get" && renewed < tt.renew && c.now.Sub(lastRenewal) >= 500*time.Millisecond && c.now.Sub(start) >= time.Duration(renewed)*time.Second {
+					l := api.Lease(ns, names.Lease)
+					if l != nil && *l.Spec.HolderIdentity != "harvester-ipam/test" && c.now.Sub(start) > 0 {
+						l.Spec.RenewTime = &metav1.MicroTime{Time: c.now}
+						_, err := api.UpdateLease(context.Background(), l)
+						require.NoError(t, err)
+						renewed++
+						lastRenewal = c.now
+					}
+				}
+				return nil
+			}
+			_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+			assert.Len(t, deleted, 2)
+			waited := c.now.Sub(start)
+			assert.GreaterOrEqual(t, waited, tt.wantWait)
+			assert.Less(t, waited, tt.wantWait+500*time.Millisecond)
+			l := api.Lease(ns, names.Lease)
+			assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back")
+			want := int32(0)
+			if tt.held != nil {
+				want = *tt.held.Spec.LeaseTransitions + 1
+			}
+			assert.Equal(t, want, *l.Spec.LeaseTransitions)
+		})
+	}
+}
+
+// A long critical section renews the Lease; one taken from us ends it before
+// the next delete.
+func TestTheLeaseIsRenewedAndItsLossStopsTheDeletes(t *testing.T) {
+	allocs := map[string]alloc{}
+	var objs []any
+	for i := 10; i < 40; i++ {
+		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old", PodRef: "ns/p", IfName: "eth1"}
+		objs = append(objs, orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
+	}
+	objs = append(objs, pool("10.0.0.0-24", "10.0.0.0/24", allocs))
+
+	t.Run("renewed", func(t *testing.T) {
+		s, api, c := newStore(objs...)
+		renewals := 0
+		api.Hook = func(call *fake.Call) error {
+			if call.Verb == "delete" {
+				c.now = c.now.Add(200 * time.Millisecond) // a slow API server
+			}
+			if call.Resource == fake.Leases && (call.Verb == "update" || call.Verb == "create") {
+				renewals++
+			}
+			return nil
+		}
+		_, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
+		assert.Len(t, deleted, 30)
+		assert.GreaterOrEqual(t, renewals, 1+3+1, "taken, renewed at least every 1.5 s of 6 s, handed back")
+	})
+	t.Run("lost", func(t *testing.T) {
+		s, api, c := newStore(objs...)
+		deletes := 0
+		api.Hook = func(call *fake.Call) error {
+			if call.Verb == "delete" {
+				deletes++
+				c.now = c.now.Add(200 * time.Millisecond)
+				if deletes == 5 {
+					l := api.Lease(ns, names.Lease)
+					other := "kube-system/whereabouts-node2"
+					l.Spec.HolderIdentity = &other
+					_, err := api.UpdateLease(context.Background(), l)
+					require.NoError(t, err)
+				}
+			}
+			return nil
+		}
+		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
+		require.NoError(t, err)
+		deleted, err := s.ReleaseReservations(context.Background(), plan)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "renew lease kube-system/whereabouts")
+		assert.Len(t, deleted, 8, "those deleted before its loss was seen, at the first renewal")
+		assert.Equal(t, 8, deletes, "no delete once the Lease is seen lost")
+		assert.Equal(t, "kube-system/whereabouts-node2", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "not handed back: it is not ours")
+	})
+}
+
+// Under the Lease, a request is made only while the Lease is ours: it is
+// renewed once held 1.5 s; a renewal that fails is forgiven within 3 s of
+// the last good write, unless the Lease was taken (409).
+func TestTheLeaseIsKept(t *testing.T) {
+	timeout := errors.New("etcdserver: request timed out")
+	taken := apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, names.Lease, errors.New("modified"))
+	for _, tt := range []struct {
+		name       string
+		after      time.Duration // the clock moves on by this before the request
+		renewErr   error
+		wantUpdate bool // a renewal was sent
+		wantErr    string
+	}{
+		{"held 1.499 s: no renewal", 1499 * time.Millisecond, nil, false, ""},
+		{"held 1.5 s: renewed", 1500 * time.Millisecond, nil, true, ""},
+		{"renewal fails within 3 s: still ours", 2999 * time.Millisecond, timeout, true, ""},
+		{"renewal fails at 3 s: lost", 3 * time.Second, timeout, true, "renew lease kube-system/whereabouts: etcdserver: request timed out"},
+		{"taken by another: lost at once", 1500 * time.Millisecond, taken, true, "renew lease kube-system/whereabouts"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, api, c := newStore(storageNetwork()...)
+			updates := 0
+			err := s.Locked(context.Background(), func(ctx context.Context, l *shim.Locked) error {
+				c.now = c.now.Add(tt.after)
+				api.Hook = func(call *fake.Call) error {
+					if call.Resource == fake.Leases && call.Verb == "update" {
+						updates++
+						return tt.renewErr
+					}
+					return nil
+				}
+				defer func() { api.Hook = nil }()
+				o, err := l.Reservation(ctx, "192.168.50.4")
+				if err == nil {
+					assert.NotNil(t, o)
+				}
+				return err
+			})
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.wantErr)
+			}
+			assert.Equal(t, tt.wantUpdate, updates > 0, "renewal sent")
+			if tt.wantUpdate && tt.renewErr == nil {
+				l := api.Lease(ns, names.Lease)
+				assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back after")
+				assert.Equal(t, c.now, l.Spec.RenewTime.Time.UTC())
+			}
+		})
+	}
+}
+
+// A reservation that changes under every delete is read and judged again,
+// Backoff.Steps times, then given up with an error that says so.
+func TestAReservationThatKeepsChangingIsGivenUp(t *testing.T) {
+	s, api, _ := newStore(storageNetwork()...)
+	deletes := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "delete" && c.Resource == fake.Reservations {
+			deletes++
+			if deletes > 100 {
+				return errors.New("a loop that never ends") // fail now, not at the test binary's timeout
+			}
+			return apierrors.NewConflict(schema.GroupResource{Resource: "overlappingrangeipreservations"}, c.Name, errors.New("changed"))
+		}
+		return nil
+	}
+	plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+	require.NoError(t, err)
+	_, err = s.ReleaseReservations(context.Background(), plan)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "delete reservation kube-system/192.168.50.4: it kept changing under 4 attempts")
+	assert.Equal(t, 4, deletes)
+	assert.EqualValues(t, 3, s.Retried())
+	assert.Contains(t, reservations(api), "192.168.50.4")
+	assert.Equal(t, "", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "the Lease is handed back")
+}
+
+// A Lease someone else holds (and renews) is looked at again every
+// LeaseRetry, stretched by up to as much again at random; 50 ms by default.
+func TestTheLeaseIsLookedAtAgainEveryRetry(t *testing.T) {
+	for _, tt := range []struct {
+		retry time.Duration
+		want  time.Duration
+	}{
+		{0, 75 * time.Millisecond},
+		{200 * time.Millisecond, 300 * time.Millisecond},
+	} {
+		api := fake.New()
+		api.Put(append(storageNetwork(), lease("kube-system/whereabouts-node1", 1, 3))...)
+		c := &recClock{now: time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)}
+		s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, LeaseRetry: tt.retry, Identity: "me"})
+		require.NoError(t, s.Locked(context.Background(), func(context.Context, *shim.Locked) error { return nil }))
+		require.NotEmpty(t, c.waits)
+		for _, w := range c.waits {
+			assert.Equal(t, tt.want, w)
+		}
+		assert.GreaterOrEqual(t, time.Duration(len(c.waits))*tt.want, time.Second, "until the holder's record was a second old")
+		assert.Less(t, time.Duration(len(c.waits)-1)*tt.want, time.Second, "and not longer")
+		l := api.Lease(ns, names.Lease)
+		assert.EqualValues(t, 4, *l.Spec.LeaseTransitions, "taken from another holder: one more transition")
+	}
+}
