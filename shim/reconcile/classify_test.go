@@ -222,3 +222,18 @@ func TestNetworkName(t *testing.T) {
 		assert.Equal(t, tt.want, NetworkName(ipPool(tt.name, tt.rng, nil)), tt.name)
 	}
 }
+
+func TestClassifyORIPsIsSortedByName(t *testing.T) {
+	var orips []shim.Reservation
+	for _, n := range []string{"10.0.0.9", "10.0.0.10", "10.0.0.1", "10.0.0.5"} {
+		orips = append(orips, shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: n}, Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: "ns/p"}})
+	}
+	vs, err := ClassifyORIPs(nil, orips)
+	require.NoError(t, err)
+	var got []string
+	for _, v := range vs {
+		got = append(got, v.ORIP.Name)
+		assert.Equal(t, OrphanedORIP, v.Reason)
+	}
+	assert.Equal(t, []string{"10.0.0.1", "10.0.0.10", "10.0.0.5", "10.0.0.9"}, got)
+}
