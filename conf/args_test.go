@@ -1,9 +1,12 @@
 package conf
 
 import (
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
+	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -38,4 +41,57 @@ func TestParseArgs(t *testing.T) {
 			assert.Equal(t, tt.want.Namespace+"/"+tt.want.Name, got.Ref())
 		})
 	}
+}
+
+// FuzzParseArgs: ParseArgs never panics; it yields a pod with a namespace and
+// a name, neither with '/', or a CNI error 4; and it reads the pod as
+// whereabouts (types.LoadArgs) does whenever both read one.
+func FuzzParseArgs(f *testing.F) {
+	for _, s := range []string{
+		"IgnoreUnknown=true;K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=instance-manager-6b77;K8S_POD_INFRA_CONTAINER_ID=517151fa;K8S_POD_UID=5597ce22",
+		"IgnoreUnknown=1;K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=backing-image-ds-default-image-lhnet1;K8S_POD_INFRA_CONTAINER_ID=517151fa292bdcf9522e24fb05f1a99bb96db0a37fb647edb5a146c72b1a5017;K8S_POD_UID=5597ce22-1b5c-4d5e-9f0a-3c2b1a0f9e8d",
+		"K8S_POD_NAMESPACE=default;K8S_POD_NAME=vm-a;IP=192.168.50.9/24;GATEWAY=192.168.50.1",
+		"K8S_POD_NAME=a;K8S_POD_NAME=b;K8S_POD_NAMESPACE=ns;",
+		"K8S_POD_NAMESPACE=a/b;K8S_POD_NAME=c",
+		"K8S_POD_NAMESPACE=ns;K8S_POD_NAME=a=b",
+		"K8S_POD_NAMESPACE=;K8S_POD_NAME=x",
+		"IgnoreUnknown=true",
+		"K8S_POD_NAME",
+		";;",
+		"",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, cniArgs string) {
+		pod, err := ParseArgs(cniArgs)
+		if err != nil {
+			ce, ok := err.(*cnitypes.Error)
+			if !ok {
+				t.Fatalf("not a *types.Error but %T: %v", err, err)
+			}
+			if ce.Code != cnitypes.ErrInvalidEnvironmentVariables || ce.Msg == "" {
+				t.Fatalf("want code 4 with a message, got %d %q", ce.Code, ce.Msg)
+			}
+			if pod != (Pod{}) {
+				t.Fatalf("a pod %+v beside an error", pod)
+			}
+			return
+		}
+		if pod.Namespace == "" || pod.Name == "" || strings.Contains(pod.Namespace, "/") || strings.Contains(pod.Name, "/") {
+			t.Fatalf("pod %+v from %q", pod, cniArgs)
+		}
+		// The podref is compared with, and recorded as, JSON strings.
+		if !utf8.ValidString(pod.Ref()) {
+			t.Fatalf("podref %q is not UTF-8", pod.Ref())
+		}
+		if strings.Count(pod.Ref(), "/") != 1 {
+			t.Fatalf("podref %q", pod.Ref())
+		}
+		var wb wbtypes.IPAMEnvArgs
+		if cnitypes.LoadArgs(cniArgs, &wb) == nil {
+			if string(wb.K8S_POD_NAMESPACE) != pod.Namespace || string(wb.K8S_POD_NAME) != pod.Name {
+				t.Fatalf("whereabouts reads pod %s/%s, we read %s", wb.K8S_POD_NAMESPACE, wb.K8S_POD_NAME, pod.Ref())
+			}
+		}
+	})
 }
