@@ -30,9 +30,9 @@ func twoAttachments(ifnames bool) []any {
 			"3": {ContainerID: "c", PodRef: "longhorn-system/im-a", IfName: if2},
 			"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
 		}),
-		oripObj("192.168.50.2", "longhorn-system/im-a"),
-		oripObj("192.168.50.3", "longhorn-system/im-a"),
-		oripObj("192.168.50.4", "longhorn-system/im-b"),
+		fake.NewReservation("192.168.50.2", "longhorn-system/im-a"),
+		fake.NewReservation("192.168.50.3", "longhorn-system/im-a"),
+		fake.NewReservation("192.168.50.4", "longhorn-system/im-b"),
 	}
 }
 
@@ -341,7 +341,7 @@ func TestDelReleasesDirectlyWithoutTheDelegate(t *testing.T) {
 func TestDelFinishesLeftReservationsInEveryRecordedPool(t *testing.T) {
 	second := ipamPool(map[string]alloc{})
 	second.Name, second.Spec.Range = "10.1.0.0-24", "10.1.0.0/24"
-	objs := append(crashLoopedPool(), second, oripObj("10.1.0.7", "longhorn-system/im-a"))
+	objs := append(crashLoopedPool(), second, fake.NewReservation("10.1.0.7", "longhorn-system/im-a"))
 	delete(objs[0].(*shim.Pool).Spec.Allocations, "2")
 	r := newRig(t, objs...)
 	require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "old1", IfName: "lhnet1", Network: "storagenetwork",
@@ -409,8 +409,8 @@ func TestDelWithoutConfigOrCheckpointReleasesOnlyItsInterface(t *testing.T) {
 		"3": {ContainerID: "sbx", PodRef: "longhorn-system/im-a", IfName: "lhnet2"},
 		"4": {ContainerID: "sbx", PodRef: "longhorn-system/im-a"},
 		"5": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
-	}), other, oripObj("192.168.50.2", "longhorn-system/im-a"), oripObj("192.168.50.3", "longhorn-system/im-a"),
-		oripObj("10.9.0.7", "longhorn-system/im-a"))
+	}), other, fake.NewReservation("192.168.50.2", "longhorn-system/im-a"), fake.NewReservation("192.168.50.3", "longhorn-system/im-a"),
+		fake.NewReservation("10.9.0.7", "longhorn-system/im-a"))
 
 	require.NoError(t, r.p.Del(args(t, "sbx", "lhnet1", "", r.rangelessConfig())))
 

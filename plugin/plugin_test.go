@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/harvester/harvester-ipam/conf"
@@ -153,8 +152,7 @@ func (r *rig) record(t *testing.T, id string, ips ...string) {
 }
 
 func ipamPool(allocs map[string]alloc) *shim.Pool {
-	return &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: poolName, Namespace: "kube-system"},
-		Spec: whereaboutsv1alpha1.IPPoolSpec{Range: "192.168.50.0/24", Allocations: allocs}}
+	return fake.NewPool(poolName, "192.168.50.0/24", allocs)
 }
 
 func crashLoopedPool() []any {
@@ -164,16 +162,9 @@ func crashLoopedPool() []any {
 			"3": {ContainerID: "old2", PodRef: "longhorn-system/im-a"},
 			"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
 		}),
-		oripObj("192.168.50.2", "longhorn-system/im-a"),
-		oripObj("192.168.50.3", "longhorn-system/im-a"),
-		oripObj("192.168.50.4", "longhorn-system/im-b"),
-	}
-}
-
-func oripObj(name, podRef string) *shim.Reservation {
-	return &shim.Reservation{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"},
-		Spec:       whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef},
+		fake.NewReservation("192.168.50.2", "longhorn-system/im-a"),
+		fake.NewReservation("192.168.50.3", "longhorn-system/im-a"),
+		fake.NewReservation("192.168.50.4", "longhorn-system/im-b"),
 	}
 }
 

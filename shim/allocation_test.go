@@ -7,10 +7,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
 )
 
 func TestAllocationsAreSortedByAddress(t *testing.T) {
-	as, err := shim.Allocations(pool("p", "10.0.0.0/16", map[string]alloc{
+	as, err := shim.Allocations(fake.NewPool("p", "10.0.0.0/16", map[string]alloc{
 		"300": {ContainerID: "c"}, "9": {ContainerID: "a"}, "10": {ContainerID: "b"}, "256": {ContainerID: "d"}, "2": {ContainerID: "e"},
 	}))
 	require.NoError(t, err)
@@ -35,7 +36,7 @@ func TestAllocationsAddresses(t *testing.T) {
 		{"192.168.50.0/24", "-1", "", true},
 		{"bad", "1", "", true},
 	} {
-		as, err := shim.Allocations(pool("p", tt.rng, map[string]alloc{tt.off: {ContainerID: "c", PodRef: "ns/p"}}))
+		as, err := shim.Allocations(fake.NewPool("p", tt.rng, map[string]alloc{tt.off: {ContainerID: "c", PodRef: "ns/p"}}))
 		if tt.wantErr {
 			assert.Error(t, err, "%s + %s", tt.rng, tt.off)
 			continue

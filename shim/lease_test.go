@@ -312,9 +312,9 @@ func TestTheLeaseIsRenewedAndItsLossStopsTheDeletes(t *testing.T) {
 	var objs []any
 	for i := 10; i < 40; i++ {
 		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old", PodRef: "ns/p", IfName: "eth1"}
-		objs = append(objs, orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
+		objs = append(objs, fake.NewReservation(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
 	}
-	objs = append(objs, pool("10.0.0.0-24", "10.0.0.0/24", allocs))
+	objs = append(objs, fake.NewPool("10.0.0.0-24", "10.0.0.0/24", allocs))
 
 	t.Run("renewed", func(t *testing.T) {
 		s, api, c := newStore(objs...)

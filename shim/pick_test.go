@@ -7,23 +7,24 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
 )
 
 func TestFindAttachment(t *testing.T) {
-	twice := pool("p", "10.0.0.0/24", map[string]alloc{
+	twice := fake.NewPool("p", "10.0.0.0/24", map[string]alloc{
 		"1": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet1"},
 		"2": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet2"},
 		"3": {ContainerID: "d", PodRef: "ns/q", IfName: "lhnet1"},
 	})
-	legacyTwice := pool("p", "10.0.0.0/24", map[string]alloc{ // whereabouts v0.7.0: no ifnames
+	legacyTwice := fake.NewPool("p", "10.0.0.0/24", map[string]alloc{ // whereabouts v0.7.0: no ifnames
 		"1": {ContainerID: "c", PodRef: "ns/p"},
 		"2": {ContainerID: "c", PodRef: "ns/p"},
 	})
-	legacyOnce := pool("p", "10.0.0.0/24", map[string]alloc{
+	legacyOnce := fake.NewPool("p", "10.0.0.0/24", map[string]alloc{
 		"1": {ContainerID: "c", PodRef: "ns/p"},
 		"5": {ContainerID: "x", PodRef: "ns/x"},
 	})
-	legacyBeside := pool("p", "10.0.0.0/24", map[string]alloc{
+	legacyBeside := fake.NewPool("p", "10.0.0.0/24", map[string]alloc{
 		"1": {ContainerID: "c", PodRef: "ns/p"},
 		"2": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet2"},
 	})
@@ -55,7 +56,7 @@ func TestFindAttachment(t *testing.T) {
 		{"the container's only entry, without ifname and unrecorded: not picked", legacyOnce, "c", "lhnet1", nil, shim.Found{Others: 1, Ambiguous: true}},
 		{"the container's only entry, without ifname, recorded", legacyOnce, "c", "lhnet1", ips("10.0.0.1"), shim.Found{Offsets: []string{"1"}}},
 		{"an entry without ifname beside a named sibling", legacyBeside, "c", "lhnet1", nil, shim.Found{Others: 2, Ambiguous: true}},
-		{"a bad range: by ifname still, and the unnamed entry cannot be told", pool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}, "2": {ContainerID: "c"}}), "c", "e", ips("10.0.0.2"), shim.Found{Offsets: []string{"1"}, Others: 1, Ambiguous: true}},
+		{"a bad range: by ifname still, and the unnamed entry cannot be told", fake.NewPool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}, "2": {ContainerID: "c"}}), "c", "e", ips("10.0.0.2"), shim.Found{Offsets: []string{"1"}, Others: 1, Ambiguous: true}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := shim.FindAttachment(tt.p, tt.id, tt.if_, tt.ips)

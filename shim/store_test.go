@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/harvester/harvester-ipam/shim"
@@ -27,26 +26,12 @@ const ns = "kube-system"
 
 type alloc = whereaboutsv1alpha1.IPAllocation
 
-func pool(name, rng string, allocs map[string]alloc) *shim.Pool {
-	return &shim.Pool{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec:       whereaboutsv1alpha1.IPPoolSpec{Range: rng, Allocations: allocs},
-	}
-}
-
-func orip(name, podRef string) *shim.Reservation {
-	return &shim.Reservation{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec:       whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef},
-	}
-}
-
 const storage = "192.168.50.0-24"
 
 // storageNetwork is a pool as Longhorn pods leave it after crash loops.
 func storageNetwork() []any {
 	return []any{
-		pool(storage, "192.168.50.0/24", map[string]alloc{
+		fake.NewPool(storage, "192.168.50.0/24", map[string]alloc{
 			"3": {ContainerID: "current", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
 			"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
 			"5": {ContainerID: "old2", PodRef: "longhorn-system/im-a"},                   // written before v0.8: no ifname
@@ -54,12 +39,12 @@ func storageNetwork() []any {
 			"7": {ContainerID: "other", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
 			"8": {ContainerID: "old1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"}, // same ID, another pod
 		}),
-		orip("192.168.50.3", "longhorn-system/im-a"),
-		orip("192.168.50.4", "longhorn-system/im-a"),
-		orip("192.168.50.5", "longhorn-system/im-a"),
-		orip("192.168.50.6", "longhorn-system/im-b"), // a reservation of another pod: stays
-		orip("192.168.50.7", "longhorn-system/im-b"),
-		orip("192.168.50.8", "longhorn-system/im-b"),
+		fake.NewReservation("192.168.50.3", "longhorn-system/im-a"),
+		fake.NewReservation("192.168.50.4", "longhorn-system/im-a"),
+		fake.NewReservation("192.168.50.5", "longhorn-system/im-a"),
+		fake.NewReservation("192.168.50.6", "longhorn-system/im-b"), // a reservation of another pod: stays
+		fake.NewReservation("192.168.50.7", "longhorn-system/im-b"),
+		fake.NewReservation("192.168.50.8", "longhorn-system/im-b"),
 	}
 }
 
@@ -203,9 +188,9 @@ func manyOld(n int) []any {
 	var objs []any
 	for i := 2; i < 2+n; i++ {
 		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old-" + strconv.Itoa(i), PodRef: "ns/p", IfName: "eth1"}
-		objs = append(objs, orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
+		objs = append(objs, fake.NewReservation(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
 	}
-	return append(objs, pool("10.0.0.0-24", "10.0.0.0/24", allocs))
+	return append(objs, fake.NewPool("10.0.0.0-24", "10.0.0.0/24", allocs))
 }
 
 func TestRelease(t *testing.T) {
@@ -268,7 +253,7 @@ func TestRelease(t *testing.T) {
 }
 
 func TestReleaseEverythingLeavesAnEmptyMap(t *testing.T) {
-	s, api, _ := newStore(pool("10.0.0.0-30", "10.0.0.0/30", map[string]alloc{"1": {ContainerID: "a", PodRef: "ns/p", IfName: "eth1"}}))
+	s, api, _ := newStore(fake.NewPool("10.0.0.0-30", "10.0.0.0/30", map[string]alloc{"1": {ContainerID: "a", PodRef: "ns/p", IfName: "eth1"}}))
 	removed, _ := release(t, s, "10.0.0.0-30", "", shim.EarlierSandboxes("ns/p", "b"))
 	assert.Equal(t, []string{"10.0.0.1"}, ipsOf(removed))
 	assert.Empty(t, offsets(t, api, "10.0.0.0-30")) // and not null: checked inside
@@ -452,7 +437,7 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 			_, err := api.UpdatePool(ns, p)
 			require.NoError(t, err)
 			api.Remove(fake.Reservations, ns, "192.168.50.4")
-			_, err = api.CreateReservation(ns, orip("192.168.50.4", "longhorn-system/im-a"))
+			_, err = api.CreateReservation(ns, fake.NewReservation("192.168.50.4", "longhorn-system/im-a"))
 			require.NoError(t, err)
 		},
 		wantKept: true, wantDelete: 1,
@@ -460,13 +445,13 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 		name: "recreated for another pod under the delete: not ours any more",
 		underDel: func(t *testing.T, api *fake.API) {
 			api.Remove(fake.Reservations, ns, "192.168.50.4")
-			_, err := api.CreateReservation(ns, orip("192.168.50.4", "longhorn-system/im-z"))
+			_, err := api.CreateReservation(ns, fake.NewReservation("192.168.50.4", "longhorn-system/im-z"))
 			require.NoError(t, err)
 		},
 		wantKept: true, wantDelete: 1,
 	}, {
 		name: "held for the pod in another pool of the network (an overlapping range)",
-		extra: []any{pool("192.168.50.0-25", "192.168.50.0/25", map[string]alloc{
+		extra: []any{fake.NewPool("192.168.50.0-25", "192.168.50.0/25", map[string]alloc{
 			"4": {ContainerID: "other-attachment", PodRef: "longhorn-system/im-a", IfName: "lhnet2"},
 		})},
 		wantKept: true,
@@ -474,29 +459,29 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 		name:    "held for the pod in a node slice of the network",
 		network: "blue",
 		extra: []any{
-			pool("blue-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
-			pool("blue-node-1-192.168.50.0-26", "192.168.50.0/26", map[string]alloc{"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
-			orip("blue-192.168.50.4", "longhorn-system/im-a"),
+			fake.NewPool("blue-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			fake.NewPool("blue-node-1-192.168.50.0-26", "192.168.50.0/26", map[string]alloc{"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			fake.NewReservation("blue-192.168.50.4", "longhorn-system/im-a"),
 		},
 		wantKept: true,
 	}, {
 		name:    "held in a pool of another network: not the same reservation",
 		network: "blue",
 		extra: []any{
-			pool("blue-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
-			pool("green-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
-			orip("blue-192.168.50.4", "longhorn-system/im-a"),
+			fake.NewPool("blue-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			fake.NewPool("green-"+storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			fake.NewReservation("blue-192.168.50.4", "longhorn-system/im-a"),
 		},
 		wantKept: false, wantDelete: 1,
 	}, {
 		name: "held for the pod in a pool of a node slice of an unnamed network: in doubt, kept",
-		extra: []any{pool("node-1-192.168.50.0-26", "192.168.50.0/26", map[string]alloc{
+		extra: []any{fake.NewPool("node-1-192.168.50.0-26", "192.168.50.0/26", map[string]alloc{
 			"4": {ContainerID: "x", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
 		})},
 		wantKept: true,
 	}, {
 		name:     "held for another pod elsewhere: the reservation is still ours to free",
-		extra:    []any{pool("192.168.50.0-25", "192.168.50.0/25", map[string]alloc{"4": {ContainerID: "y", PodRef: "longhorn-system/im-z"}})},
+		extra:    []any{fake.NewPool("192.168.50.0-25", "192.168.50.0/25", map[string]alloc{"4": {ContainerID: "y", PodRef: "longhorn-system/im-z"}})},
 		wantKept: false, wantDelete: 1,
 	}} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -536,7 +521,7 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 // Whereabouts' own DEL deleted the reservation already: nothing to judge, and
 // no Lease is taken (whereabouts waits for nobody).
 func TestNoLeaseWithoutAReservationToJudge(t *testing.T) {
-	s, api, _ := newStore(pool(storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "ns/p", IfName: "eth1"}}))
+	s, api, _ := newStore(fake.NewPool(storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "ns/p", IfName: "eth1"}}))
 	var calls []string
 	api.Hook = func(c *fake.Call) error { calls = append(calls, c.Verb+" "+c.Resource+" "+c.Name); return nil }
 	removed, deleted := release(t, s, storage, "", shim.Attachment("old1", "eth1", nil))
@@ -558,10 +543,10 @@ func TestManyReleases(t *testing.T) {
 		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old-" + strconv.Itoa(i), PodRef: "ns/p", IfName: "eth1"}
 		if i%100 == 0 {
 			ip, _ := shim.OffsetIP(net.ParseIP("10.0.0.0"), strconv.Itoa(i))
-			objs = append(objs, orip(names.Reservation(ip, ""), "ns/p"))
+			objs = append(objs, fake.NewReservation(names.Reservation(ip, ""), "ns/p"))
 		}
 	}
-	objs = append(objs, pool("10.0.0.0-16", "10.0.0.0/16", allocs))
+	objs = append(objs, fake.NewPool("10.0.0.0-16", "10.0.0.0/16", allocs))
 	s, api, _ := newStore(objs...)
 	var sizes []int
 	gets := 0
@@ -648,7 +633,7 @@ func TestMarkReservationIsGuarded(t *testing.T) {
 func TestReadsArePaged(t *testing.T) {
 	var objs []any
 	for i := 0; i < 7; i++ {
-		objs = append(objs, pool(fmt.Sprintf("p%d", i), "10.0.0.0/24", map[string]alloc{}), orip(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
+		objs = append(objs, fake.NewPool(fmt.Sprintf("p%d", i), "10.0.0.0/24", map[string]alloc{}), fake.NewReservation(fmt.Sprintf("10.0.0.%d", i), "ns/p"))
 	}
 	api := fake.New()
 	api.Put(objs...)
@@ -680,7 +665,7 @@ func TestInSharesOptionsAndCounts(t *testing.T) {
 	assert.Same(t, s, s.In(ns))
 	o := s.In("harvester-system")
 	assert.Equal(t, "harvester-system", o.Namespace())
-	api.Put(pool(storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "a", PodRef: "ns/p"}}))
+	api.Put(fake.NewPool(storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "a", PodRef: "ns/p"}}))
 	other := api.Pool(ns, storage)
 	other.Namespace = "harvester-system"
 	api.Put(other)
@@ -705,7 +690,7 @@ func TestInSharesOptionsAndCounts(t *testing.T) {
 // the caller judges it again next time. A 409 is not an error, nor retried.
 func TestDeletePoolIsGuarded(t *testing.T) {
 	const name = "old-10.9.0.0-24"
-	empty := func() *shim.Pool { return pool(name, "10.9.0.0/24", map[string]alloc{}) }
+	empty := func() *shim.Pool { return fake.NewPool(name, "10.9.0.0/24", map[string]alloc{}) }
 	tests := []struct {
 		name        string
 		mayGo       bool
@@ -905,7 +890,7 @@ func TestEachChunkOfARemovalReadsThePoolOnce(t *testing.T) {
 		for i := 0; i < n; i++ {
 			allocs[strconv.Itoa(2+i)] = alloc{ContainerID: "old", PodRef: "ns/p"}
 		}
-		s, api, _ := newStore(pool("10.0.0.0-16", "10.0.0.0/16", allocs))
+		s, api, _ := newStore(fake.NewPool("10.0.0.0-16", "10.0.0.0/16", allocs))
 		plan, err := s.Plan(context.Background(), "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "new"))
 		require.NoError(t, err)
 		gets, patches := 0, 0
@@ -939,7 +924,7 @@ func TestOwns(t *testing.T) {
 		{"ns/q", "", false},
 		{"ns/q", "c1", false},
 	} {
-		o := orip("10.0.0.1", tt.podRef)
+		o := fake.NewReservation("10.0.0.1", tt.podRef)
 		o.Spec.ContainerID = tt.container
 		assert.Equal(t, tt.want, shim.Owns(o, a), "%+v", tt)
 	}
@@ -949,10 +934,10 @@ func TestOwns(t *testing.T) {
 // (in doubt, yes), and skips one it cannot read.
 func TestHolders(t *testing.T) {
 	pools := []shim.Pool{
-		*pool("10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"4": {ContainerID: "a", PodRef: "ns/a"}}),
-		*pool("blue-10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"5": {ContainerID: "b", PodRef: "ns/b"}}),
-		*pool("red-10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"6": {ContainerID: "r", PodRef: "ns/r"}}),
-		*pool("10.0.1.0-24", "10.0.1.0/24", map[string]alloc{"x": {ContainerID: "c", PodRef: "ns/c"}}), // unreadable
+		*fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"4": {ContainerID: "a", PodRef: "ns/a"}}),
+		*fake.NewPool("blue-10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"5": {ContainerID: "b", PodRef: "ns/b"}}),
+		*fake.NewPool("red-10.0.0.0-24", "10.0.0.0/24", map[string]alloc{"6": {ContainerID: "r", PodRef: "ns/r"}}),
+		*fake.NewPool("10.0.1.0-24", "10.0.1.0/24", map[string]alloc{"x": {ContainerID: "c", PodRef: "ns/c"}}), // unreadable
 	}
 	h := shim.Holders(pools, "")
 	assert.Len(t, h, 3, "the unnamed network: any pool may hold its addresses")

@@ -96,7 +96,7 @@ func TestTheFreshLookIsTheAPIServersNotTheCaches(t *testing.T) {
 		require.NoError(t, err)
 	}
 	api := fake.New()
-	api.Put(ipPool(poolName, "192.168.50.0/24", allocs))
+	api.Put(fake.NewPool(poolName, "192.168.50.0/24", allocs))
 	lagging := &cachedCluster{kubeCluster: NewKubeCluster(kube, nil, time.Second, 10).(*kubeCluster),
 		pods:  cache.NewSharedIndexInformer(&cache.ListWatch{}, &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}),
 		nodes: cache.NewSharedIndexInformer(&cache.ListWatch{}, &corev1.Node{}, 0, cache.Indexers{})}

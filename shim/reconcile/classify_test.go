@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
 )
 
 type alloc = whereaboutsv1alpha1.IPAllocation
@@ -38,11 +39,6 @@ func status(ips ...string) string {
 		s += `,{"name":"harvester-system/storagenetwork","interface":"lhnet1","ips":["` + ip + `"]}`
 	}
 	return s + "]"
-}
-
-func ipPool(name, rng string, allocs map[string]alloc) *shim.Pool {
-	return &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"},
-		Spec: whereaboutsv1alpha1.IPPoolSpec{Range: rng, Allocations: allocs}}
 }
 
 func TestClassify(t *testing.T) {
@@ -156,10 +152,10 @@ func TestClassify(t *testing.T) {
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := ipPool("192.168.50.0-24", "192.168.50.0/24", tt.allocs)
+			p := fake.NewPool("192.168.50.0-24", "192.168.50.0/24", tt.allocs)
 			pools := []shim.Pool{*p}
 			if tt.other != nil {
-				pools = append(pools, *ipPool("192.168.60.0-24", "192.168.60.0/24", tt.other))
+				pools = append(pools, *fake.NewPool("192.168.60.0-24", "192.168.60.0/24", tt.other))
 			}
 			vs, err := Classify(p, tt.world, SandboxesOf(pools))
 			require.NoError(t, err)
@@ -173,15 +169,15 @@ func TestClassify(t *testing.T) {
 			assert.Equal(t, tt.want, got)
 		})
 	}
-	_, err := Classify(ipPool("bad", "nonsense", map[string]alloc{"1": {}}), World{}, nil)
+	_, err := Classify(fake.NewPool("bad", "nonsense", map[string]alloc{"1": {}}), World{}, nil)
 	assert.Error(t, err)
 }
 
 func TestClassifyORIPs(t *testing.T) {
 	pools := []shim.Pool{
-		*ipPool("192.168.50.0-24", "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "c", PodRef: lh + "/a"}}),
-		*ipPool("blue-fd00-10---64", "fd00:10::/64", map[string]alloc{"5": {ContainerID: "c", PodRef: lh + "/b"}}),
-		*ipPool("green-node-1-10.0.0.64-26", "10.0.0.64/26", map[string]alloc{"2": {ContainerID: "c", PodRef: lh + "/c"}}),
+		*fake.NewPool("192.168.50.0-24", "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "c", PodRef: lh + "/a"}}),
+		*fake.NewPool("blue-fd00-10---64", "fd00:10::/64", map[string]alloc{"5": {ContainerID: "c", PodRef: lh + "/b"}}),
+		*fake.NewPool("green-node-1-10.0.0.64-26", "10.0.0.64/26", map[string]alloc{"2": {ContainerID: "c", PodRef: lh + "/c"}}),
 	}
 	orip := func(name, podRef string) shim.Reservation {
 		return shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef}}
@@ -209,7 +205,7 @@ func TestClassifyORIPs(t *testing.T) {
 		"red-fd00-10--5 " + lh + "/b":   OrphanedORIP,
 		"green-10.0.0.66 " + lh + "/c":  Live,
 	}, got)
-	_, err = ClassifyORIPs([]shim.Pool{*ipPool("x", "bad", map[string]alloc{"1": {}})}, nil)
+	_, err = ClassifyORIPs([]shim.Pool{*fake.NewPool("x", "bad", map[string]alloc{"1": {}})}, nil)
 	assert.Error(t, err)
 }
 
@@ -219,7 +215,7 @@ func TestNetworkName(t *testing.T) {
 		{"blue-192.168.50.0-24", "192.168.50.0/24", "blue"},
 		{"storage-net-fd00-10---64", "fd00:10::/64", "storage-net"},
 	} {
-		assert.Equal(t, tt.want, NetworkName(ipPool(tt.name, tt.rng, nil)), tt.name)
+		assert.Equal(t, tt.want, NetworkName(fake.NewPool(tt.name, tt.rng, nil)), tt.name)
 	}
 }
 

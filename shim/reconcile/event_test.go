@@ -33,7 +33,7 @@ func TestEventsAreBoundedAndCounted(t *testing.T) {
 			for i := 0; i < n; i++ {
 				allocs[strconv.Itoa(10+i)] = alloc{ContainerID: fmt.Sprintf("dead%d", i), PodRef: fmt.Sprintf("%s/gone-%02d", lh, i), IfName: "lhnet1"}
 			}
-			api.Put(ipPool(poolName, "192.168.50.0/24", allocs))
+			api.Put(fake.NewPool(poolName, "192.168.50.0/24", allocs))
 			c := newCluster()
 			r := &Reconciler{Store: shim.New(api, "kube-system", shim.Options{}), Cluster: c}
 			rep, err := r.Pass(context.Background())

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
 )
 
 // inspect's view has a section for stale entries and one for orphaned pools,
@@ -123,7 +124,7 @@ func TestWriteRows(t *testing.T) {
 // cannot fit N more, and what a pass would give back.
 func TestInspectAndNeed(t *testing.T) {
 	f := newFixture(t, running())
-	f.api.Put(ipPool("10.9.0.0-30", "10.9.0.0/30", map[string]alloc{"1": {ContainerID: "x", PodRef: lh + "/gone-too", IfName: "lhnet1"}}))
+	f.api.Put(fake.NewPool("10.9.0.0-30", "10.9.0.0/30", map[string]alloc{"1": {ContainerID: "x", PodRef: lh + "/gone-too", IfName: "lhnet1"}}))
 	in, err := f.r.Inspect(context.Background())
 	require.NoError(t, err)
 	require.Len(t, in.Pools, 2)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
 )
 
 func nadOf(ns, name, ipam string) NAD {
@@ -36,79 +37,79 @@ func TestUsage(t *testing.T) {
 		nad        string
 	}{{
 		name: "no NAD read: the range's usable addresses",
-		pool: ipPool("192.168.50.0-27", "192.168.50.0/27", entries("1", "2")),
+		pool: fake.NewPool("192.168.50.0-27", "192.168.50.0/27", entries("1", "2")),
 		size: 30, free: 28, inUse: 2,
 	}, {
 		name: "the NADs could not be listed: the same",
-		pool: ipPool("192.168.50.0-27", "192.168.50.0/27", entries("1")), listErr: errors.New("forbidden"),
+		pool: fake.NewPool("192.168.50.0-27", "192.168.50.0/27", entries("1")), listErr: errors.New("forbidden"),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"192.168.50.0/27","exclude":["192.168.50.0/30"]}`)},
 		size: 30, free: 29, inUse: 1,
 	}, {
 		name: "Harvester's excludes; an entry on an excluded address takes nothing",
-		pool: ipPool("192.168.50.0-27", "192.168.50.0/27", entries("1", "3", "4")),
+		pool: fake.NewPool("192.168.50.0-27", "192.168.50.0/27", entries("1", "3", "4")),
 		nads: []NAD{nadOf("harvester-system", "sn", `{"type":"harvester-ipam","range":"192.168.50.0/27","exclude":["192.168.50.1/32","192.168.50.2"]}`)},
 		size: 28, free: 26, inUse: 2, nad: "harvester-system/sn",
 	}, {
 		name: "overlapping excludes counted once; one past the range cut to it",
-		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("8")),
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("8")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.0/29","10.0.0.4/30","10.0.0.8/32","10.0.0.0/24"]}`)},
 		size: 0, free: 0, inUse: 0, nad: "h/sn",
 	}, {
 		name: "range_start and range_end, an entry outside them",
-		pool: ipPool("10.0.0.0-24", "10.0.0.0/24", entries("5", "50")),
+		pool: fake.NewPool("10.0.0.0-24", "10.0.0.0/24", entries("5", "50")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/24","range_start":"10.0.0.10","range_end":"10.0.0.59","exclude":["10.0.0.0/28"]}`)},
 		size: 44, free: 43, inUse: 1, nad: "h/sn",
 	}, {
 		name: "bounds outside the usable part are ignored, as whereabouts ignores them",
-		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", nil),
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", nil),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.0","range_end":"10.0.1.1"}`)},
 		size: 14, free: 14, nad: "h/sn",
 	}, {
 		name: "two NADs name the pool: the one that leaves fewer free",
-		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("1")),
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("1")),
 		nads: []NAD{nadOf("a", "wide", `{"type":"whereabouts","range":"10.0.0.0/28"}`), nadOf("b", "narrow", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.8/29"]}`)},
 		size: 7, free: 6, inUse: 1, nad: "b/narrow",
 	}, {
 		name: "more entries than size: free is never negative",
-		pool: ipPool("10.0.0.0-30", "10.0.0.0/30", entries("1", "2")),
+		pool: fake.NewPool("10.0.0.0-30", "10.0.0.0/30", entries("1", "2")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/30","range_end":"10.0.0.1"}`)},
 		size: 1, free: 0, inUse: 1, nad: "h/sn",
 	}, {
 		name: "range_start alone, no exclude under it",
-		pool: ipPool("10.0.0.0-24", "10.0.0.0/24", entries("5", "50")),
+		pool: fake.NewPool("10.0.0.0-24", "10.0.0.0/24", entries("5", "50")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/24","range_start":"10.0.0.10"}`)},
 		size: 245, free: 244, inUse: 1, nad: "h/sn",
 	}, {
 		name: "range_start on the last usable address: one address",
-		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", nil),
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", nil),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.14"}`)},
 		size: 1, free: 1, nad: "h/sn",
 	}, {
 		name: "an entry on an exclude's last address takes nothing",
-		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("7", "8")),
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("7", "8")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.4/30"]}`)},
 		size: 10, free: 9, inUse: 1, nad: "h/sn",
 	}, {
 		name: "IPv6: an entry in use, one address excluded",
-		pool: ipPool("fd00-10---120", "fd00:10::/120", entries("1", "5")),
+		pool: fake.NewPool("fd00-10---120", "fd00:10::/120", entries("1", "5")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"fd00:10::/120","exclude":["fd00:10::5"]}`)},
 		size: 253, free: 252, inUse: 1, nad: "h/sn",
 	}, {
 		name: "two NADs leave as many free: the one of the smaller size",
-		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("14")),
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("14")),
 		nads: []NAD{nadOf("a", "wide", `{"type":"whereabouts","range":"10.0.0.0/28"}`), nadOf("b", "short", `{"type":"whereabouts","range":"10.0.0.0/28","range_end":"10.0.0.13"}`)},
 		size: 13, free: 13, inUse: 0, nad: "b/short",
 	}, {
 		name: "two NADs alike: the first listed",
-		pool: ipPool("10.0.0.0-28", "10.0.0.0/28", entries("1")),
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("1")),
 		nads: []NAD{nadOf("a", "one", `{"type":"whereabouts","range":"10.0.0.0/28"}`), nadOf("b", "two", `{"type":"whereabouts","range":"10.0.0.0/28"}`)},
 		size: 14, free: 13, inUse: 1, nad: "a/one",
 	}, {
 		name: "a /32 has nothing whereabouts would hand out",
-		pool: ipPool("10.0.0.1-32", "10.0.0.1/32", nil), size: 0, free: 0,
+		pool: fake.NewPool("10.0.0.1-32", "10.0.0.1/32", nil), size: 0, free: 0,
 	}, {
 		name: "IPv6 /64 with an exclude",
-		pool: ipPool("fd00-10---64", "fd00:10::/64", entries("1")),
+		pool: fake.NewPool("fd00-10---64", "fd00:10::/64", entries("1")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"fd00:10::/64","exclude":["fd00:10::/120"]}`)},
 		size: -1, nad: "h/sn",
 	}}
@@ -149,8 +150,8 @@ func TestIndexNADsCountsTheNADsOnWhereabouts(t *testing.T) {
 
 // Only NADs that were all read can say a pool is named by none.
 func TestOrphaned(t *testing.T) {
-	old := ipPool("10.9.0.0-24", "10.9.0.0/24", nil)
-	slice := ipPool("blue-node1-10.8.0.0-24", "10.8.0.0/24", nil)
+	old := fake.NewPool("10.9.0.0-24", "10.9.0.0/24", nil)
+	slice := fake.NewPool("blue-node1-10.8.0.0-24", "10.8.0.0/24", nil)
 	sn := nadOf("h", "sn", `{"type":"whereabouts","range":"192.168.50.0/24"}`)
 	tests := []struct {
 		name    string

@@ -21,7 +21,7 @@ func TestOrphanedPoolIsDeletedAfterTheGrace(t *testing.T) {
 	const old = "10.9.0.0-24"
 	setup := func(t *testing.T, allocs map[string]alloc, pods ...*corev1.Pod) *fixture {
 		f := newFixture(t, append([]*corev1.Pod{running()}, pods...)...)
-		f.api.Put(ipPool(old, "10.9.0.0/24", allocs))
+		f.api.Put(fake.NewPool(old, "10.9.0.0/24", allocs))
 		f.r.DeleteOrphanedPools = true
 		return f
 	}

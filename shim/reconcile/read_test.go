@@ -18,7 +18,7 @@ import (
 // A node list that fails keeps every node-gone case live; a pod list that
 // fails fails the pass.
 func TestReadWorld(t *testing.T) {
-	pools := []shim.Pool{*ipPool("p", "10.0.0.0/24", map[string]alloc{
+	pools := []shim.Pool{*fake.NewPool("p", "10.0.0.0/24", map[string]alloc{
 		"1": {PodRef: "a/x"}, "2": {PodRef: "b/y"}, "3": {PodRef: "noslash"}, "4": {PodRef: "/z"},
 	})}
 	c := &nsRecording{cluster: newCluster(pod("a", "x", corev1.PodRunning, "", ""), pod("b", "y", corev1.PodRunning, "", ""))}
@@ -116,7 +116,7 @@ func TestTheFreshLookIsBounded(t *testing.T) {
 			for i := 0; i < tt.pods; i++ {
 				allocs[strconv.Itoa(10+i)] = alloc{ContainerID: fmt.Sprintf("dead%d", i), PodRef: fmt.Sprintf("%s/gone-%02d", lh, i)}
 			}
-			api.Put(ipPool(poolName, "192.168.50.0/24", allocs))
+			api.Put(fake.NewPool(poolName, "192.168.50.0/24", allocs))
 			c := &countingCluster{cluster: newCluster()}
 			r := &Reconciler{Store: shim.New(api, "kube-system", shim.Options{}), Cluster: c}
 			rep, err := r.Pass(context.Background())

@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
@@ -106,23 +104,18 @@ const poolName = "192.168.50.0-24"
 func newFixture(t *testing.T, pods ...*corev1.Pod) *fixture {
 	api := fake.New()
 	api.Put(
-		ipPool(poolName, "192.168.50.0/24", map[string]alloc{
+		fake.NewPool(poolName, "192.168.50.0/24", map[string]alloc{
 			"4": {ContainerID: "dead", PodRef: lh + "/gone", IfName: "lhnet1"},
 			"5": {ContainerID: "live", PodRef: lh + "/running", IfName: "lhnet1"},
 		}),
-		orip("192.168.50.4", lh+"/gone"),
-		orip("192.168.50.5", lh+"/running"),
-		orip("192.168.50.9", lh+"/leftover"),
+		fake.NewReservation("192.168.50.4", lh+"/gone"),
+		fake.NewReservation("192.168.50.5", lh+"/running"),
+		fake.NewReservation("192.168.50.9", lh+"/leftover"),
 	)
 	f := &fixture{api: api, c: newCluster(pods...), now: time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)}
 	store := shim.New(api, "kube-system", shim.Options{Backoff: shim.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 2}})
 	f.r = &Reconciler{Store: store, Cluster: f.c, Grace: 10 * time.Minute, Now: func() time.Time { return f.now }}
 	return f
-}
-
-func orip(name, podRef string) *shim.Reservation {
-	return &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system"},
-		Spec: whereaboutsv1alpha1.OverlappingRangeIPReservationSpec{PodRef: podRef}}
 }
 
 func (f *fixture) pool() *shim.Pool { return f.api.Pool("kube-system", poolName) }
@@ -328,7 +321,7 @@ func TestThousandsOfStaleEntries(t *testing.T) {
 			for i := 0; i < n; i++ {
 				allocs[strconv.Itoa(10+i)] = alloc{ContainerID: fmt.Sprintf("dead%060d", i), PodRef: fmt.Sprintf("%s/gone-%05d", lh, i), IfName: "lhnet1"}
 			}
-			api.Put(ipPool("10.0.0.0-16", "10.0.0.0/16", allocs))
+			api.Put(fake.NewPool("10.0.0.0-16", "10.0.0.0/16", allocs))
 			now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 			c := newCluster()
 			r := &Reconciler{Store: shim.New(api, "kube-system", shim.Options{}), Cluster: c, Grace: time.Minute, Now: func() time.Time { return now }}
@@ -368,7 +361,7 @@ func TestAPassThatCannotReadFails(t *testing.T) {
 // reservations' rows (pool "-") first, whatever order the pass made them in.
 func TestPassRowsAreInPoolThenAddressOrder(t *testing.T) {
 	f := newFixture(t, running())
-	f.api.Put(ipPool("10.9.0.0-24", "10.9.0.0/24", map[string]alloc{
+	f.api.Put(fake.NewPool("10.9.0.0-24", "10.9.0.0/24", map[string]alloc{
 		"8": {ContainerID: "d8", PodRef: lh + "/gone8", IfName: "lhnet1"},
 		"3": {ContainerID: "d3", PodRef: lh + "/gone3", IfName: "lhnet1"},
 	}))
@@ -636,7 +629,7 @@ func TestOnlyEntriesPastTheBudgetSayTheyWait(t *testing.T) {
 	for i := 0; i < 12000; i++ {
 		allocs[strconv.Itoa(10+i)] = alloc{ContainerID: fmt.Sprintf("dead%060d", i), PodRef: fmt.Sprintf("%s/gone-%05d", lh, i), IfName: "lhnet1"}
 	}
-	api.Put(ipPool("10.0.0.0-16", "10.0.0.0/16", allocs))
+	api.Put(fake.NewPool("10.0.0.0-16", "10.0.0.0/16", allocs))
 	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 	r := &Reconciler{Store: shim.New(api, "kube-system", shim.Options{}), Cluster: newCluster(), Grace: time.Minute, Now: func() time.Time { return now }}
 	rep, err := r.Pass(context.Background())
