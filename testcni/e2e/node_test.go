@@ -51,7 +51,7 @@ func TestNode(t *testing.T) {
 		{"RebootSwallowedDelStillReleases", testcni.NodeOptions{SwallowDel: true}, nodeRebootSwallowedDelStillReleases},
 		{"RebootLosingRootNoDelComes", testcni.NodeOptions{}, nodeRebootLosingRootNoDelComes},
 		{"NetworkStatusReadByReconciler", testcni.NodeOptions{}, nodeNetworkStatusReadByReconciler},
-		{"NADDeletedWhilePodsRun", testcni.NodeOptions{}, nodeNADDeletedWhilePodsRun},
+		{"NADDeletedWhilePodsRun", testcni.NodeOptions{RetryDeleteOnError: true}, nodeNADDeletedWhilePodsRun},
 		{"ContainerdRestartKeepsSandboxes", testcni.NodeOptions{}, nodeContainerdRestartKeepsSandboxes},
 		{"StopRemoveReleases", testcni.NodeOptions{}, nodeStopRemoveReleases},
 		{"PodDeletedWhileAPIUnreachable", testcni.NodeOptions{}, nodePodDeletedWhileAPIUnreachable(false)},
@@ -537,7 +537,10 @@ func nodeRebootLosingRootNoDelComes(t *testing.T, e *nodeEnv) {
 // With Multus' cache of a sandbox lost too, Multus cannot find the NAD,
 // deletes only the cluster network and reports success, so the address stays
 // in the pool; once Longhorn deletes that pod, the reconciler releases it,
-// and keeps what a running pod holds.
+// and keeps what a running pod holds. Multus runs with retryDeleteOnError,
+// as the README recommends: a stop whose DEL fails (the API server slow to
+// answer) keeps Multus' cache for the kubelet's retry; by default Multus
+// drops it at the failure, and the retry, the NAD gone, releases nothing.
 func nodeNADDeletedWhilePodsRun(t *testing.T, e *nodeEnv) {
 	m := e.storageNet(t, "harvester-ipam")
 	pods := e.pods(t, m, "instance-manager", 3)
