@@ -48,6 +48,15 @@ const (
 // Delegates are the whereabouts versions the end-to-end suite runs on.
 var Delegates = []string{V094, V093, V080, V070}
 
+// Allocators are the Delegates whose CNI binary allocates and releases
+// differently. v0.9.4's is v0.9.3's: cmd/whereabouts, pkg/allocate and
+// pkg/storage are unchanged, and pkg/config only gives its "IPAM config
+// missing 'ipam' key" error a type; what changed is its pod controller, its
+// reconciler (a Deployment of its own), its node-slice controller and its
+// install-cni.sh. A test of harvester-ipam under load, crashes or outages
+// runs on these; on v0.9.4 too it would only repeat v0.9.3.
+var Allocators = []string{V093, V080, V070}
+
 // Options tune a rig.
 type Options struct {
 	// Progress receives what the rig is doing while it starts; nil is stderr.

@@ -18,7 +18,7 @@ func crashAt(point string) []string { return []string{"HARVESTER_IPAM_CRASH_AT="
 // DEL) and a reconcile pass; then the invariants: one allocation per live
 // sandbox, none for dead ones, no address twice, reservations matching.
 func TestCrashAtEveryStep(t *testing.T) {
-	onEachDelegate(t, testCrashAtEveryStep)
+	onEachAllocator(t, testCrashAtEveryStep)
 }
 
 func testCrashAtEveryStep(t *testing.T, e *env) {

@@ -56,7 +56,7 @@ func TestCrashLoopHoldsOneAddress(t *testing.T) {
 // other pod fits. (v0.7.0 would fail the ADD if it allocated first; v0.8.0
 // and later hand the pod's own entry over either way.)
 func TestTheDelegateAllocatesOnlyAfterTheRelease(t *testing.T) {
-	onEachDelegate(t, func(t *testing.T, e *env) {
+	onEachAllocator(t, func(t *testing.T, e *env) {
 		i := subnet.Add(1)
 		n := e.network(t, testcni.Network{Range: fmt.Sprintf("10.%d.%d.0/30", 100+i/250, i%250)})
 		n.Exclude = []string{strings.TrimSuffix(n.Range, "0/30") + "1/32"} // one address left: .2

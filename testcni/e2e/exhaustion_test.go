@@ -45,7 +45,7 @@ func (e *env) createNAD(t *testing.T, n *testcni.Network, name string) {
 // range's pool that no NAD names is listed, and deleted with
 // --delete-orphaned-pools after the grace once it holds no live entry.
 func TestExhaustionIsSeenAndSaid(t *testing.T) {
-	onEachDelegate(t, testExhaustionIsSeenAndSaid)
+	onEachAllocator(t, testExhaustionIsSeenAndSaid)
 }
 
 func testExhaustionIsSeenAndSaid(t *testing.T, e *env) {

@@ -16,7 +16,7 @@ import (
 // does not forward GC yet), releases this node's checkpointed attachments of
 // the network that cni.dev/valid-attachments does not name, and never one it names.
 func TestGCReleasesWhatIsNoLongerValid(t *testing.T) {
-	onEachDelegate(t, testGCReleasesWhatIsNoLongerValid)
+	onEachAllocator(t, testGCReleasesWhatIsNoLongerValid)
 }
 
 func testGCReleasesWhatIsNoLongerValid(t *testing.T, e *env) {

@@ -52,7 +52,7 @@ func TestTwoAttachmentsOfOneSandboxInOnePool(t *testing.T) {
 // one of them: the other is its sibling, not a superseded sandbox's, and the
 // reconciler keeps both.
 func TestReconcilerKeepsASiblingAttachment(t *testing.T) {
-	onEachDelegate(t, func(t *testing.T, e *env) {
+	onEachAllocator(t, func(t *testing.T, e *env) {
 		n1 := e.network(t, testcni.Network{})
 		n2 := e.network(t, testcni.Network{Range: n1.Range})
 		pod := e.Pod("instance-manager-siblings")
@@ -75,7 +75,7 @@ func TestReconcilerKeepsASiblingAttachment(t *testing.T) {
 // with that address. Released after the grace period, not before; the new
 // address stays.
 func TestReconcilerReleasesAnOldPoolsEntryOfARunningPod(t *testing.T) {
-	onEachDelegate(t, func(t *testing.T, e *env) {
+	onEachAllocator(t, func(t *testing.T, e *env) {
 		old := e.network(t, testcni.Network{})
 		cur := e.network(t, testcni.Network{})
 		pod := e.Pod("instance-manager-moved")
@@ -138,7 +138,7 @@ func TestDelOfAConfigItCannotFullyParse(t *testing.T) {
 // A checkpoint written by a newer release (after a downgrade) that this
 // binary reads as best it can: DEL with the NAD gone still releases.
 func TestDelWithACheckpointOfANewerRelease(t *testing.T) {
-	onEachDelegate(t, func(t *testing.T, e *env) {
+	onEachAllocator(t, func(t *testing.T, e *env) {
 		n := e.network(t, testcni.Network{})
 		pod := e.Pod("instance-manager-downgraded")
 		s := add(t, n, pod)
@@ -164,7 +164,7 @@ func TestDelWithACheckpointOfANewerRelease(t *testing.T) {
 // keeps its live attachment. A record whose kubeconfig moved (an upgrade)
 // is released with the config's kubeconfig, and blocks nothing.
 func TestGCKeysRecordsByNetworkAndPools(t *testing.T) {
-	onEachDelegate(t, func(t *testing.T, e *env) {
+	onEachAllocator(t, func(t *testing.T, e *env) {
 		kc := filepath.Join(t.TempDir(), "whereabouts.kubeconfig")
 		admin, err := os.ReadFile(e.Kubeconfig)
 		require.NoError(t, err)
@@ -212,7 +212,7 @@ func TestGCKeysRecordsByNetworkAndPools(t *testing.T) {
 // the reconciler records their first sightings and, after the grace period,
 // releases every one of them, with a grace above zero.
 func TestReconcilerReleasesThousandsOfStaleEntries(t *testing.T) {
-	onEachDelegate(t, func(t *testing.T, e *env) {
+	onEachAllocator(t, func(t *testing.T, e *env) {
 		const stale = 5000
 		c := ctx(t)
 		rng := fmt.Sprintf("10.%d.0.0/18", 160+subnet.Add(1)%90)

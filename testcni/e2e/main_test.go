@@ -54,8 +54,19 @@ type env struct {
 // other and with every other test that runs so: call it from a test that
 // stops nothing shared (the API server, say).
 func onEachDelegate(t *testing.T, f func(t *testing.T, e *env)) {
+	onEach(t, testcni.Delegates, f)
+}
+
+// onEachAllocator is onEachDelegate on testcni.Allocators: for tests of
+// harvester-ipam under load or crashes, which v0.9.4 would run with v0.9.3's
+// allocator and DEL.
+func onEachAllocator(t *testing.T, f func(t *testing.T, e *env)) {
+	onEach(t, testcni.Allocators, f)
+}
+
+func onEach(t *testing.T, versions []string, f func(t *testing.T, e *env)) {
 	t.Parallel()
-	for _, v := range testcni.Delegates {
+	for _, v := range versions {
 		t.Run("whereabouts "+v, func(t *testing.T) {
 			t.Parallel()
 			f(t, newEnv(t, v))
@@ -63,10 +74,11 @@ func onEachDelegate(t *testing.T, f func(t *testing.T, e *env)) {
 	}
 }
 
-// inTurn runs f once per whereabouts version, one after the other, while no
-// other test runs: for tests that stop the API server.
+// inTurn runs f once per whereabouts allocator (testcni.Allocators), one
+// after the other, while no other test runs: for tests that stop the API
+// server.
 func inTurn(t *testing.T, f func(t *testing.T, e *env)) {
-	for _, v := range testcni.Delegates {
+	for _, v := range testcni.Allocators {
 		t.Run("whereabouts "+v, func(t *testing.T) { f(t, newEnv(t, v)) })
 	}
 }

@@ -170,7 +170,7 @@ func testMultusDelAfterNADDeletedUsesItsCache(t *testing.T, e *env) {
 // deleted pod never has again. Once the pods are gone, the reconciler
 // releases them, and keeps what a pod that still exists holds.
 func TestMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T) {
-	onEachDelegate(t, testMultusDelWithNADAndCacheGoneNeverReachesIPAM)
+	onEachAllocator(t, testMultusDelWithNADAndCacheGoneNeverReachesIPAM)
 }
 
 func testMultusDelWithNADAndCacheGoneNeverReachesIPAM(t *testing.T, e *env) {
@@ -231,7 +231,7 @@ func (e *env) reconcileAsTheChartDoes(t *testing.T) {
 // names it), so the binary must stay installed until such pods are gone;
 // new sandboxes get plain whereabouts.
 func TestMultusNADSwitchedBackToWhereabouts(t *testing.T) {
-	onEachDelegate(t, testMultusNADSwitchedBackToWhereabouts)
+	onEachAllocator(t, testMultusNADSwitchedBackToWhereabouts)
 }
 
 func testMultusNADSwitchedBackToWhereabouts(t *testing.T, e *env) {

@@ -59,7 +59,7 @@ func testAPIServerOutage(t *testing.T, e *env) {
 // each pod holds one address, none is held twice, and whereabouts'
 // reservations agree with the pool.
 func TestStorm(t *testing.T) {
-	onEachDelegate(t, testStorm)
+	onEachAllocator(t, testStorm)
 }
 
 func testStorm(t *testing.T, e *env) {

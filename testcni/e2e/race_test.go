@@ -235,7 +235,7 @@ var retriedRE = regexp.MustCompile(`(\d+) writes retried after conflicts`)
 // reconciler (grace 2 s) releases their entries while the others write. At
 // the end the invariants hold for every pod.
 func TestRacingWriters(t *testing.T) {
-	onEachDelegate(t, testRacingWriters)
+	onEachAllocator(t, testRacingWriters)
 }
 
 func testRacingWriters(t *testing.T, e *env) {

@@ -113,7 +113,7 @@ func testReconcilerReleasesANodeRemovalLeak(t *testing.T, e *env) {
 // A leftover ORIP (no allocation holds its address for its pod) blocks the
 // address for overlapping ranges; it is deleted after the grace period.
 func TestReconcilerRemovesALeftoverORIP(t *testing.T) {
-	onEachDelegate(t, testReconcilerRemovesALeftoverORIP)
+	onEachAllocator(t, testReconcilerRemovesALeftoverORIP)
 }
 
 func testReconcilerRemovesALeftoverORIP(t *testing.T, e *env) {
@@ -142,7 +142,7 @@ func testReconcilerRemovesALeftoverORIP(t *testing.T, e *env) {
 // --dry-run prints what it would release and why, and changes nothing: not
 // the pools, not the reservations, not even its own bookkeeping.
 func TestReconcilerDryRunChangesNothing(t *testing.T) {
-	onEachDelegate(t, testReconcilerDryRunChangesNothing)
+	onEachAllocator(t, testReconcilerDryRunChangesNothing)
 }
 
 func testReconcilerDryRunChangesNothing(t *testing.T, e *env) {

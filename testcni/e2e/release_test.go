@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -134,10 +135,35 @@ func testDelAfterTheNADIsGone(t *testing.T, e *env) {
 	require.NoError(t, never.Del(ctx(t)), "DEL of a sandbox never seen")
 }
 
+// A DEL whose storage error whereabouts swallows (the network's whereabouts
+// is a wrapper whose DEL reports success and leaves the pool): harvester-ipam,
+// standing in or named, releases the attachment itself, never handing DEL
+// on; whereabouts alone leaves the address held by no sandbox.
+func TestSwallowedDelStillReleases(t *testing.T) {
+	onEachDelegate(t, func(t *testing.T, e *env) {
+		for i, tt := range []struct {
+			ipam     string
+			released bool
+		}{{testcni.StandIn, true}, {testcni.Named, true}, {testcni.Alone, false}} {
+			n := e.network(t, testcni.Network{IPAM: tt.ipam, SwallowDel: true})
+			pod := e.Pod(fmt.Sprintf("instance-manager-swallowed-%d", i))
+			s := add(t, n, pod)
+			require.NoError(t, s.Del(ctx(t)), "%s: DEL reports success", tt.ipam)
+			held := testcni.Of(mustAllocs(t, n), pod.Ref())
+			if tt.released {
+				assert.Empty(t, held, "%s on whereabouts %s: released", tt.ipam, e.WB)
+				assert.Empty(t, oripsOf(t, n, pod.Ref()), "%s on whereabouts %s: its reservation too", tt.ipam, e.WB)
+			} else {
+				assert.Len(t, held, 1, "whereabouts %s alone: the swallowed DEL leaves the address", e.WB)
+			}
+		}
+	})
+}
+
 // CHECK passes for a live sandbox, and fails once its allocation is removed
 // from the pool by hand.
 func TestCheck(t *testing.T) {
-	onEachDelegate(t, testCheck)
+	onEachAllocator(t, testCheck)
 }
 
 func testCheck(t *testing.T, e *env) {
