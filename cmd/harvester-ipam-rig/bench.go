@@ -607,10 +607,22 @@ func (b *bencher) makePods(ctx context.Context, from, to int) error {
 	}
 }
 
-// order rotates which side goes first, so none always runs warm.
+// order is the order of the sides for sandbox i: the (i mod n!)-th
+// permutation of the n sides, so that over n! sandboxes each side runs at
+// each place, and right after each other side, equally often. What a call
+// leaves behind (the API server's work after its response) slows whichever
+// call comes next: a rotation, which puts each side always after the same
+// one, charged one side's aftermath to another and moved a ratio by points.
 func order[T any](i int, sides ...T) []T {
-	k := i % len(sides)
-	return append(append([]T{}, sides[k:]...), sides[:k]...)
+	rest := append([]T{}, sides...)
+	out := make([]T, 0, len(sides))
+	for n := len(rest); n > 0; n-- {
+		k := i % n
+		i /= n
+		out = append(out, rest[k])
+		rest = append(rest[:k], rest[k+1:]...)
+	}
+	return out
 }
 
 func median(d []time.Duration) time.Duration { return pct(d, 0.5) }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
@@ -40,5 +41,50 @@ func TestPlantNeverOverwritesAnEntry(t *testing.T) {
 	}
 	if got := p.Spec.Allocations["6"]; got != planted {
 		t.Errorf("offset 6 = %+v, want the planted entry %+v", got, planted)
+	}
+}
+
+// Over n! sandboxes every side runs at every place, and right after every
+// other side, equally often: no side's ratio carries another side's
+// aftermath more than the rest do.
+func TestOrderBalancesPlaceAndPredecessor(t *testing.T) {
+	for _, n := range []int{2, 3, 4} {
+		sides := []int{0, 1, 2, 3}[:n]
+		runs := 1
+		for k := 2; k <= n; k++ {
+			runs *= k
+		}
+		place := map[[2]int]int{} // {side, place}
+		after := map[[2]int]int{} // {side, the side just before it in its sandbox}
+		seen := map[string]bool{}
+		for i := 0; i < runs; i++ {
+			o := order(i, sides...)
+			if len(o) != n {
+				t.Fatalf("n=%d: order(%d) = %v, want every side once", n, i, o)
+			}
+			seen[fmt.Sprint(o)] = true
+			for p, s := range o {
+				place[[2]int{s, p}]++
+				if p > 0 {
+					after[[2]int{s, o[p-1]}]++
+				}
+			}
+		}
+		if len(seen) != runs {
+			t.Errorf("n=%d: %d sandboxes saw %d orders, want all %d", n, runs, len(seen), runs)
+		}
+		for _, s := range sides {
+			for _, x := range sides {
+				if got, want := place[[2]int{s, x}], runs/n; got != want {
+					t.Errorf("n=%d: side %d ran at place %d %d times, want %d", n, s, x, got, want)
+				}
+				if s == x {
+					continue
+				}
+				if got, want := after[[2]int{s, x}], runs/n; got != want {
+					t.Errorf("n=%d: side %d ran right after side %d %d times, want %d", n, s, x, got, want)
+				}
+			}
+		}
 	}
 }
