@@ -39,6 +39,7 @@ type Dir struct {
 // Steps of Take and GiveBack, for AtStep.
 const (
 	StepSelfReady = "self-ready" // harvester-ipam in a probed temporary file beside the name
+	StepChecked   = "checked"    // the name still holds what was looked at
 	StepCaptured  = "captured"   // without an exchange: the real binary linked or copied to a temporary name
 	StepExchanged = "exchanged"  // harvester-ipam at the name; what was there at a temporary name
 	StepAsideKept = "aside-kept" // the real binary renamed to the aside
@@ -278,6 +279,7 @@ func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 	if err := d.still(n, d.name()); err != nil {
 		return false, err
 	}
+	d.at(StepChecked)
 	err = fsys.Exchange(tmp, d.name())
 	if errors.Is(err, ErrNoExchange) {
 		return d.replaceWithoutExchange(ctx, tmp, n)
