@@ -241,6 +241,11 @@ func (d Dir) Take(ctx context.Context, claim bool) (changed bool, err error) {
 // nothing, harvester-ipam, a real binary (kept aside first) or a fragment.
 func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 	fsys := d.fs()
+	// What goes to the name must be known for harvester-ipam when looked at
+	// again, or the next Take would keep it aside as the real binary.
+	if ok, err := isOurs(fsys, d.Self); err != nil || !ok {
+		return false, fmt.Errorf("%s is not a build of harvester-ipam (it does not carry %q; %v): %s left as it was", d.Self, Mark, err, d.name())
+	}
 	src, err := fsys.Open(d.Self)
 	if err != nil {
 		return false, fmt.Errorf("read harvester-ipam at %s: %w", d.Self, err)
