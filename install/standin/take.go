@@ -600,3 +600,51 @@ func (d Dir) Pending() []string {
 
 // IsTemp says whether a file name in the bin dir is one of Dir's temporary files.
 func IsTemp(name string) bool { return strings.HasPrefix(name, tempPrefix) }
+
+// Stop is what an installer does when it is told to stop: it gives the name
+// back only when removing says this is an uninstall (its DaemonSet gone or
+// being deleted). A restart, a rollout or a node's shutdown keeps
+// harvester-ipam standing in: giving back then would leave the node to the
+// real binary alone exactly while pods get new sandboxes.
+func (d Dir) Stop(ctx context.Context, removing func(context.Context) (uninstall bool, why string)) (gaveBack bool, why string, err error) {
+	uninstall, why := removing(ctx)
+	if !uninstall {
+		return false, why, nil
+	}
+	return true, why, d.GiveBack(ctx)
+}
+
+// Ready says what a readiness probe asks of the stand-in: harvester-ipam
+// from Self at the name and a real binary aside that runs (it stands in),
+// or no real binary on the node at all (nothing to stand in for: the
+// plugin's own installer has not run here). It writes nothing.
+func (d Dir) Ready(ctx context.Context) (string, error) {
+	n, err := d.look(ctx, d.name())
+	if err != nil {
+		return "", err
+	}
+	a, err := d.look(ctx, d.aside())
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case n.kind == missing && a.kind == missing:
+		return fmt.Sprintf("nothing to stand in for: no %s at %s (its DaemonSet has not installed it on this node)", d.Name, d.name()), nil
+	case n.kind != ours:
+		return "", fmt.Errorf("not standing in for %s: %s is %s", d.Name, d.name(), n.kind)
+	case a.kind == ours:
+		return "", fmt.Errorf("%s is harvester-ipam, not the real %s", d.aside(), d.Name)
+	case a.kind == missing:
+		return "", fmt.Errorf("the real %s is missing at %s", d.Name, d.aside())
+	case a.kind != runs:
+		return "", fmt.Errorf("the real %s at %s does not run: %s (%v)", d.Name, d.aside(), a.kind, a.why)
+	}
+	same, err := sameContent(d.fs(), d.name(), d.Self)
+	if err != nil {
+		return "", err
+	}
+	if !same {
+		return "", fmt.Errorf("not standing in for %s: %s is another build of harvester-ipam than %s", d.Name, d.name(), d.Self)
+	}
+	return fmt.Sprintf("harvester-ipam stands in at %s; the real %s is at %s", d.name(), d.Name, d.aside()), nil
+}
