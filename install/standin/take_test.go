@@ -581,3 +581,37 @@ func canceled() context.Context {
 	cancel()
 	return ctx
 }
+
+// Stopping gives the name back only on an uninstall: a restart, a rollout
+// or a node's shutdown leaves the dir exactly as it was.
+func TestStopGivesBackOnlyOnUninstall(t *testing.T) {
+	ctx := context.Background()
+	v093 := realBinary("v0.9.3")
+	for _, uninstall := range []bool{false, true} {
+		t.Run(fmt.Sprintf("uninstall %v", uninstall), func(t *testing.T) {
+			d := newDir(t, v093)
+			_, err := d.Take(ctx, true)
+			require.NoError(t, err)
+			before := ino(t, d.name())
+			gaveBack, why, err := d.Stop(ctx, func(context.Context) (bool, string) { return uninstall, "the DaemonSet says so" })
+			require.NoError(t, err)
+			assert.Equal(t, uninstall, gaveBack)
+			assert.Equal(t, "the DaemonSet says so", why)
+			if uninstall {
+				assert.Equal(t, v093, read(t, d.name()), "given back")
+				assert.Nil(t, read(t, d.aside()))
+				return
+			}
+			assert.Equal(t, before, ino(t, d.name()), "the very same file at the name")
+			assert.Equal(t, read(t, d.Self), read(t, d.name()))
+			assert.Equal(t, v093, read(t, d.aside()))
+		})
+	}
+}
+
+func ino(t *testing.T, path string) uint64 {
+	t.Helper()
+	st, err := OS{}.Stat(path)
+	require.NoError(t, err)
+	return st.Ino
+}

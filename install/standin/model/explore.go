@@ -184,11 +184,13 @@ func Run(s Scenario, ch *chooser) *World {
 		}
 		f := w.newInode(b)
 		f.wb = base == name && strings.HasPrefix(w.what(f), "part") // a cp killed before
+		f.legacy = base != name && strings.Contains(string(b), standin.Mark)
 		w.names[base] = f
 		if v := w.version(f); v >= 0 {
 			w.ever[v] = true
 		}
 	}
+	w.nameMissing = w.names[name] == nil // the node's own state: nothing, or a cp of before
 	w.cp = writer{kind: s.CP, version: w.maxVersion}
 	w.log("start: %s", w.state())
 
@@ -254,7 +256,12 @@ func Run(s Scenario, ch *chooser) *World {
 func (w *World) quiet(o op) {
 	w.log("quiet: %s", w.state())
 	w.noAnswers, w.stopNotUninstall = 0, false
-	v := w.newest()
+	// The newest real binary the dir holds now: what the one right state
+	// keeps (the newest ever written, unless cp or the window took it).
+	v := -1
+	for _, n := range w.names {
+		v = max(v, w.version(n))
+	}
 	again := take(true)
 	if o.giveBack {
 		again = giveBack

@@ -37,6 +37,9 @@ type World struct {
 	temps           int
 	maxVersion      int
 	dirty           bool // the installer wrote since it last fsynced the dir
+	// cpStepped: cp took a step since the installer's last; raced: it had
+	// when the installer's current step began.
+	cpStepped, raced bool
 
 	ever        map[int]bool   // real versions that were whole at some instant
 	lost        map[int]string // versions whose last copy went, and how
@@ -114,12 +117,17 @@ func (w *World) gone(n *inode, how string) {
 	if v < 0 || w.named(n) || w.copies(v) > 0 {
 		return
 	}
+	top := -1
+	for u := range w.ever {
+		top = max(top, u)
+	}
 	switch {
 	case how == "cp":
 		w.lost[v] = "whereabouts' own cp"
-	case v < w.newest():
-		w.lost[v] = "older than real " + fmt.Sprint(w.newest())
-	case how == "renamed over by the installer" && n.wb && w.window():
+	case v < top:
+		w.lost[v] = "older than real " + fmt.Sprint(top)
+	case w.window() && (w.raced || how == "renamed over by the installer" && n.wb):
+		// cp stepped between the installer's last look and this step.
 		w.lost[v] = "the no-exchange window"
 		w.windows++
 	default:
@@ -137,14 +145,17 @@ func (w *World) displaced(n *inode, how string) {
 // exchange, or hard links.
 func (w *World) window() bool { return !w.exchange || !w.links }
 
-// newest is the newest real version ever whole and not lost by another's
-// hand, or -1.
+// newest is the newest real version ever whole, which must be kept, or -1
+// when there is none or whereabouts' own cp (or the no-exchange window)
+// took it: an older version is not kept for it (DESIGN.md's invariant 7
+// asks for the newest ever written).
 func (w *World) newest() int {
 	best := -1
 	for v := range w.ever {
-		if _, ok := w.lost[v]; !ok && v > best {
-			best = v
-		}
+		best = max(best, v)
+	}
+	if how, ok := w.lost[best]; ok && !strings.HasPrefix(how, "older") {
+		return -1
 	}
 	return best
 }
@@ -152,13 +163,16 @@ func (w *World) newest() int {
 // check is SAFETY.md's invariants at one instant.
 func (w *World) check() {
 	n := w.names[name]
+	if n != nil {
+		w.nameMissing = false
+	}
 	switch what := w.what(n); {
-	case n == nil && !w.nameMissing:
+	case n == nil && !w.nameMissing && w.newest() >= 0:
 		w.fail("the name is missing")
 	case n != nil && strings.HasPrefix(what, "part") && !n.wb:
 		w.fail("the name holds %s, not a whole binary", what)
 	}
-	if a := w.names[name+standin.RealSuffix]; a != nil && strings.Contains(string(a.data), standin.Mark) {
+	if a := w.names[name+standin.RealSuffix]; a != nil && !a.legacy && strings.Contains(string(a.data), standin.Mark) {
 		w.fail("harvester-ipam (%s) is aside", w.what(a))
 	}
 	if v := w.newest(); v >= 0 && w.copies(v) == 0 {
@@ -228,6 +242,7 @@ func (w *World) cpStep() {
 	c := &w.cp
 	step := c.steps()[c.pc]
 	c.pc++
+	w.cpStepped = true
 	w.log("cp (%s): %s", c.kind, step)
 	whole := real(c.version)
 	switch step {
@@ -326,11 +341,9 @@ func (w *World) step(op string, dependent, write bool) error {
 			return errKilled
 		}
 	}
+	w.raced, w.cpStepped = w.cpStepped, false
 	if w.stopNotUninstall && write {
 		w.fail("the installer wrote (%s) on a stop that is not an uninstall", op)
-	}
-	if write {
-		w.dirty = true
 	}
 	w.log("installer (%s): %s", p.desc, op)
 	return nil
@@ -341,6 +354,7 @@ func (w *World) run(desc string, quiet bool, op func(ctx context.Context, d stan
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &process{desc: desc, resume: make(chan bool), at: make(chan point), cancel: cancel, quiet: quiet}
 	w.inst = p
+	w.dirty = false // a success vouches for its own writes
 	d := standin.Dir{Path: binDir, Name: name, Self: selfPath, FS: fsys{w}, Probe: w.probe}
 	go func() {
 		err := op(ctx, d)
