@@ -330,7 +330,7 @@ func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look) (ch
 			return false, err
 		}
 		d.at(StepCaptured)
-		if err := d.keepAside(filepath.Join(d.Path, captureName)); err != nil {
+		if err := d.keepAside(ctx, filepath.Join(d.Path, captureName)); err != nil {
 			return true, err
 		}
 		changed = true
@@ -422,20 +422,28 @@ func (d Dir) settle(ctx context.Context, tmp string) error {
 		}
 		return nil
 	case runs:
-		return d.keepAside(tmp)
+		return d.keepAside(ctx, tmp)
 	default:
 		return pending(tmp, l)
 	}
 }
 
-// keepAside makes the real binary at tmp the aside. A link to the aside
-// itself (a kill left it) is only removed: a rename between two links of
-// one file does nothing.
-func (d Dir) keepAside(tmp string) error {
+// keepAside makes the real binary at tmp the aside, unless the aside is a
+// real binary written no earlier (then tmp is the older, or a link to the
+// aside itself, and is removed). Real binaries are ordered by when they
+// were written (their mtime; whereabouts' cp -f writes a new one, every
+// step here only moves it): "the newest ever written" is the last write.
+func (d Dir) keepAside(ctx context.Context, tmp string) error {
 	fsys := d.fs()
-	t, errT := fsys.Stat(tmp)
-	a, errA := fsys.Stat(d.aside())
-	if errT == nil && errA == nil && t.Same(a) {
+	t, err := fsys.Stat(tmp)
+	if err != nil {
+		return fmt.Errorf("keep the real %s aside: %w", d.Name, err)
+	}
+	a, err := d.look(ctx, d.aside())
+	if err != nil {
+		return err
+	}
+	if a.kind == runs && (a.file.Same(t) || !t.ModTime.After(a.file.ModTime)) {
 		return fsys.Remove(tmp)
 	}
 	if err := fsys.Rename(tmp, d.aside()); err != nil {
@@ -521,6 +529,9 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		return false, pending(d.aside(), a)
 	case n.kind == busy || n.kind == unknown:
 		return false, pending(d.name(), n)
+	case n.kind == runs && a.kind == runs && a.file.ModTime.After(n.file.ModTime):
+		// An older real binary at the name, the newest aside (a kill while
+		// giving back left them so): the aside goes to the name, below.
 	case n.kind == runs:
 		// The real binary is at the name: given back already, or written
 		// since, and then newer than the aside, which goes once the name
@@ -604,6 +615,15 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		if err := fsys.Remove(back); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return false, err
 		}
+	case runs:
+		if !out.file.ModTime.After(a.file.ModTime) {
+			// An older real binary that was at the name: the newer is there now.
+			if err := fsys.Remove(back); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return false, err
+			}
+			break
+		}
+		fallthrough
 	default:
 		// Written at the name meanwhile: newer than what was given back.
 		// It goes back to the name, and what was given back to the aside;
@@ -611,7 +631,7 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		if err := fsys.Exchange(back, d.name()); err != nil {
 			return false, fmt.Errorf("put %s's newer binary back at %s: %w (it is at %s)", d.Name, d.name(), err, back)
 		}
-		if err := d.keepAside(back); err != nil {
+		if err := d.keepAside(ctx, back); err != nil {
 			return false, err
 		}
 		return false, fmt.Errorf("%s was written while it was given back: %w", d.name(), ErrPending)

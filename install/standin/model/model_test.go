@@ -35,13 +35,17 @@ func TestModel(t *testing.T) {
 	t.Logf("%d scenarios, %d runs, %d through the no-exchange window, in %s", len(Scenarios()), runs, windows, time.Since(start).Round(time.Millisecond))
 }
 
-var only = flag.String("model.only", "", "explore only scenarios whose description contains this")
+var (
+	only  = flag.String("model.only", "", "explore only scenarios whose description contains this")
+	first = flag.Bool("model.first", false, "stop each scenario at its first violation")
+)
 
 // TestModelEach prints each scenario's runs and time (go test -run TestModelEach -v -timeout 0).
 func TestModelEach(t *testing.T) {
 	if *only == "" {
 		t.Skip("-model.only selects the scenarios")
 	}
+	StopAtFirst = *first
 	for _, s := range Scenarios() {
 		if !strings.Contains(s.String(), *only) && *only != "all" {
 			continue
@@ -50,7 +54,7 @@ func TestModelEach(t *testing.T) {
 		r := Explore(s, 0, 0)
 		fmt.Printf("%-75s %8d runs %6d windows %6d violations %s\n", s, r.Runs, r.Windows, r.Violations, time.Since(start).Round(time.Millisecond))
 		if r.Violations > 0 {
-			t.Errorf("%s:\n%s", s, r.Trace())
+			t.Errorf("%s (choices %v):\n%s", s, r.FirstPath, r.Trace())
 		}
 	}
 }

@@ -40,6 +40,10 @@ type World struct {
 	// cpStepped: cp took a step since the installer's last; raced: it had
 	// when the installer's current step began.
 	cpStepped, raced bool
+	// cpInOp: cp took a step during the installer's current run (without
+	// hard links the real binary is copied aside: the copy's whole time is
+	// the window).
+	cpInOp bool
 
 	ever        map[int]bool   // real versions that were whole at some instant
 	lost        map[int]string // versions whose last copy went, and how
@@ -116,6 +120,9 @@ func (w *World) gone(n *inode, how string) {
 	v := w.version(n)
 	if v < 0 || w.named(n) || w.copies(v) > 0 {
 		return
+	}
+	if _, ok := w.lost[v]; ok {
+		return // a copy of what cp or the window took already
 	}
 	top := -1
 	for u := range w.ever {
@@ -242,7 +249,7 @@ func (w *World) cpStep() {
 	c := &w.cp
 	step := c.steps()[c.pc]
 	c.pc++
-	w.cpStepped = true
+	w.cpStepped, w.cpInOp = true, true
 	w.log("cp (%s): %s", c.kind, step)
 	whole := real(c.version)
 	switch step {
@@ -341,7 +348,7 @@ func (w *World) step(op string, dependent, write bool) error {
 			return errKilled
 		}
 	}
-	w.raced, w.cpStepped = w.cpStepped, false
+	w.raced, w.cpStepped = w.cpStepped || !w.links && w.cpInOp, false
 	if w.stopNotUninstall && write {
 		w.fail("the installer wrote (%s) on a stop that is not an uninstall", op)
 	}
@@ -355,6 +362,7 @@ func (w *World) run(desc string, quiet bool, op func(ctx context.Context, d stan
 	p := &process{desc: desc, resume: make(chan bool), at: make(chan point), cancel: cancel, quiet: quiet}
 	w.inst = p
 	w.dirty = false // a success vouches for its own writes
+	w.cpInOp = false
 	d := standin.Dir{Path: binDir, Name: name, Self: selfPath, FS: fsys{w}, Probe: w.probe}
 	go func() {
 		err := op(ctx, d)
