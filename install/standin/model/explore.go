@@ -191,7 +191,7 @@ func Run(s Scenario, ch *chooser) *World {
 			continue
 		}
 		f := w.newInode(b)
-		f.mtime = max(int64(w.version(f)), 0) // written in the order of their versions, long ago
+		f.mtime = max(int64(w.version(f)), 0)                       // written in the order of their versions, long ago
 		f.wb = base == name && strings.HasPrefix(w.what(f), "part") // a cp killed before
 		f.legacy = base != name && strings.Contains(string(b), standin.Mark)
 		w.names[base] = f
