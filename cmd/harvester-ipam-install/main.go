@@ -109,6 +109,10 @@ func main() {
 			if ds, err = install.NewOwner(kubecfg, ns, owner); err != nil {
 				fail(err)
 			}
+			// Said now, not only when it matters: an uninstall must read it.
+			if _, err := ds.Get(ctx); err != nil {
+				logf("warning: cannot read DaemonSet %s/%s (%v): when stopped, harvester-ipam keeps standing in unless it can tell an uninstall", ns, owner, err)
+			}
 		}
 		defer onStop(ctx, opt, standIn, ds)
 		go func() {
