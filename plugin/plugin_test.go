@@ -402,3 +402,21 @@ func TestAVerbIsBoundedByItsTimeout(t *testing.T) {
 	}
 	assert.Equal(t, 150*time.Second, DefaultTimeout)
 }
+
+// heldBy are the container IDs of the pod's entries, and their addresses,
+// in offset order.
+func (r *rig) heldBy(podRef string) (ids, ips []string) {
+	pool := r.pool()
+	offs := make([]string, 0, len(pool))
+	for off := range pool {
+		offs = append(offs, off)
+	}
+	sort.Slice(offs, func(i, j int) bool { return len(offs[i]) < len(offs[j]) || len(offs[i]) == len(offs[j]) && offs[i] < offs[j] })
+	for _, off := range offs {
+		if a := pool[off]; a.PodRef == podRef {
+			ids = append(ids, a.ContainerID)
+			ips = append(ips, "192.168.50."+off)
+		}
+	}
+	return ids, ips
+}
