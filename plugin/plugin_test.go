@@ -411,7 +411,9 @@ func (r *rig) heldBy(podRef string) (ids, ips []string) {
 	for off := range pool {
 		offs = append(offs, off)
 	}
-	sort.Slice(offs, func(i, j int) bool { return len(offs[i]) < len(offs[j]) || len(offs[i]) == len(offs[j]) && offs[i] < offs[j] })
+	sort.Slice(offs, func(i, j int) bool {
+		return len(offs[i]) < len(offs[j]) || len(offs[i]) == len(offs[j]) && offs[i] < offs[j]
+	})
 	for _, off := range offs {
 		if a := pool[off]; a.PodRef == podRef {
 			ids = append(ids, a.ContainerID)
