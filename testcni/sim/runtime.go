@@ -74,7 +74,16 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 		}
 		switch verb {
 		case "ADD":
+			run := w.beginAdd(a, att)
+			defer w.endAdd(a, run)
 			err = p.Add(args)
+			if err == nil && !a.killed {
+				ip, err = result(a, verb, out.Bytes(), nil)
+				if err == nil {
+					w.checkAdd(run, ip)
+				}
+				return ip, err
+			}
 		case "DEL":
 			err = p.Del(args)
 		case "GC":
