@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
@@ -217,7 +218,10 @@ func TestHarvesterIPAMAsItsOwnDelegateStopsAtOnce(t *testing.T) {
 				t.Setenv("CNI_COMMAND", "ADD")
 				e := Start(ctx, "whereabouts", "ADD", nil)
 				require.True(t, e.Started())
-				waitFor(t, filepath.Join(play, "self-starts"))
+				// Counted, before it is killed for the run anew.
+				for i := 0; i < 2000 && read(t, filepath.Join(play, "self-starts")) != "start\n"; i++ {
+					time.Sleep(5 * time.Millisecond)
+				}
 				t.Setenv("CNI_CONTAINERID", "c2")
 				_, err = invoke.DelegateAdd(ctx, "whereabouts", []byte(conf), e)
 			default:
