@@ -103,7 +103,7 @@ func (w *world) checkAdd(run *addRun, ip net.IP) {
 		w.stats["liveness: ADDs checked that had earlier sandboxes' entries"]++
 	}
 	if bad := w.podHoldsOnly(sb, att, ip); len(bad) > 0 {
-		w.tr.add("LIVENESS: after ADD %s -> %s: %v", att, ip, bad)
+		w.tr.add("LIVENESS: after ADD %s -> %s: %v", att.name(), ip, bad)
 		w.s.violations = append(w.s.violations, bad...)
 	}
 }
@@ -122,7 +122,7 @@ func (w *world) podHoldsOnly(sb *sandbox, att *attachment, ip net.IP) []string {
 	}
 	p := w.api.Pool(poolNS, pool)
 	if p == nil {
-		return []string{fmt.Sprintf("after ADD %s -> %s, pool %s is gone", att, ip, pool)}
+		return []string{fmt.Sprintf("after ADD of %s -> %s, pool %s is gone", att.name(), ip, pool)}
 	}
 	as, err := shim.Allocations(p)
 	if err != nil {
@@ -136,18 +136,23 @@ func (w *world) podHoldsOnly(sb *sandbox, att *attachment, ip net.IP) []string {
 		ifn, ok := want[a.IP.String()]
 		switch {
 		case a.ContainerID != sb.id:
-			bad = append(bad, fmt.Sprintf("after ADD %s -> %s, %s is still held by %s (ifname %q), an earlier sandbox of the pod, in pool %s", att, ip, a.IP, a.ContainerID, a.IfName, pool))
+			bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, %s is still held by %s (ifname %q), an earlier sandbox of the pod, in pool %s", att.name(), ip, a.IP, a.ContainerID, a.IfName, pool))
 		case !ok:
-			bad = append(bad, fmt.Sprintf("after ADD %s -> %s, the sandbox holds %s (ifname %q) too in pool %s", att, ip, a.IP, a.IfName, pool))
+			bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, the sandbox holds %s (ifname %q) too in pool %s", att.name(), ip, a.IP, a.IfName, pool))
 		case a.IfName != ifn && a.IfName != "":
-			bad = append(bad, fmt.Sprintf("after ADD %s -> %s, %s is held for ifname %q, not %q, in pool %s", att, ip, a.IP, a.IfName, ifn, pool))
+			bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, %s is held for ifname %q, not %q, in pool %s", att.name(), ip, a.IP, a.IfName, ifn, pool))
 		default:
 			delete(want, a.IP.String())
 		}
 	}
 	for _, addr := range sortedKeys(want) {
-		bad = append(bad, fmt.Sprintf("after ADD %s -> %s, the sandbox holds no entry for %s (%s) in pool %s", att, ip, addr, want[addr], pool))
+		bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, the sandbox holds no entry for %s (%s) in pool %s", att.name(), ip, addr, want[addr], pool))
 	}
 	sort.Strings(bad)
 	return bad
+}
+
+// name names an attachment before its ADD returned.
+func (a *attachment) name() string {
+	return fmt.Sprintf("%s/%s %s (%s)", a.sb.pod.ref(), a.ifname, a.sb.id, a.net.name)
 }
