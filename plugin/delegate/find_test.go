@@ -257,4 +257,13 @@ func TestTheGuardIsInTheDelegatesEnvironmentOnly(t *testing.T) {
 	b, err = json.Marshal(guarded([]string{"A=1"}))
 	require.NoError(t, err)
 	assert.JSONEq(t, `["A=1","`+GuardEnv+`=1"]`, string(b))
+
+	// The guard is added to a copy: an environment with room to spare is
+	// not written into, so what its owner appends later cannot overwrite
+	// the guard, nor the guard what it appends.
+	env := make([]string, 1, 4)
+	env[0] = "A=1"
+	g := guarded(env)
+	_ = append(env, "B=2")
+	assert.Equal(t, []string{"A=1", GuardEnv + "=1"}, g)
 }
