@@ -33,6 +33,7 @@ type ownResult struct {
 	Op      string `json:"op"`
 	Orig    string `json:"orig"`
 	Mutated string `json:"mutated"`
+	Text    string `json:"text"` // the source line, trimmed
 	Status  string `json:"status"` // gremlins' words: KILLED, LIVED, TIMED OUT, NOT COVERED, NOT VIABLE
 	Seconds float64
 }
@@ -81,8 +82,13 @@ func ownMutants(root, pkg string) ([]ownResult, map[string][][]byte, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", file, err)
 		}
+		lines := strings.Split(string(src), "\n")
 		for _, m := range ms {
-			out = append(out, ownResult{File: file, Line: m.Line, Column: m.Column, Op: m.Op, Orig: m.Orig, Mutated: m.Mutated})
+			r := ownResult{File: file, Line: m.Line, Column: m.Column, Op: m.Op, Orig: m.Orig, Mutated: m.Mutated}
+			if m.Line >= 1 && m.Line <= len(lines) {
+				r.Text = strings.TrimSpace(lines[m.Line-1])
+			}
+			out = append(out, r)
 			srcs[file] = append(srcs[file], m.Src)
 		}
 	}
@@ -227,14 +233,6 @@ func testStatus(err error, outerTimeout bool, out []byte) string {
 // worker), on the lines the tests cover.
 func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Duration, progress io.Writer) (*ownRun, error) {
 	start := time.Now()
-	muts, srcs, err := ownMutants(root, pkg)
-	if err != nil {
-		return nil, err
-	}
-	modPath, err := modulePath(root)
-	if err != nil {
-		return nil, err
-	}
 	copies := make([]string, max(1, workers))
 	for i := range copies {
 		copies[i] = filepath.Join(scratch, fmt.Sprintf("module-%d", i))
@@ -243,6 +241,16 @@ func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Durat
 				return nil, err
 			}
 		}
+	}
+	// Everything from the copies, made once: the work tree may change while
+	// this runs.
+	muts, srcs, err := ownMutants(copies[0], pkg)
+	if err != nil {
+		return nil, err
+	}
+	modPath, err := modulePath(copies[0])
+	if err != nil {
+		return nil, err
 	}
 	// The package's tests as they are: they must pass, and how long they
 	// take (build included) sets each mutant's timeout.
@@ -278,7 +286,7 @@ func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Durat
 			for j := range jobs {
 				m := &muts[j.i]
 				file := filepath.Join(dir, m.File)
-				orig, err := os.ReadFile(filepath.Join(root, m.File))
+				orig, err := os.ReadFile(file)
 				if err == nil {
 					err = os.WriteFile(file, j.src, 0o644)
 				}
@@ -329,18 +337,20 @@ func tallyOwn(root, pkg string, run *ownRun, eqs *equivalents) (row, error) {
 	r := row{pkg: pkg, unbuilt: map[string]int{}, elapsed: time.Duration(run.Elapsed * float64(time.Second))}
 	lines := map[string][]string{}
 	for _, m := range run.Mutants {
-		src, ok := lines[m.File]
-		if !ok {
-			b, err := os.ReadFile(filepath.Join(root, m.File))
-			if err != nil {
-				return r, err
+		mu := mutant{file: m.File, line: m.Line, column: m.Column, mutator: m.Op, status: m.Status, orig: m.Orig, mutated: m.Mutated, text: m.Text}
+		if mu.text == "" {
+			src, ok := lines[m.File]
+			if !ok {
+				b, err := os.ReadFile(filepath.Join(root, m.File))
+				if err != nil {
+					return r, err
+				}
+				src = strings.Split(string(b), "\n")
+				lines[m.File] = src
 			}
-			src = strings.Split(string(b), "\n")
-			lines[m.File] = src
-		}
-		mu := mutant{file: m.File, line: m.Line, column: m.Column, mutator: m.Op, status: m.Status, orig: m.Orig, mutated: m.Mutated}
-		if m.Line >= 1 && m.Line <= len(src) {
-			mu.text = strings.TrimSpace(src[m.Line-1])
+			if m.Line >= 1 && m.Line <= len(src) {
+				mu.text = strings.TrimSpace(src[m.Line-1])
+			}
 		}
 		r.count(mu, eqs)
 	}
