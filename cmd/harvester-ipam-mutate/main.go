@@ -1,7 +1,11 @@
-// Command harvester-ipam-mutate runs mutation testing over
-// packages one at a time, each against its own unit tests, and prints a table
-// of test efficacy and mutator coverage per package; it fails when a package
-// is below the thresholds. `make mutate` runs it.
+// Command harvester-ipam-mutate runs mutation testing over packages one at
+// a time, each against its own unit tests, in two passes: gremlins' operators
+// (a boundary moved, a condition negated, arithmetic swapped), and the
+// project's own (ops.go: a count shifted by one, an element dropped from an
+// append or a []string list, a function or call that returns its input, a
+// flag dropped from a bit mask), which gremlins never plants. It prints a
+// table of test efficacy and mutator coverage per package and pass, and
+// fails when a package is below the thresholds. `make mutate` runs it.
 //
 // A mutant that lives because it cannot change behaviour (an equivalent
 // mutant) is listed, with a reason, in the equivalents file
@@ -10,7 +14,9 @@
 //
 //	shim/clock.go  CONDITIONALS_BOUNDARY  `if b.Cap > 0 && d > float64(b.Cap) {`  reason...
 //
-// MUTATOR:COLUMN (gremlins' column) excuses only the mutant at that column,
+// MUTATOR:COLUMN (gremlins' column; the own operators', that of the
+// comparison's or the or's operator, of the dropped element, of the call or
+// of the function's name) excuses only the mutant at that column,
 // for a line whose other mutant of that mutator a test kills.
 //
 // An excused mutant is taken out of the counts (it is no bug a test could
@@ -23,6 +29,12 @@
 // that a subpackage's files are "not covered" and never run, and the table
 // counts only PKG's own files. Each mutant is then tested by gremlins with
 // `go test PKG` (the wrapper adds -vet=off): the package's own tests only.
+//
+// The own pass writes each mutant into a scratch copy of the module (one per
+// worker, never the work tree) and runs `go test -vet=off -failfast PKG`
+// there with a timeout (the package's test run times -timeout-coefficient, at
+// least -min-timeout); a mutant on a line the package's tests never run (its
+// cover profile) is not covered, and not run.
 //
 // Conventions (gremlins'): efficacy is killed / (killed + lived), coverage
 // (killed + lived) / (killed + lived + not covered). A mutant whose test run
