@@ -33,7 +33,7 @@ type ownResult struct {
 	Op      string `json:"op"`
 	Orig    string `json:"orig"`
 	Mutated string `json:"mutated"`
-	Text    string `json:"text"` // the source line, trimmed
+	Text    string `json:"text"`   // the source line, trimmed
 	Status  string `json:"status"` // gremlins' words: KILLED, LIVED, TIMED OUT, NOT COVERED, NOT VIABLE
 	Seconds float64
 }
