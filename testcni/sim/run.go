@@ -45,6 +45,10 @@ type Options struct {
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
 	sabotage bool
+	// livenessOfPlain checks the liveness after ADD of the pod on
+	// whereabouts alone too: the checker's test (whereabouts v0.7.0 alone
+	// leaks a crash-looping pod's addresses).
+	livenessOfPlain bool
 	// podControllerFreesAll makes whereabouts' pod controller release every
 	// entry of the deleted pod's pools, not just the pod's: the checker's test.
 	podControllerFreesAll bool

@@ -3,6 +3,7 @@ package sim
 import (
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +81,38 @@ func TestTheCheckerCatchesAFreedLiveEntry(t *testing.T) {
 	if caught == 0 {
 		t.Fatal("50 schedules of a sabotaged world, no violation seen")
 	}
+}
+
+// The liveness after ADD is no property every IPAM has: whereabouts v0.7.0
+// alone, checked by it (the pod on the plain network), leaves a crash-looping
+// pod's earlier addresses, and is caught; v0.9.3 alone hands a new sandbox
+// its pod's entry on the interface, and passes where it does.
+func TestTheLivenessCheckCatchesWhereaboutsAlone(t *testing.T) {
+	caught := map[string]int{}
+	seeds := map[string]uint64{fake.V070: 30, fake.V093: 20}
+	for _, v := range []string{fake.V070, fake.V093} {
+		o := DefaultOptions(v)
+		o.livenessOfPlain = true
+		o.Leftovers = false
+		for seed := uint64(1); seed <= seeds[v]; seed++ {
+			res, err := Run(seed, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range res.Violations {
+				if !strings.Contains(x, "plain-d") {
+					t.Fatalf("seed %d on %s: a violation not of whereabouts alone: %v\n%s", seed, v, res.Violations, res.Trace)
+				}
+				if strings.Contains(x, "an earlier sandbox of the pod") {
+					caught[v]++
+				}
+			}
+		}
+	}
+	if caught[fake.V070] == 0 {
+		t.Fatal("30 schedules of whereabouts v0.7.0 alone checked, no earlier sandbox's entry seen left")
+	}
+	t.Logf("earlier sandboxes' entries left after ADD: %v (of 30 schedules of v0.7.0, 20 of v0.9.3)", caught)
 }
 
 // whereabouts' pod controller is in the model and the checker sees what it
