@@ -70,14 +70,26 @@ var identityCalls = map[string]bool{
 	"maps.Clone": true,
 }
 
-// mutate makes every mutant of the operators in one Go file.
-func mutate(filename string, src []byte) ([]ownMutant, error) {
+// mutate makes every mutant of the operators in one Go file; consts are
+// the package's constants (of its other files too).
+func mutate(filename string, src []byte, consts map[string]bool) ([]ownMutant, error) {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, filename, src, parser.ParseComments)
 	if err != nil {
 		return nil, err
 	}
-	m := &mutator{fset: fset, file: f, identity: map[string]bool{}}
+	m := &mutator{fset: fset, file: f, identity: map[string]bool{}, imports: map[string]bool{}, consts: consts}
+	for _, im := range f.Imports {
+		name := ""
+		if im.Name != nil {
+			name = im.Name.Name
+		} else if p, err := strconv.Unquote(im.Path.Value); err == nil {
+			// The package's name is its path's last element, mostly (not
+			// a /vN suffix): a wrong guess only makes a drop a reslice.
+			name = p[strings.LastIndex(p, "/")+1:]
+		}
+		m.imports[name] = true
+	}
 	// The package's own functions that return their first parameter's type
 	// (in this file; a call of one in another file is not rewritten).
 	for _, d := range f.Decls {
@@ -95,6 +107,8 @@ type mutator struct {
 	fset     *token.FileSet
 	file     *ast.File
 	identity map[string]bool
+	imports  map[string]bool // the names the file's imports are known by
+	consts   map[string]bool
 	out      []ownMutant
 	err      error
 }
@@ -207,24 +221,48 @@ func (m *mutator) dropFlag(e *ast.BinaryExpr) {
 }
 
 // dropAppended: each element of an append dropped in turn; the spread of
-// append(s, xs...) dropped.
+// append(s, xs...) dropped. An element that uses a variable is moved to the
+// end and cut off by a reslice (append(s, a, b) -> append(s, b, a)[:len(s)+1])
+// rather than dropped from the source: what it alone used (a loop
+// variable) would be left unused, and the mutant would not compile.
 func (m *mutator) dropAppended(c *ast.CallExpr) {
 	if id, ok := c.Fun.(*ast.Ident); !ok || id.Name != "append" || len(c.Args) < 2 {
 		return
 	}
 	orig := m.text(c)
 	args, ellipsis := c.Args, c.Ellipsis
+	n := len(args) - 1
 	for i := 1; i < len(args); i++ {
-		c.Args = append(append([]ast.Expr{}, args[:i]...), args[i+1:]...)
-		if i == len(args)-1 {
-			c.Ellipsis = token.NoPos
+		rest := append(append([]ast.Expr{}, args[:i]...), args[i+1:]...)
+		if m.constant(args[i]) {
+			c.Args = rest
+			if i == n {
+				c.Ellipsis = token.NoPos
+			}
+			m.emit(opDropElement, args[i], orig, c)
+			c.Args, c.Ellipsis = args, ellipsis
+			continue
 		}
-		m.emit(opDropElement, args[i], orig, c)
-		c.Args, c.Ellipsis = args, ellipsis
+		moved := &ast.CallExpr{Fun: c.Fun, Args: append(rest, args[i]), Ellipsis: token.NoPos}
+		if ellipsis.IsValid() && i == n {
+			moved.Ellipsis = ellipsis
+		}
+		var high ast.Expr = &ast.CallExpr{Fun: ast.NewIdent("len"), Args: []ast.Expr{args[0]}}
+		if n > 1 {
+			high = &ast.BinaryExpr{X: high, Op: token.ADD, Y: &ast.BasicLit{Kind: token.INT, Value: strconv.Itoa(n - 1)}}
+		}
+		cut := &ast.SliceExpr{X: moved, High: high}
+		undo, ok := replaceExpr(m.file, c, cut)
+		if !ok {
+			continue
+		}
+		m.emit(opDropElement, args[i], orig, cut)
+		undo()
 	}
 }
 
-// dropListed: each element of a []string literal dropped in turn.
+// dropListed: each element of a []string literal dropped in turn (moved to
+// the end and cut off when it uses a variable, as in dropAppended).
 func (m *mutator) dropListed(c *ast.CompositeLit) {
 	at, ok := c.Type.(*ast.ArrayType)
 	if !ok || at.Len != nil {
@@ -233,13 +271,52 @@ func (m *mutator) dropListed(c *ast.CompositeLit) {
 	if id, ok := at.Elt.(*ast.Ident); !ok || id.Name != "string" {
 		return
 	}
+	for _, e := range c.Elts {
+		if _, keyed := e.(*ast.KeyValueExpr); keyed {
+			return
+		}
+	}
 	orig := m.text(c)
 	elts := c.Elts
 	for i := range elts {
-		c.Elts = append(append([]ast.Expr{}, elts[:i]...), elts[i+1:]...)
-		m.emit(opDropElement, elts[i], orig, c)
-		c.Elts = elts
+		rest := append(append([]ast.Expr{}, elts[:i]...), elts[i+1:]...)
+		if m.constant(elts[i]) {
+			c.Elts = rest
+			m.emit(opDropElement, elts[i], orig, c)
+			c.Elts = elts
+			continue
+		}
+		cut := &ast.SliceExpr{X: &ast.CompositeLit{Type: c.Type, Elts: append(rest, elts[i])}, High: &ast.BasicLit{Kind: token.INT, Value: strconv.Itoa(len(elts) - 1)}}
+		undo, ok := replaceExpr(m.file, c, cut)
+		if !ok {
+			continue
+		}
+		m.emit(opDropElement, elts[i], orig, cut)
+		undo()
 	}
+}
+
+// constant says whether an expression uses no variable: only literals,
+// names qualified by an import, the package's constants, true, false and
+// nil. Dropping one leaves nothing unused.
+func (m *mutator) constant(e ast.Expr) bool {
+	ok := true
+	ast.Inspect(e, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.SelectorExpr:
+			if x, isID := n.X.(*ast.Ident); isID && m.imports[x.Name] {
+				return false
+			}
+		case *ast.Ident:
+			if n.Name != "true" && n.Name != "false" && n.Name != "nil" && !m.consts[n.Name] {
+				ok = false
+			}
+		case *ast.FuncLit:
+			ok = false
+		}
+		return ok
+	})
+	return ok
 }
 
 // returnsFirstParam is the index of the result (of one, or of two whose
@@ -379,4 +456,23 @@ func replaceExpr(root ast.Node, old, repl ast.Expr) (undo func(), ok bool) {
 	}
 	found.Set(reflect.ValueOf(repl))
 	return func() { found.Set(reflect.ValueOf(old)) }, true
+}
+
+// constNames are the constants a file declares at its top level.
+func constNames(filename string, src []byte) (map[string]bool, error) {
+	f, err := parser.ParseFile(token.NewFileSet(), filename, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, d := range f.Decls {
+		if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.CONST {
+			for _, sp := range g.Specs {
+				for _, n := range sp.(*ast.ValueSpec).Names {
+					out[n.Name] = true
+				}
+			}
+		}
+	}
+	return out, nil
 }

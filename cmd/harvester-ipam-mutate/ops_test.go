@@ -41,19 +41,27 @@ func TestOwnOperators(t *testing.T) {
 		body: "_ = x&4 != 0\n_ = x == len(s)\n_ = e[0] == \"0\"\nconst c = len(\"ab\") > 0\n_ = c",
 		want: nil,
 	}, {
+		// An element that uses a variable is moved to the end and cut off:
+		// dropped from the source, the loop's v would be unused.
 		name: "an element dropped from an append, each in turn; a spread dropped",
-		body: "s = append(s, \"a\", \"b\")\ns = append(s, e...)\n_ = append(s)",
+		body: "s = append(s, \"a\", \"b\")\ns = append(s, e...)\n_ = append(s)\nfor _, v := range e { s = append(s, v, K, strings.ToLower(\"B\")) }",
 		want: []string{
 			"4:15 DROP_ELEMENT `append(s, \"a\", \"b\")` made `append(s, \"b\")`",
 			"4:20 DROP_ELEMENT `append(s, \"a\", \"b\")` made `append(s, \"a\")`",
-			"5:15 DROP_ELEMENT `append(s, e...)` made `append(s)`",
+			"5:15 DROP_ELEMENT `append(s, e...)` made `append(s, e...)[:len(s)]`",
+			"7:37 DROP_ELEMENT `append(s, v, K, strings.ToLower(\"B\"))` made `append(s, K, strings.ToLower(\"B\"), v)[:len(s)+2]`",
+			"7:40 DROP_ELEMENT `append(s, v, K, strings.ToLower(\"B\"))` made `append(s, v, strings.ToLower(\"B\"))`",
+			"7:43 DROP_ELEMENT `append(s, v, K, strings.ToLower(\"B\"))` made `append(s, v, K)`",
+			"7:43 RETURN_INPUT `strings.ToLower(\"B\")` made `\"B\"`",
 		},
 	}, {
 		name: "an element dropped from an environment list",
-		body: "e = []string{\"A=1\", \"B=2\"}\n_ = []int{1, 2}",
+		body: "e = []string{\"A=1\", \"B=2\"}\n_ = []int{1, 2}\ne = []string{\"A=1\", e[0]}",
 		want: []string{
 			"4:14 DROP_ELEMENT `[]string{\"A=1\", \"B=2\"}` made `[]string{\"B=2\"}`",
 			"4:21 DROP_ELEMENT `[]string{\"A=1\", \"B=2\"}` made `[]string{\"A=1\"}`",
+			"6:14 DROP_ELEMENT `[]string{\"A=1\", e[0]}` made `[]string{e[0]}`",
+			"6:21 DROP_ELEMENT `[]string{\"A=1\", e[0]}` made `[]string{\"A=1\", e[0]}[:1]`",
 		},
 	}, {
 		name: "a flag dropped from a bit mask, each side",
@@ -72,8 +80,8 @@ func TestOwnOperators(t *testing.T) {
 		},
 	}} {
 		t.Run(tt.name, func(t *testing.T) {
-			src := "package p\nimport \"strings\"\nfunc f(x int, s []string, e []string) {\n" + tt.body + "\n}\nvar _ = strings.ToLower\n"
-			ms, err := mutate("p.go", []byte(src))
+			src := "package p\nimport \"strings\"\nfunc f(x int, s []string, e []string) {\n" + tt.body + "\n}\nvar _ = strings.ToLower\nconst K = \"k\"\n"
+			ms, err := mutate("p.go", []byte(src), map[string]bool{"K": true})
 			require.NoError(t, err)
 			var got []string
 			for _, m := range ms {
@@ -111,7 +119,7 @@ func use() {
 	_, _ = clean("a", true)
 }
 `
-	ms, err := mutate("p.go", []byte(src))
+	ms, err := mutate("p.go", []byte(src), map[string]bool{"K": true})
 	require.NoError(t, err)
 	var got []string
 	for _, m := range ms {
@@ -135,7 +143,7 @@ func use() {
 // statement, so the mutant would not compile.
 func TestReplaceExprLeavesStatements(t *testing.T) {
 	src := "package p\nimport \"strings\"\nfunc f() {\n\tstrings.ToLower(\"a\")\n}\n"
-	ms, err := mutate("p.go", []byte(src))
+	ms, err := mutate("p.go", []byte(src), map[string]bool{"K": true})
 	require.NoError(t, err)
 	assert.Empty(t, ms)
 }

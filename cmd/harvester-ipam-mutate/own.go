@@ -73,12 +73,26 @@ func ownMutants(root, pkg string) ([]ownResult, map[string][][]byte, error) {
 	}
 	var out []ownResult
 	srcs := map[string][][]byte{}
+	consts := map[string]bool{}
 	for _, file := range files {
 		src, err := os.ReadFile(filepath.Join(root, file))
 		if err != nil {
 			return nil, nil, err
 		}
-		ms, err := mutate(file, src)
+		cs, err := constNames(file, src)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", file, err)
+		}
+		for c := range cs {
+			consts[c] = true
+		}
+	}
+	for _, file := range files {
+		src, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			return nil, nil, err
+		}
+		ms, err := mutate(file, src, consts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", file, err)
 		}
