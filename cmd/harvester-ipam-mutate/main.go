@@ -74,6 +74,7 @@ func main() {
 		listLived  = flag.Bool("lived", true, "list the mutants that lived or were not covered")
 		moduleRoot = flag.String("root", ".", "the module's root")
 		from       = flag.String("from", "", "tally the JSON an earlier run kept with -out in this dir, without running any mutant")
+		again      = flag.String("again", "", "the own pass: take the mutants an earlier run kept with -out in this dir killed (or found not viable) as they were, and run the others again")
 		list       = flag.Bool("list", false, "list the own operators' mutants of the packages, and run nothing")
 		passes     = flag.String("passes", "gremlins,own", "the passes to run: gremlins' operators, the project's own (COUNT_SHIFT, DROP_ELEMENT, RETURN_INPUT, DROP_FLAG), or both")
 	)
@@ -153,7 +154,12 @@ func main() {
 			if *from != "" {
 				run, err = readOwn(filepath.Join(*from, strings.ReplaceAll(pkg, "/", "_")+".own.json"))
 			} else {
-				run, err = runOwn(root, pkg, scratch, *workers, *coeff, *minTimeout, os.Stderr)
+				var prev *ownRun
+				if *again != "" {
+					prev, err = readOwn(filepath.Join(*again, strings.ReplaceAll(pkg, "/", "_")+".own.json"))
+					check(err)
+				}
+				run, err = runOwn(root, pkg, scratch, *workers, *coeff, *minTimeout, prev, os.Stderr)
 				if err == nil {
 					err = writeOwn(keep, run)
 				}

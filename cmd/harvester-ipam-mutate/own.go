@@ -38,6 +38,11 @@ type ownResult struct {
 	Seconds float64
 }
 
+// key names a mutant by what it rewrote, wherever its line moved.
+func (m ownResult) key() string {
+	return strings.Join([]string{m.File, m.Op, strconv.Itoa(m.Column), m.Text, m.Orig, m.Mutated}, "\x00")
+}
+
 type ownRun struct {
 	Elapsed float64     `json:"elapsed"`
 	Mutants []ownResult `json:"mutants"`
@@ -245,7 +250,11 @@ func testStatus(err error, outerTimeout bool, out []byte) string {
 // runOwn runs the own pass on pkg: every mutant against the package's
 // unit tests in scratch copies of the module under scratch (one per
 // worker), on the lines the tests cover.
-func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Duration, progress io.Writer) (*ownRun, error) {
+//
+// With prev (an earlier run of the package, -again), a mutant it killed or
+// found not viable is taken as it was, and only the others are run again:
+// the tests written since are to kill them.
+func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Duration, prev *ownRun, progress io.Writer) (*ownRun, error) {
 	start := time.Now()
 	copies := make([]string, max(1, workers))
 	for i := range copies {
@@ -321,11 +330,23 @@ func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Durat
 			}
 		}(copies[w])
 	}
+	settled := map[string]string{}
+	if prev != nil {
+		for _, m := range prev.Mutants {
+			if m.Status == "KILLED" || m.Status == "NOT VIABLE" {
+				settled[m.key()] = m.Status
+			}
+		}
+	}
 	next := map[string]int{}
 	for i := range muts {
 		m := &muts[i]
 		src := srcs[m.File][next[m.File]]
 		next[m.File]++
+		if st, ok := settled[m.key()]; ok {
+			m.Status = st
+			continue
+		}
 		if !cov.covered(m.File, m.Line, m.Column) {
 			m.Status = "NOT COVERED"
 			continue
