@@ -99,6 +99,7 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 			}
 			assert.Contains(t, ce.Details, "harvester-ipam-reconciler inspect")
 			assert.Contains(t, ce.Details, "--grace 0 --dry-run")
+			assert.NotRegexp(t, `;\s*$`, ce.Details, "the delegate said no details: nothing joined after the hint")
 			assert.Equal(t, 2, reads, "whereabouts' own read, then one fresh read of the pool to explain")
 			assert.Contains(t, r.log.String(), "holds 6 entries")
 		})
