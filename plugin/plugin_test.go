@@ -383,6 +383,8 @@ func TestAVerbIsBoundedByItsTimeout(t *testing.T) {
 	}{
 		{0, 9 * time.Second, 10 * time.Second},
 		{2 * time.Second, time.Second, 2 * time.Second},
+		// The shortest timeout is a timeout too, not the default.
+		{time.Nanosecond, -time.Hour, time.Nanosecond},
 	} {
 		r := newRig(t, crashLoopedPool()...)
 		spy := &deadlineAPI{API: r.api}
