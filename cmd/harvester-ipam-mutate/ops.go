@@ -204,18 +204,23 @@ func intLit(e ast.Expr) *ast.BasicLit {
 	return nil
 }
 
-// dropFlag: a|b made a, and made b.
+// dropFlag: a|b made a, and made b. The first is told at b's column, the
+// second at the operator's, so that each has a column of its own (a|b|c
+// drops c at c, a|b at the second |, b at b, a at the first |).
 func (m *mutator) dropFlag(e *ast.BinaryExpr) {
 	if e.Op != token.OR {
 		return
 	}
 	orig := m.text(e)
-	for _, keep := range []ast.Expr{e.X, e.Y} {
-		undo, ok := replaceExpr(m.file, e, keep)
+	for _, drop := range []struct {
+		keep ast.Expr
+		at   token.Pos
+	}{{e.X, e.Y.Pos()}, {e.Y, e.OpPos}} {
+		undo, ok := replaceExpr(m.file, e, drop.keep)
 		if !ok {
 			return
 		}
-		m.emit(opDropFlag, opAt{e.OpPos}, orig, keep)
+		m.emit(opDropFlag, opAt{drop.at}, orig, drop.keep)
 		undo()
 	}
 }

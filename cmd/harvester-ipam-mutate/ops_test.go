@@ -67,9 +67,9 @@ func TestOwnOperators(t *testing.T) {
 		name: "a flag dropped from a bit mask, each side",
 		body: "x = x | 4 | 8",
 		want: []string{
-			"4:11 DROP_FLAG `x | 4 | 8` made `x | 4`",
+			"4:13 DROP_FLAG `x | 4 | 8` made `x | 4`",
 			"4:11 DROP_FLAG `x | 4 | 8` made `8`",
-			"4:7 DROP_FLAG `x | 4` made `x`",
+			"4:9 DROP_FLAG `x | 4` made `x`",
 			"4:7 DROP_FLAG `x | 4` made `4`",
 		},
 	}, {
