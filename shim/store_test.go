@@ -581,6 +581,10 @@ func TestSetPoolAnnotation(t *testing.T) {
 	assert.Equal(t, rv, api.Pool(ns, storage).ResourceVersion, "no write when nothing changes")
 	set("2")
 	assert.Equal(t, "2", api.Pool(ns, storage).Annotations["x/y"])
+	// Another annotation beside the one there: both kept.
+	require.NoError(t, s.SetPoolAnnotation(ctx, storage, "x/z", func(*shim.Pool) string { return "3" }))
+	assert.Equal(t, map[string]string{"x/y": "2", "x/z": "3"}, api.Pool(ns, storage).Annotations)
+	require.NoError(t, s.SetPoolAnnotation(ctx, storage, "x/z", func(*shim.Pool) string { return "" }))
 	set("")
 	assert.NotContains(t, api.Pool(ns, storage).Annotations, "x/y")
 	set("")
