@@ -641,23 +641,32 @@ func TestReadsArePaged(t *testing.T) {
 	}
 	api := fake.New()
 	api.Put(objs...)
-	s := shim.New(api, ns, shim.Options{PageSize: 3})
-	lists := 0
-	api.Hook = func(c *fake.Call) error {
-		if c.Verb == "list" {
-			lists++
+	for _, tt := range []struct {
+		pageSize int64
+		lists    int
+	}{
+		{3, 6}, // three pages each
+		{1, 14},
+		{0, 2}, // the default, 500
+	} {
+		s := shim.New(api, ns, shim.Options{PageSize: tt.pageSize})
+		lists := 0
+		api.Hook = func(c *fake.Call) error {
+			if c.Verb == "list" {
+				lists++
+			}
+			return nil
 		}
-		return nil
+		ps, err := s.Pools(context.Background())
+		require.NoError(t, err)
+		assert.Len(t, ps, 7)
+		os, err := s.Reservations(context.Background())
+		require.NoError(t, err)
+		assert.Len(t, os, 7)
+		assert.Equal(t, tt.lists, lists, "pages of %d", tt.pageSize)
 	}
-	ps, err := s.Pools(context.Background())
-	require.NoError(t, err)
-	assert.Len(t, ps, 7)
-	os, err := s.Reservations(context.Background())
-	require.NoError(t, err)
-	assert.Len(t, os, 7)
-	assert.Equal(t, 6, lists, "three pages each")
 
-	_, err = shim.ListAll(context.Background(), 1, func(_ context.Context, p shim.Page) ([]int, string, error) {
+	_, err := shim.ListAll(context.Background(), 1, func(_ context.Context, p shim.Page) ([]int, string, error) {
 		return []int{1}, "stuck", nil
 	})
 	assert.ErrorContains(t, err, "did not advance")
