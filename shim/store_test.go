@@ -795,6 +795,13 @@ func TestTheDefaults(t *testing.T) {
 	_, err = s.Pools(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []int64{2}, api.limits)
+
+	// The shortest is kept too: a nanosecond is no default of 10 s.
+	api.deadlines = nil
+	s = shim.New(api, ns, shim.Options{CallTimeout: time.Nanosecond})
+	_, _ = s.Pool(context.Background(), storage)
+	require.Len(t, api.deadlines, 1)
+	assert.LessOrEqual(t, api.deadlines[0], time.Nanosecond)
 }
 
 // A retry whose wait is cut short (the verb's deadline) says both why it
