@@ -75,6 +75,14 @@ func TestWriteInspectShowsASectionOnlyWithRows(t *testing.T) {
 // and never printed.)
 func TestWriteRowsCountsTheRowsPastMaxRows(t *testing.T) {
 	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	one := make([]Row, MaxRows+1)
+	for i := range one {
+		one[i] = Row{Kind: "allocation", Pool: "p", IP: "10.0.1." + strconv.Itoa(i), PodRef: "ns/x", Reason: PodGone, Action: "release"}
+	}
+	var b bytes.Buffer
+	WriteRows(&b, one, now)
+	assert.True(t, strings.HasSuffix(b.String(), "\n... and 1 more: 1 pod gone, release\n"), "one row past MaxRows is counted too")
+
 	var many []Row
 	for i := 0; i < MaxRows+3; i++ {
 		r := Row{Kind: "allocation", Pool: "p", IP: "10.0.0." + strconv.Itoa(i), PodRef: "ns/x", Reason: PodGone, Action: "release"}
@@ -100,11 +108,13 @@ func TestWriteRows(t *testing.T) {
 		{Kind: "allocation", Pool: "p", IP: "10.0.0.4", PodRef: "ns/a", Container: "0123456789abcdef0123", IfName: "", Reason: PodGone, Since: now.Add(-90 * time.Second), Action: "release"},
 		{Kind: "reservation", Pool: "-", IP: "10.0.0.9", PodRef: "ns/b", Container: "", IfName: "lhnet1", Reason: OrphanedORIP, Action: "wait 10m0s"},
 		{Kind: "allocation", Pool: "p", IP: "10.0.0.5", PodRef: "ns/c", Container: "0123456789abcdef", IfName: "lhnet1", Reason: PodGone, Since: now, Action: "wait 10m0s"},
+		{Kind: "allocation", Pool: "p", IP: "10.0.0.6", PodRef: "ns/d", Container: "0123456789abcdef0", IfName: "lhnet1", Reason: PodGone, Since: now, Action: "wait 10m0s"},
 	}
 	out.Reset()
 	WriteRows(&out, rows, now)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Len(t, lines, 4)
+	require.Len(t, lines, 5)
+	assert.Equal(t, "0123456789abcdef…", strings.Fields(lines[4])[4], "a 17-byte ID cut")
 	assert.Equal(t, []string{"KIND", "POOL", "IP", "POD", "CONTAINER", "IFNAME", "REASON", "STALE", "FOR", "ACTION"}, strings.Fields(lines[0]))
 	assert.Equal(t, []string{"allocation", "p", "10.0.0.4", "ns/a", "0123456789abcdef…", "-", "pod", "gone", "1m30s", "release"}, strings.Fields(lines[1]))
 	assert.Equal(t, []string{"reservation", "-", "10.0.0.9", "ns/b", "-", "lhnet1", "no", "allocation", "holds", "its", "address", "for", "its", "pod", "first", "seen", "now", "wait", "10m0s"}, strings.Fields(lines[2]))
