@@ -65,6 +65,11 @@ func TestUsage(t *testing.T) {
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.0","range_end":"10.0.1.1"}`)},
 		size: 14, free: 14, nad: "h/sn",
 	}, {
+		name: "a range_start past the usable part is ignored too",
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", nil),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.15"}`)},
+		size: 14, free: 14, nad: "h/sn",
+	}, {
 		name: "two NADs name the pool: the one that leaves fewer free",
 		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("1")),
 		nads: []NAD{nadOf("a", "wide", `{"type":"whereabouts","range":"10.0.0.0/28"}`), nadOf("b", "narrow", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.8/29"]}`)},
