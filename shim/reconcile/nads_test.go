@@ -82,6 +82,16 @@ func TestUsage(t *testing.T) {
 			nadOf("b", "high", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.0/29","10.0.0.14/32"]}`)},
 		size: 7, free: 1, inUse: 6, nad: "a/low",
 	}, {
+		name: "an exclude wholly below range_start excludes nothing",
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", nil),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.8","exclude":["10.0.0.0/30"]}`)},
+		size: 7, free: 7, nad: "h/sn",
+	}, {
+		name: "two excludes apart: the addresses between them count",
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("3")),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.1/32","10.0.0.5/32"]}`)},
+		size: 12, free: 11, inUse: 1, nad: "h/sn",
+	}, {
 		name: "more entries than size: free is never negative",
 		pool: fake.NewPool("10.0.0.0-30", "10.0.0.0/30", entries("1", "2")),
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/30","range_end":"10.0.0.1"}`)},
