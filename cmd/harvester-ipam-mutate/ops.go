@@ -404,7 +404,15 @@ func (m *mutator) callToArg(c *ast.CallExpr) {
 	if !ok {
 		return
 	}
+	decls := m.file.Decls
+	if sel, ok := c.Fun.(*ast.SelectorExpr); ok {
+		// var _ = strings.ToLower: the import stays used when this call was
+		// its only use, so the mutant compiles.
+		m.file.Decls = append(append([]ast.Decl{}, decls...), &ast.GenDecl{Tok: token.VAR, Specs: []ast.Spec{
+			&ast.ValueSpec{Names: []*ast.Ident{ast.NewIdent("_")}, Values: []ast.Expr{&ast.SelectorExpr{X: ast.NewIdent(sel.X.(*ast.Ident).Name), Sel: ast.NewIdent(sel.Sel.Name)}}}}})
+	}
 	m.emit(opReturnInput, c, orig, arg)
+	m.file.Decls = decls
 	undo()
 }
 

@@ -139,6 +139,19 @@ func use() {
 	}
 }
 
+// A standard call replaced by its argument leaves its import used, whether
+// or not the file uses it elsewhere: the mutant compiles.
+func TestACallReplacedKeepsItsImportUsed(t *testing.T) {
+	src := "package p\n\nimport \"strings\"\n\nfunc f(s string) int {\n\tswitch strings.ToLower(s) {\n\tcase \"a\":\n\t\treturn 1\n\t}\n\treturn 2\n}\n"
+	ms, err := mutate("p.go", []byte(src), nil)
+	require.NoError(t, err)
+	require.Len(t, ms, 1)
+	assert.Contains(t, string(ms[0].Src), "switch s {")
+	assert.Contains(t, string(ms[0].Src), "var _ = strings.ToLower")
+	_, err = parser.ParseFile(token.NewFileSet(), "m.go", ms[0].Src, 0)
+	require.NoError(t, err)
+}
+
 // A call that is a statement of its own is left alone: a bare value is no
 // statement, so the mutant would not compile.
 func TestReplaceExprLeavesStatements(t *testing.T) {
