@@ -234,3 +234,26 @@ func captureStderr(t *testing.T) func() string {
 		return string(b)
 	}
 }
+
+// log_level is read as whereabouts reads it, whatever its case: debug adds
+// the phases' timings, error keeps only errors, anything else is verbose.
+func TestTheLogLevelIsWhereaboutsOwn(t *testing.T) {
+	for _, tt := range []struct {
+		level          string
+		debug, verbose bool
+	}{
+		{"debug", true, true},
+		{"DEBUG", true, true},
+		{"Error", false, false},
+		{"panic", false, false},
+		{"verbose", false, true},
+		{"", false, true},
+	} {
+		t.Run(tt.level, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", `,"log_level":"`+tt.level+`"`))))
+			assert.Equal(t, tt.debug, strings.Contains(r.log.String(), "[debug] harvester-ipam ADD new: took "), "%s", r.log.String())
+			assert.Equal(t, tt.verbose, strings.Contains(r.log.String(), "[verbose] harvester-ipam ADD new: released 192.168.50.2"), "%s", r.log.String())
+		})
+	}
+}
