@@ -50,6 +50,7 @@ func TestLoad(t *testing.T) {
 		wantPools: []Pool{{Name: "192.168.50.0-24", Range: "192.168.50.0/24"}},
 		wantOpts:  Options{Delegate: "whereabouts", CheckpointDir: DefaultCheckpointDir},
 		check: func(t *testing.T, c *Config) {
+			assert.NoError(t, c.RequirePools(), "one range is all ADD and CHECK need")
 			assert.Equal(t, "0.3.1", c.CNIVersion)
 			assert.Equal(t, "storagenetwork-sg8d8", c.Network)
 			assert.Equal(t, "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig", c.Kubeconfig(), "from the flat file")

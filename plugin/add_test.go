@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
@@ -238,6 +239,58 @@ func TestAddRefusesWhatNoCheckpointCanRecord(t *testing.T) {
 			assert.Len(t, r.pool(), 3, "nothing released")
 			_, statErr := os.Stat(r.cpDir)
 			assert.True(t, os.IsNotExist(statErr), "no checkpoint")
+		})
+	}
+}
+
+// The pod's earlier sandboxes, however many (one is the commonest: a sandbox
+// that died without DEL), are all released by the next sandbox's ADD, on
+// every whereabouts version: the pod then holds exactly one entry and one
+// reservation, the new sandbox's, and the other pod keeps its own.
+func TestAddLeavesThePodOneEntryWhateverItsEarlierSandboxes(t *testing.T) {
+	for _, v := range []string{fake.V093, fake.V080, fake.V070} {
+		for earlier := 0; earlier <= 3; earlier++ {
+			// Entries as each version leaves them: v0.7.0's without ifname,
+			// the newer ones' on the pod's interface, and one on another.
+			for _, ifname := range []string{"", "lhnet1", "lhnet9"} {
+				t.Run(fmt.Sprintf("%s, %d earlier sandboxes, ifname %q", v, earlier, ifname), func(t *testing.T) {
+					allocs := map[string]alloc{"20": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"}}
+					objs := []any{fake.NewReservation("192.168.50.20", "longhorn-system/im-b")}
+					for i := 0; i < earlier; i++ {
+						off := fmt.Sprint(10 + i)
+						allocs[off] = alloc{ContainerID: fmt.Sprintf("old%d", i), PodRef: "longhorn-system/im-a", IfName: ifname}
+						objs = append(objs, fake.NewReservation("192.168.50."+off, "longhorn-system/im-a"))
+					}
+					r := newRig(t, append(objs, ipamPool(allocs))...)
+					r.wb.Version = v
+					require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+
+					held, ips := r.heldBy("longhorn-system/im-a")
+					assert.Equal(t, []string{"new"}, held, "the pod's entries after the ADD")
+					assert.Equal(t, alloc{ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"}, r.pool()["20"], "the other pod's entry")
+					assert.ElementsMatch(t, []string{ips[0] + "=longhorn-system/im-a", "192.168.50.20=longhorn-system/im-b"}, r.orips(), "the reservations")
+				})
+			}
+		}
+	}
+}
+
+// A crash loop: each sandbox of the pod dies without DEL and the next one is
+// made, a random number of times. After every ADD, whatever the count so
+// far, the pod holds one entry, the newest sandbox's.
+func TestACrashLoopHoldsOneEntryAfterEveryAdd(t *testing.T) {
+	for _, v := range []string{fake.V093, fake.V080, fake.V070} {
+		t.Run(v, func(t *testing.T) {
+			r := newRig(t, ipamPool(map[string]alloc{}))
+			r.wb.Version = v
+			for i := 1; i <= 5; i++ {
+				id := fmt.Sprintf("sandbox%d", i)
+				r.out.Reset()
+				require.NoError(t, r.p.Add(args(t, id, "lhnet1", podArgs, r.config("0.3.1", ""))))
+				held, _ := r.heldBy("longhorn-system/im-a")
+				require.Equal(t, []string{id}, held, "after the ADD of sandbox %d", i)
+				require.Len(t, r.orips(), 1, "after the ADD of sandbox %d", i)
+			}
 		})
 	}
 }

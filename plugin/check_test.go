@@ -99,3 +99,27 @@ func TestCheckWithTheStoreDown(t *testing.T) {
 	assert.Equal(t, cnitypes.ErrTryAgainLater, cniCode(t, err))
 	assert.True(t, strings.HasPrefix(err.(*cnitypes.Error).Msg, "read pool 192.168.50.0-24: get pool kube-system/192.168.50.0-24: dial tcp"), err.Error())
 }
+
+// CHECK without a prevResult, or with one that is no result, says which,
+// with its code, and checks nothing.
+func TestCheckRefusesAMissingOrBadPrevResult(t *testing.T) {
+	for _, tt := range []struct {
+		name, prev string
+		wantCode   uint
+		wantMsg    string
+	}{
+		{"none", "", cnitypes.ErrInvalidNetworkConfig, "CHECK needs a prevResult"},
+		{"a number", `,"prevResult":1`, cnitypes.ErrDecodingFailure, "prevResult does not parse"},
+		{"a string", `,"prevResult":"10.0.0.2"`, cnitypes.ErrDecodingFailure, "prevResult does not parse"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			c := r.config("1.0.0", "")
+			c = append(c[:len(c)-1], []byte(tt.prev+"}")...)
+			err := r.p.Check(args(t, "old1", "lhnet1", podArgs, c))
+			assert.Equal(t, tt.wantCode, cniCode(t, err), "%v", err)
+			assert.Contains(t, err.Error(), tt.wantMsg)
+			assert.Empty(t, r.calls())
+		})
+	}
+}

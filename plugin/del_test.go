@@ -462,3 +462,35 @@ func TestStoreOfTriesEachKubeconfigOnce(t *testing.T) {
 		})
 	}
 }
+
+// whereabouts' token-watcher rewrites its kubeconfig in place, so a plugin
+// can read it half-written: DEL then fails with what is wrong with it (the
+// runtime retries), not as if no kubeconfig were named, and releases nothing,
+// whether the config names it or, the NAD gone, only the checkpoint does.
+func TestDelWithAKubeconfigHalfWrittenSaysWhatIsWrong(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		stdin func(r *rig) []byte
+	}{
+		{"named by the config", func(r *rig) []byte { return r.config("0.3.1", "") }},
+		{"named by the checkpoint alone", func(r *rig) []byte { return r.goneConfig() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			r.record(t, "old1", "192.168.50.2/24")
+			kc := r.kubeconfig()
+			b, err := os.ReadFile(kc)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(kc, b[:len(b)/3], 0o600))
+
+			err = r.p.Del(args(t, "old1", "lhnet1", podArgs, tt.stdin(r)))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), kc, "it names the kubeconfig")
+			assert.NotContains(t, err.Error(), "no kubeconfig")
+			assert.Len(t, r.pool(), 3, "nothing released")
+			_, ok, err := checkpoint.Dir(r.cpDir).Read("old1", "lhnet1")
+			require.NoError(t, err)
+			assert.True(t, ok, "the record stays for the retry")
+		})
+	}
+}

@@ -100,6 +100,7 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 			}
 			assert.Contains(t, ce.Details, "harvester-ipam-reconciler inspect")
 			assert.Contains(t, ce.Details, "--grace 0 --dry-run")
+			assert.NotRegexp(t, `;\s*$`, ce.Details, "the delegate said no details: nothing joined after the hint")
 			assert.Equal(t, 2, reads, "whereabouts' own read, then one fresh read of the pool to explain")
 			assert.Contains(t, r.log.String(), "holds 6 entries")
 		})
@@ -150,22 +151,36 @@ func TestTheFullPoolExplained(t *testing.T) {
 		"4": {ContainerID: "new", PodRef: "ns/p1", IfName: "lhnet2"},
 		"5": {ContainerID: "old", PodRef: "ns/p1", IfName: "lhnet1"},
 	}
+	oneGone := map[string]alloc{
+		"1": {ContainerID: "cur", PodRef: "ns/p0", IfName: "lhnet1"},
+		"2": {ContainerID: "g1", PodRef: "ns/gone", IfName: "lhnet1"},
+	}
 	for _, tt := range []struct {
-		name string
-		pool *shim.Pool
-		want string
+		name      string
+		pool      *shim.Pool
+		want      string
+		listFails bool
 	}{
+		{"one pod gone: named", pool(oneGone),
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 2 entries, 1 of them stale by this count: " +
+				"1 entries of 1 pods gone or finished (ns/gone); nodes not checked", false},
+		{"the pods cannot be listed, and that is all there is to say", pool(oneGone),
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 2 entries, 0 of them stale by this count: " +
+				"could not check pods in ns (the server is down)", true},
 		{"two attachments of one sandbox are not extra", pool(siblings),
 			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 5 entries, 1 of them stale by this count: " +
-				"1 entries of earlier sandboxes of 1 pods (ns/p1 holds 3 under 2 sandboxes); nodes not checked"},
+				"1 entries of earlier sandboxes of 1 pods (ns/p1 holds 3 under 2 sandboxes); nodes not checked", false},
 		{"entries of no pod: nothing to say of them", pool(legacy),
-			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 3 entries, 0 of them stale by this count"},
+			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 3 entries, 0 of them stale by this count", false},
 		{"seven pods holding two each: five named", pool(sevenDups),
 			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 14 entries, 7 of them stale by this count: " +
-				"7 entries of earlier sandboxes of 7 pods (ns/p0 holds 2 under 2 sandboxes, ns/p1 holds 2 under 2 sandboxes, ns/p2 holds 2 under 2 sandboxes, ns/p3 holds 2 under 2 sandboxes, ns/p4 holds 2 under 2 sandboxes, and 2 more); nodes not checked"},
+				"7 entries of earlier sandboxes of 7 pods (ns/p0 holds 2 under 2 sandboxes, ns/p1 holds 2 under 2 sandboxes, ns/p2 holds 2 under 2 sandboxes, ns/p3 holds 2 under 2 sandboxes, ns/p4 holds 2 under 2 sandboxes, and 2 more); nodes not checked", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			p := &Plugin{Pods: func(_ context.Context, _, ns string) ([]Pod, error) {
+				if tt.listFails {
+					return nil, errors.New("the server is down")
+				}
 				var out []Pod
 				for i := 0; i < 7; i++ {
 					out = append(out, Pod{Namespace: ns, Name: fmt.Sprintf("p%d", i), Phase: "Running"})

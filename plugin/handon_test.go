@@ -38,6 +38,8 @@ func TestStandInHandsOnWhatItDoesNotManage(t *testing.T) {
 		extra   string
 	}{
 		{"node slices", podArgs, `,"node_slice_size":"/26"`},
+		// Any value but null is whereabouts' to judge, one character too.
+		{"node slices of a value whereabouts refuses", podArgs, `,"node_slice_size":8`},
 		{"no pod in CNI_ARGS", "IgnoreUnknown=true", ""},
 		{"no CNI_ARGS at all", "", ""},
 	}

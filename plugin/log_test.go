@@ -32,9 +32,16 @@ func TestTheLogGoesWhereTheConfigSays(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t, crashLoopedPool()...)
 			dir := t.TempDir()
+			// whereabouts shares the file: what it wrote before stays, and
+			// harvester-ipam's lines follow.
+			const before = "2026-11-25T10:00:00Z [debug] whereabouts' own line\n"
+			if tt.wantFile {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, "wb.log"), []byte(before), 0o600))
+			}
 			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", tt.ipam(dir)))))
 			b, _ := os.ReadFile(filepath.Join(dir, "wb.log"))
 			if tt.wantFile {
+				assert.True(t, strings.HasPrefix(string(b), before), "whereabouts' lines kept: %q", b)
 				assert.Contains(t, string(b), "[verbose] harvester-ipam ADD new: released 192.168.50.2 from pool")
 				assert.Empty(t, r.log.String(), "nothing on stderr")
 				return
@@ -225,5 +232,28 @@ func captureStderr(t *testing.T) func() string {
 		b, err := os.ReadFile(f.Name())
 		require.NoError(t, err)
 		return string(b)
+	}
+}
+
+// log_level is read as whereabouts reads it, whatever its case: debug adds
+// the phases' timings, error keeps only errors, anything else is verbose.
+func TestTheLogLevelIsWhereaboutsOwn(t *testing.T) {
+	for _, tt := range []struct {
+		level          string
+		debug, verbose bool
+	}{
+		{"debug", true, true},
+		{"DEBUG", true, true},
+		{"Error", false, false},
+		{"panic", false, false},
+		{"verbose", false, true},
+		{"", false, true},
+	} {
+		t.Run(tt.level, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", `,"log_level":"`+tt.level+`"`))))
+			assert.Equal(t, tt.debug, strings.Contains(r.log.String(), "[debug] harvester-ipam ADD new: took "), "%s", r.log.String())
+			assert.Equal(t, tt.verbose, strings.Contains(r.log.String(), "[verbose] harvester-ipam ADD new: released 192.168.50.2"), "%s", r.log.String())
+		})
 	}
 }

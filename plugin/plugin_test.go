@@ -26,6 +26,7 @@ import (
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
 )
@@ -384,6 +385,8 @@ func TestAVerbIsBoundedByItsTimeout(t *testing.T) {
 	}{
 		{0, 9 * time.Second, 10 * time.Second},
 		{2 * time.Second, time.Second, 2 * time.Second},
+		// The shortest timeout is a timeout too, not the default.
+		{time.Nanosecond, -time.Hour, time.Nanosecond},
 	} {
 		r := newRig(t, crashLoopedPool()...)
 		spy := &deadlineAPI{API: r.api}
@@ -403,4 +406,64 @@ func TestAVerbIsBoundedByItsTimeout(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 150*time.Second, DefaultTimeout)
+}
+
+// heldBy are the container IDs of the pod's entries, and their addresses,
+// in offset order.
+func (r *rig) heldBy(podRef string) (ids, ips []string) {
+	pool := r.pool()
+	offs := make([]string, 0, len(pool))
+	for off := range pool {
+		offs = append(offs, off)
+	}
+	sort.Slice(offs, func(i, j int) bool {
+		return len(offs[i]) < len(offs[j]) || len(offs[i]) == len(offs[j]) && offs[i] < offs[j]
+	})
+	for _, off := range offs {
+		if a := pool[off]; a.PodRef == podRef {
+			ids = append(ids, a.ContainerID)
+			ips = append(ips, "192.168.50."+off)
+		}
+	}
+	return ids, ips
+}
+
+// A harvester-ipam started as a delegate (its environment carries the guard
+// plugin/delegate sets) refuses every verb at once, touching nothing: run
+// again as its own delegate, it would start itself without end. Without the
+// guard, the same verbs do their work.
+func TestStartedAsItsOwnDelegateEveryVerbRefuses(t *testing.T) {
+	for _, guarded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("guard %v", guarded), func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			if guarded {
+				t.Setenv(delegate.GuardEnv, "1")
+			}
+			f := r.p.Funcs()
+			stdin := r.config("1.1.0", "")
+			verbs := []struct {
+				name string
+				run  func(*skel.CmdArgs) error
+			}{{"ADD", f.Add}, {"CHECK", f.Check}, {"DEL", f.Del}, {"STATUS", f.Status}, {"GC", f.GC}}
+			for _, v := range verbs {
+				err := v.run(args(t, "new", "lhnet1", podArgs, stdin))
+				if !guarded {
+					if v.name == "ADD" {
+						require.NoError(t, err, "ADD without the guard")
+					}
+					continue
+				}
+				assert.Equal(t, uint(cnitypes.ErrTryAgainLater), cniCode(t, err), "%s: %v", v.name, err)
+				assert.Contains(t, err.Error(), "was started as the delegate of harvester-ipam", v.name)
+			}
+			if guarded {
+				assert.Empty(t, r.calls(), "nothing delegated")
+				assert.Len(t, r.pool(), 3, "nothing released, nothing allocated")
+				_, statErr := os.Stat(r.cpDir)
+				assert.True(t, os.IsNotExist(statErr), "no checkpoint written")
+				return
+			}
+			assert.Contains(t, r.calls(), "ADD whereabouts")
+		})
+	}
 }

@@ -26,4 +26,5 @@ func TestGuardedPatchJSON(t *testing.T) {
 	assert.Equal(t, "7", p.ResourceVersion())
 	assert.Equal(t, 1, p.Removals())
 	assert.Equal(t, "", shim.Patch{}.ResourceVersion())
+	assert.Equal(t, "7", shim.Guarded("7").ResourceVersion(), "a patch of the test alone still names its version")
 }

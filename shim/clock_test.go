@@ -38,6 +38,11 @@ func TestRetriesBackOff(t *testing.T) {
 		backoff: shim.Backoff{Steps: 1, Duration: 10 * time.Millisecond, Factor: 3},
 		want:    nil,
 	}, {
+		// The smallest cap is a cap.
+		name:    "a cap of a nanosecond",
+		backoff: shim.Backoff{Steps: 3, Duration: 10 * time.Millisecond, Factor: 2, Cap: time.Nanosecond},
+		want:    []time.Duration{ms(10), time.Nanosecond},
+	}, {
 		name:   "the default: 12 attempts over about 2.5 s",
 		random: 0,
 		want: []time.Duration{ms(10), ms(15), ms(22.5), ms(33.75), ms(50.625), ms(75.9375), ms(113.90625), ms(170.859375),

@@ -465,3 +465,33 @@ func TestTheLeaseIsLookedAtAgainEveryRetry(t *testing.T) {
 		assert.EqualValues(t, 4, *l.Spec.LeaseTransitions, "taken from another holder: one more transition")
 	}
 }
+
+// The smallest settings are settings, not "use the default": a Lease of
+// one second (whereabouts' own elector holds its record about that long),
+// and a look every nanosecond.
+func TestTheSmallestLeaseSettingsHold(t *testing.T) {
+	api := fake.New()
+	api.Put(append(storageNetwork(), lease("kube-system/whereabouts-node1", 1, 3))...)
+	// The holder hands the Lease back after our third look.
+	looks := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Resource == fake.Leases && c.Verb == "get" {
+			if looks++; looks == 3 {
+				l := api.Lease(ns, names.Lease)
+				free := ""
+				l.Spec.HolderIdentity = &free
+				api.Put(l)
+			}
+		}
+		return nil
+	}
+	c := &recClock{now: time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)}
+	s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, LeaseSeconds: 1, LeaseRetry: time.Nanosecond, Identity: "me"})
+	require.NoError(t, s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+		l := api.Lease(ns, names.Lease)
+		assert.Equal(t, "me", *l.Spec.HolderIdentity)
+		assert.EqualValues(t, 1, *l.Spec.LeaseDurationSeconds, "our record: one second")
+		return nil
+	}))
+	assert.Equal(t, []time.Duration{time.Nanosecond, time.Nanosecond}, c.waits, "looked at again every nanosecond (1.5 ns, truncated)")
+}

@@ -581,6 +581,10 @@ func TestSetPoolAnnotation(t *testing.T) {
 	assert.Equal(t, rv, api.Pool(ns, storage).ResourceVersion, "no write when nothing changes")
 	set("2")
 	assert.Equal(t, "2", api.Pool(ns, storage).Annotations["x/y"])
+	// Another annotation beside the one there: both kept.
+	require.NoError(t, s.SetPoolAnnotation(ctx, storage, "x/z", func(*shim.Pool) string { return "3" }))
+	assert.Equal(t, map[string]string{"x/y": "2", "x/z": "3"}, api.Pool(ns, storage).Annotations)
+	require.NoError(t, s.SetPoolAnnotation(ctx, storage, "x/z", func(*shim.Pool) string { return "" }))
 	set("")
 	assert.NotContains(t, api.Pool(ns, storage).Annotations, "x/y")
 	set("")
@@ -637,23 +641,32 @@ func TestReadsArePaged(t *testing.T) {
 	}
 	api := fake.New()
 	api.Put(objs...)
-	s := shim.New(api, ns, shim.Options{PageSize: 3})
-	lists := 0
-	api.Hook = func(c *fake.Call) error {
-		if c.Verb == "list" {
-			lists++
+	for _, tt := range []struct {
+		pageSize int64
+		lists    int
+	}{
+		{3, 6}, // three pages each
+		{1, 14},
+		{0, 2}, // the default, 500
+	} {
+		s := shim.New(api, ns, shim.Options{PageSize: tt.pageSize})
+		lists := 0
+		api.Hook = func(c *fake.Call) error {
+			if c.Verb == "list" {
+				lists++
+			}
+			return nil
 		}
-		return nil
+		ps, err := s.Pools(context.Background())
+		require.NoError(t, err)
+		assert.Len(t, ps, 7)
+		os, err := s.Reservations(context.Background())
+		require.NoError(t, err)
+		assert.Len(t, os, 7)
+		assert.Equal(t, tt.lists, lists, "pages of %d", tt.pageSize)
 	}
-	ps, err := s.Pools(context.Background())
-	require.NoError(t, err)
-	assert.Len(t, ps, 7)
-	os, err := s.Reservations(context.Background())
-	require.NoError(t, err)
-	assert.Len(t, os, 7)
-	assert.Equal(t, 6, lists, "three pages each")
 
-	_, err = shim.ListAll(context.Background(), 1, func(_ context.Context, p shim.Page) ([]int, string, error) {
+	_, err := shim.ListAll(context.Background(), 1, func(_ context.Context, p shim.Page) ([]int, string, error) {
 		return []int{1}, "stuck", nil
 	})
 	assert.ErrorContains(t, err, "did not advance")
@@ -782,6 +795,13 @@ func TestTheDefaults(t *testing.T) {
 	_, err = s.Pools(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []int64{2}, api.limits)
+
+	// The shortest is kept too: a nanosecond is no default of 10 s.
+	api.deadlines = nil
+	s = shim.New(api, ns, shim.Options{CallTimeout: time.Nanosecond})
+	_, _ = s.Pool(context.Background(), storage)
+	require.Len(t, api.deadlines, 1)
+	assert.LessOrEqual(t, api.deadlines[0], time.Nanosecond)
 }
 
 // A retry whose wait is cut short (the verb's deadline) says both why it

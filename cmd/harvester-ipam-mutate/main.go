@@ -1,7 +1,11 @@
-// Command harvester-ipam-mutate runs gremlins (mutation testing) over
-// packages one at a time, each against its own unit tests, and prints a table
-// of test efficacy and mutator coverage per package; it fails when a package
-// is below the thresholds. `make mutate` runs it.
+// Command harvester-ipam-mutate runs mutation testing over packages one at
+// a time, each against its own unit tests, in two passes: gremlins' operators
+// (a boundary moved, a condition negated, arithmetic swapped), and the
+// project's own (ops.go: a count shifted by one, an element dropped from an
+// append or a []string list, a function or call that returns its input, a
+// flag dropped from a bit mask), which gremlins never plants. It prints a
+// table of test efficacy and mutator coverage per package and pass, and
+// fails when a package is below the thresholds. `make mutate` runs it.
 //
 // A mutant that lives because it cannot change behaviour (an equivalent
 // mutant) is listed, with a reason, in the equivalents file
@@ -10,7 +14,9 @@
 //
 //	shim/clock.go  CONDITIONALS_BOUNDARY  `if b.Cap > 0 && d > float64(b.Cap) {`  reason...
 //
-// MUTATOR:COLUMN (gremlins' column) excuses only the mutant at that column,
+// MUTATOR:COLUMN (gremlins' column; the own operators', that of the
+// comparison's or the or's operator, of the dropped element, of the call or
+// of the function's name) excuses only the mutant at that column,
 // for a line whose other mutant of that mutator a test kills.
 //
 // An excused mutant is taken out of the counts (it is no bug a test could
@@ -23,6 +29,12 @@
 // that a subpackage's files are "not covered" and never run, and the table
 // counts only PKG's own files. Each mutant is then tested by gremlins with
 // `go test PKG` (the wrapper adds -vet=off): the package's own tests only.
+//
+// The own pass writes each mutant into a scratch copy of the module (one per
+// worker, never the work tree) and runs `go test -vet=off -failfast PKG`
+// there with a timeout (the package's test run times -timeout-coefficient, at
+// least -min-timeout); a mutant on a line the package's tests never run (its
+// cover profile) is not covered, and not run.
 //
 // Conventions (gremlins'): efficacy is killed / (killed + lived), coverage
 // (killed + lived) / (killed + lived + not covered). A mutant whose test run
@@ -61,7 +73,10 @@ func main() {
 		outDir     = flag.String("out", "", "keep each package's gremlins JSON and log here (default: a temporary dir)")
 		listLived  = flag.Bool("lived", true, "list the mutants that lived or were not covered")
 		moduleRoot = flag.String("root", ".", "the module's root")
-		from       = flag.String("from", "", "tally the gremlins JSON an earlier run kept with -out in this dir, without running gremlins")
+		from       = flag.String("from", "", "tally the JSON an earlier run kept with -out in this dir, without running any mutant")
+		again      = flag.String("again", "", "the own pass: take the mutants an earlier run kept with -out in this dir killed (or found not viable) as they were, and run the others again")
+		list       = flag.Bool("list", false, "list the own operators' mutants of the packages, and run nothing")
+		passes     = flag.String("passes", "gremlins,own", "the passes to run: gremlins' operators, the project's own (COUNT_SHIFT, DROP_ELEMENT, RETURN_INPUT, DROP_FLAG), or both")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: %s [flags] PKGDIR...\n", os.Args[0])
@@ -94,34 +109,89 @@ func main() {
 	check(err)
 
 	start := time.Now()
-	var rows []row
+	var pkgs []string
 	for _, pkg := range flag.Args() {
-		pkg = strings.TrimSuffix(strings.TrimPrefix(filepath.ToSlash(filepath.Clean(pkg)), "./"), "/")
-		t0 := time.Now()
-		fmt.Fprintf(os.Stderr, "mutate: %s ...\n", pkg)
-		var res *result
-		if *from != "" {
-			res, err = readResult(filepath.Join(*from, strings.ReplaceAll(pkg, "/", "_")+".json"))
-		} else {
-			res, err = unleash(*gremlins, root, pkg, wrapper, dir, *workers, *coeff)
+		pkgs = append(pkgs, strings.TrimSuffix(strings.TrimPrefix(filepath.ToSlash(filepath.Clean(pkg)), "./"), "/"))
+	}
+	if *list {
+		for _, pkg := range pkgs {
+			muts, _, err := ownMutants(root, pkg)
+			check(err)
+			for _, m := range muts {
+				fmt.Printf("%s:%d:%d %s `%s` made `%s`\n", m.File, m.Line, m.Column, m.Op, m.Orig, m.Mutated)
+			}
 		}
-		check(err)
-		r, err := tally(root, pkg, res, eqs)
-		check(err)
-		r.elapsed = time.Since(t0)
-		if *from != "" {
-			r.elapsed = time.Duration(res.ElapsedTime * float64(time.Second))
+		return
+	}
+	var rows, ownRows []row
+	if passOn(*passes, "gremlins") {
+		for _, pkg := range pkgs {
+			t0 := time.Now()
+			fmt.Fprintf(os.Stderr, "mutate: %s ...\n", pkg)
+			var res *result
+			if *from != "" {
+				res, err = readResult(filepath.Join(*from, strings.ReplaceAll(pkg, "/", "_")+".json"))
+			} else {
+				res, err = unleash(*gremlins, root, pkg, wrapper, dir, *workers, *coeff)
+			}
+			check(err)
+			r, err := tally(root, pkg, res, eqs)
+			check(err)
+			r.elapsed = time.Since(t0)
+			if *from != "" {
+				r.elapsed = time.Duration(res.ElapsedTime * float64(time.Second))
+			}
+			fmt.Fprintf(os.Stderr, "mutate: %s done in %s\n", pkg, r.elapsed.Round(time.Second))
+			rows = append(rows, r)
 		}
-		fmt.Fprintf(os.Stderr, "mutate: %s done in %s\n", pkg, r.elapsed.Round(time.Second))
-		rows = append(rows, r)
+	}
+	if passOn(*passes, "own") {
+		scratch := filepath.Join(dir, "scratch")
+		for _, pkg := range pkgs {
+			fmt.Fprintf(os.Stderr, "mutate: own operators on %s ...\n", pkg)
+			keep := filepath.Join(dir, strings.ReplaceAll(pkg, "/", "_")+".own.json")
+			var run *ownRun
+			if *from != "" {
+				run, err = readOwn(filepath.Join(*from, strings.ReplaceAll(pkg, "/", "_")+".own.json"))
+			} else {
+				var prev *ownRun
+				if *again != "" {
+					prev, err = readOwn(filepath.Join(*again, strings.ReplaceAll(pkg, "/", "_")+".own.json"))
+					check(err)
+				}
+				run, err = runOwn(root, pkg, scratch, *workers, *coeff, *minTimeout, prev, os.Stderr)
+				if err == nil {
+					err = writeOwn(keep, run)
+				}
+			}
+			check(err)
+			r, err := tallyOwn(root, pkg, run, eqs)
+			check(err)
+			r.own = true
+			fmt.Fprintf(os.Stderr, "mutate: own operators on %s done in %s\n", pkg, r.elapsed.Round(time.Second))
+			ownRows = append(ownRows, r)
+		}
+		_ = os.RemoveAll(scratch)
 	}
 
-	failed := printTable(os.Stdout, rows, *efficacy, *coverage)
-	fmt.Printf("\ntotal time %s (workers %d, timeout coefficient %d)\n", time.Since(start).Round(time.Second), *workers, *coeff)
-	if *listLived {
-		printMutants(os.Stdout, rows)
+	failed := false
+	if len(rows) > 0 {
+		fmt.Println("gremlins' operators (conditionals boundary and negation, arithmetic, increment/decrement, invert negatives):")
+		failed = printTable(os.Stdout, rows, *efficacy, *coverage)
 	}
-	if stale := eqs.stale(rows); len(stale) > 0 {
+	if len(ownRows) > 0 {
+		if len(rows) > 0 {
+			fmt.Println()
+		}
+		fmt.Printf("the project's own operators (%s, %s, %s, %s):\n", opCountShift, opDropElement, opReturnInput, opDropFlag)
+		failed = printTable(os.Stdout, ownRows, *efficacy, *coverage) || failed
+	}
+	fmt.Printf("\ntotal time %s (workers %d, timeout coefficient %d)\n", time.Since(start).Round(time.Second), *workers, *coeff)
+	all := append(rows, ownRows...)
+	if *listLived {
+		printMutants(os.Stdout, all)
+	}
+	if stale := eqs.stale(all); len(stale) > 0 {
 		fmt.Printf("\nstale entries in %s (they match no mutant any more; remove or update them):\n", *equivFile)
 		for _, e := range stale {
 			fmt.Printf("  %s:%d: %s %s `%s`\n", *equivFile, e.lineNo, e.file, e.mutator, e.text)
@@ -131,6 +201,16 @@ func main() {
 		fmt.Printf("\nFAIL: a package is below efficacy %.0f%% or mutator coverage %.0f%%\n", *efficacy, *coverage)
 		os.Exit(1)
 	}
+}
+
+// passOn says whether a comma-separated list of passes names pass.
+func passOn(passes, pass string) bool {
+	for _, p := range strings.Split(passes, ",") {
+		if strings.TrimSpace(p) == pass {
+			return true
+		}
+	}
+	return false
 }
 
 func check(err error) {
@@ -238,7 +318,10 @@ type mutant struct {
 	mutator string
 	status  string
 	text    string // the line's source, trimmed
-	excused *equivalent
+	// orig and mutated are the rewritten code, before and after (the own
+	// operators'; gremlins says only where).
+	orig, mutated string
+	excused       *equivalent
 }
 
 type row struct {
@@ -246,6 +329,7 @@ type row struct {
 	killed, timedOut, lived, notCovered, viable0 int
 	excused                                      int
 	unbuilt                                      map[string]int // file -> mutants, of files outside the default build
+	own                                          bool           // the project's own operators' pass
 	mutants                                      []mutant
 	elapsed                                      time.Duration
 }
@@ -300,25 +384,7 @@ func tally(root, pkg string, res *result, eqs *equivalents) (row, error) {
 			if m.Line >= 1 && m.Line <= len(src) {
 				mu.text = strings.TrimSpace(src[m.Line-1])
 			}
-			if e := eqs.match(mu); e != nil {
-				mu.excused = e
-				r.excused++
-				r.mutants = append(r.mutants, mu)
-				continue
-			}
-			switch m.Status {
-			case "KILLED":
-				r.killed++
-			case "TIMED OUT":
-				r.timedOut++
-			case "LIVED":
-				r.lived++
-			case "NOT COVERED":
-				r.notCovered++
-			case "NOT VIABLE":
-				r.viable0++
-			}
-			r.mutants = append(r.mutants, mu)
+			r.count(mu, eqs)
 		}
 	}
 	sort.Slice(r.mutants, func(i, j int) bool {
@@ -332,6 +398,29 @@ func tally(root, pkg string, res *result, eqs *equivalents) (row, error) {
 		return a.column < b.column
 	})
 	return r, nil
+}
+
+// count adds a mutant to the row: excused, or in its status's column.
+func (r *row) count(mu mutant, eqs *equivalents) {
+	if e := eqs.match(mu); e != nil {
+		mu.excused = e
+		r.excused++
+		r.mutants = append(r.mutants, mu)
+		return
+	}
+	switch mu.status {
+	case "KILLED":
+		r.killed++
+	case "TIMED OUT":
+		r.timedOut++
+	case "LIVED":
+		r.lived++
+	case "NOT COVERED":
+		r.notCovered++
+	case "NOT VIABLE":
+		r.viable0++
+	}
+	r.mutants = append(r.mutants, mu)
 }
 
 func printTable(w io.Writer, rows []row, minEff, minCov float64) (failed bool) {
@@ -362,12 +451,20 @@ func printMutants(w io.Writer, rows []row) {
 		for _, m := range r.mutants {
 			switch {
 			case m.excused != nil:
-				fmt.Fprintf(w, "  excused      %s:%d:%d %s `%s`: %s\n", m.file, m.line, m.column, m.mutator, m.text, m.excused.reason)
-			case m.status == "LIVED" || m.status == "NOT COVERED":
-				fmt.Fprintf(w, "  %-12s %s:%d:%d %s `%s`\n", strings.ToLower(m.status), m.file, m.line, m.column, m.mutator, m.text)
+				fmt.Fprintf(w, "  excused      %s:%d:%d %s `%s`%s: %s\n", m.file, m.line, m.column, m.mutator, m.text, m.rewrite(), m.excused.reason)
+			case m.status == "LIVED" || m.status == "NOT COVERED" || m.status == "TIMED OUT" && m.mutated != "":
+				fmt.Fprintf(w, "  %-12s %s:%d:%d %s `%s`%s\n", strings.ToLower(m.status), m.file, m.line, m.column, m.mutator, m.text, m.rewrite())
 			}
 		}
 	}
+}
+
+// rewrite says what a mutant of the own operators wrote.
+func (m mutant) rewrite() string {
+	if m.mutated == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (`%s` made `%s`)", m.orig, m.mutated)
 }
 
 // equivalent is one line of the equivalents file.
@@ -464,15 +561,16 @@ func (es *equivalents) match(m mutant) *equivalent {
 	return nil
 }
 
-// stale are the entries of the packages measured that matched no mutant.
+// stale are the entries of the packages measured that matched no mutant:
+// an entry of an own operator by the own pass, any other by gremlins'.
 func (es *equivalents) stale(rows []row) []*equivalent {
 	measured := map[string]bool{}
 	for _, r := range rows {
-		measured[r.pkg] = true
+		measured[fmt.Sprint(r.own, r.pkg)] = true
 	}
 	var out []*equivalent
 	for _, e := range es.list {
-		if e.used == 0 && measured[pathDir(e.file)] {
+		if e.used == 0 && measured[fmt.Sprint(ownOps[e.mutator], pathDir(e.file))] {
 			out = append(out, e)
 		}
 	}

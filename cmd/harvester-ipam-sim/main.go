@@ -32,6 +32,7 @@ func main() {
 	worker := flag.Int("worker", -1, "(internal) run as worker number N of -workers")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of a worker (-worker) to this file")
 	wbReconciler := flag.Bool("wb-reconciler", false, "run whereabouts' own reconciler now and then (it frees live entries Multus' status does not name, alone too)")
+	leftovers := flag.Bool("leftovers", true, "start with entries whereabouts v0.7.0 left in the storage pool (false: replay seeds found before they were modelled)")
 	podController := flag.Bool("pod-controller", true, "run whereabouts' pod controller on pod deletions (false: replay seeds found before it was modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -49,6 +50,7 @@ func main() {
 		o := sim.DefaultOptions(v)
 		o.PodController = *podController
 		o.WBReconciler = *wbReconciler
+		o.Leftovers = *leftovers
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -95,7 +97,7 @@ func main() {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
 				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
-				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler))
+				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome

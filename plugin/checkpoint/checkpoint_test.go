@@ -22,6 +22,23 @@ func record(id, ifname string) Record {
 	}
 }
 
+// A directory named with a trailing slash or a "." in it is the same
+// directory: records are written and read there.
+func TestADirectoryNamedAnotherWay(t *testing.T) {
+	base := t.TempDir()
+	for _, name := range []string{base + "/cp/", base + "/./cp", base + "/x/../cp"} {
+		d := Dir(name)
+		r := record("a", "lhnet1")
+		require.NoError(t, d.Write(r), name)
+		got, ok, err := d.Read("a", "lhnet1")
+		require.NoError(t, err, name)
+		require.True(t, ok, name)
+		assert.Equal(t, r.PodRef, got.PodRef)
+		_, err = os.Stat(filepath.Join(base, "cp", "a:lhnet1.json"))
+		assert.NoError(t, err, "%s is %s/cp", name, base)
+	}
+}
+
 func TestWriteReadRemove(t *testing.T) {
 	d := Dir(filepath.Join(t.TempDir(), "cp"))
 	r := record("517151fa292bdcf9522e24fb05f1a99bb96db0a37fb647edb5a146c72b1a5017", "lhnet1")
@@ -99,6 +116,12 @@ func TestWriteRefusesWhatReadWouldNotReturn(t *testing.T) {
 		{"a podref that is not UTF-8", func(r *Record) { r.PodRef = "ns/\x93" }, `"ns/\x93" is not valid UTF-8`},
 		{"a network that is not UTF-8", func(r *Record) { r.Network = "\xff" }, `"\xff" is not valid UTF-8`},
 		{"a range that is not UTF-8", func(r *Record) { r.Pools[0].Range = "\xc0" }, `"\xc0" is not valid UTF-8`},
+		// Every other text of the record too: none comes back changed.
+		{"a network_name that is not UTF-8", func(r *Record) { r.NetworkName = "blue\xff" }, `"blue\xff" is not valid UTF-8`},
+		{"a kubeconfig path that is not UTF-8", func(r *Record) { r.Kubeconfig = "/etc/\xfe" }, `"/etc/\xfe" is not valid UTF-8`},
+		{"a namespace that is not UTF-8", func(r *Record) { r.Namespace = "kube-\x80" }, `"kube-\x80" is not valid UTF-8`},
+		{"an address that is not UTF-8", func(r *Record) { r.IPs = []string{"10.0.0.2/24", "\xf0"} }, `"\xf0" is not valid UTF-8`},
+		{"a pool name that is not UTF-8", func(r *Record) { r.Pools[0].Name = "10.0.0.0-24\xfa" }, `"10.0.0.0-24\xfa" is not valid UTF-8`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

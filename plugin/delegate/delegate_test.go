@@ -143,6 +143,15 @@ func TestTheStartedDelegatesFailuresReadAsInvokes(t *testing.T) {
 		body: `exit 3`,
 		want: types.Error{Msg: "netplugin failed with no error message: exit status 3"},
 	}, {
+		// One byte is something said: not "no error message".
+		name: "one byte on stderr",
+		body: `printf x >&2; exit 2`,
+		want: types.Error{Msg: `netplugin failed: "x"`},
+	}, {
+		name: "one byte on stdout",
+		body: `printf x; exit 1`,
+		want: types.Error{Msg: `netplugin failed but error parsing its diagnostic message "x": invalid character 'x' looking for beginning of value`},
+	}, {
 		name: "not a CNI error",
 		body: `echo 'oops'; exit 1`,
 		want: types.Error{Msg: `netplugin failed but error parsing its diagnostic message "oops\n": invalid character 'o' looking for beginning of value`},

@@ -60,6 +60,10 @@ type API struct {
 	// CacheLag, when set, is how many revisions behind the latest a read
 	// from the watch cache is served; zero serves the latest.
 	CacheLag func() int
+	// StaleRead, when set, is told of every read from the watch cache that
+	// served an older revision than the latest (under the server's lock: it
+	// must not make requests).
+	StaleRead func(c Call)
 
 	mu      sync.Mutex
 	rev     int
@@ -215,6 +219,9 @@ func (a *API) GetPool(_ context.Context, ns, name string, from shim.Source) (*sh
 		obj := a.current(k)
 		if from == shim.Cache && a.CacheLag != nil {
 			obj = a.cached(k, a.CacheLag())
+			if obj != a.current(k) && a.StaleRead != nil {
+				a.StaleRead(Call{Verb: "get", Resource: Pools, Namespace: ns, Name: name, From: from})
+			}
 		}
 		if obj == nil {
 			return notFound(k)

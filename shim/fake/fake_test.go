@@ -33,14 +33,23 @@ func TestTheFakeServesAsTheAPIServerDoes(t *testing.T) {
 	assert.NotEqual(t, rv, got.ResourceVersion)
 	assert.Empty(t, got.Spec.Allocations)
 
-	// The watch cache lags as told.
+	// The watch cache lags as told, and says when what it served is stale.
+	var stale []string
+	api.StaleRead = func(c fake.Call) { stale = append(stale, c.Namespace+"/"+c.Name) }
 	api.CacheLag = func() int { return 1 }
 	cached, err := api.GetPool(ctx, "ns", "p", shim.Cache)
 	require.NoError(t, err)
 	assert.Len(t, cached.Spec.Allocations, 1, "one revision behind")
+	assert.Equal(t, []string{"ns/p"}, stale)
 	fresh, err := api.GetPool(ctx, "ns", "p", shim.Fresh)
 	require.NoError(t, err)
 	assert.Empty(t, fresh.Spec.Allocations)
+	_, err = api.CreateReservation("ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.9"}})
+	require.NoError(t, err)
+	_, err = api.GetPool(ctx, "ns", "p", shim.Cache)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"ns/p"}, stale, "behind the latest revision, but not behind the pool's: not stale")
+	api.CacheLag, api.StaleRead = nil, nil
 
 	// A delete with stale preconditions is 409; with current ones it applies.
 	o, err := api.CreateReservation("ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.1"}})

@@ -55,6 +55,12 @@ func TestClassify(t *testing.T) {
 		world:  running(status("192.168.50.4")),
 		want:   map[string]Reason{"4": Live},
 	}, {
+		// Whatever wrote it, an address with blanks around it is the address.
+		name:   "an address in the network-status with blanks around it",
+		allocs: map[string]alloc{"4": {ContainerID: "c1", PodRef: lh + "/im-a", IfName: "lhnet1"}},
+		world:  running(status(" 192.168.50.4 ")),
+		want:   map[string]Reason{"4": Live},
+	}, {
 		name:   "the pod is gone",
 		allocs: map[string]alloc{"4": {ContainerID: "c1", PodRef: lh + "/im-a"}},
 		world:  world(true),

@@ -30,6 +30,9 @@ func TestKubeCluster(t *testing.T) {
 	c2 := NewKubeCluster(kube, nil, time.Second, 7).(*kubeCluster)
 	assert.Equal(t, time.Second, c2.callTimeout)
 	assert.EqualValues(t, 7, c2.pageSize)
+	c3 := NewKubeCluster(kube, nil, time.Nanosecond, 1).(*kubeCluster)
+	assert.Equal(t, time.Nanosecond, c3.callTimeout, "the smallest is no default")
+	assert.EqualValues(t, 1, c3.pageSize)
 
 	ctx := context.Background()
 	pods, err := c.Pods(ctx, lh)

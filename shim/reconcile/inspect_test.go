@@ -42,6 +42,9 @@ func TestWriteInspectShowsASectionOnlyWithRows(t *testing.T) {
 				"stale allocations (released by a pass once stale for the grace period):",
 				"POOL IP POD CONTAINER IFNAME REASON", "p1 10.0.0.5 " + lh + "/gone dead lhnet1 pod gone"},
 			[]string{"pools no NAD names"}},
+		{"a stale entry without ifname", []PoolSummary{{Name: "p1", Range: "10.0.0.0/24", Usage: usage(254, 253, ""), Allocated: 1, Stale: 1,
+			Stales: []Verdict{func() Verdict { v := stale; v.IfName = ""; return v }()}}},
+			[]string{"POOL IP POD CONTAINER IFNAME REASON", "p1 10.0.0.5 " + lh + "/gone dead - pod gone"}, nil},
 		{"orphaned pools, one sighted", []PoolSummary{
 			{Name: "p2", Range: "10.2.0.0/24", Usage: usage(254, 254, ""), Orphaned: true, OrphanedSince: since},
 			{Name: "p3", Range: "10.3.0.0/24", Usage: usage(254, 252, ""), Allocated: 2, Orphaned: true}},
@@ -72,6 +75,14 @@ func TestWriteInspectShowsASectionOnlyWithRows(t *testing.T) {
 // and never printed.)
 func TestWriteRowsCountsTheRowsPastMaxRows(t *testing.T) {
 	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	one := make([]Row, MaxRows+1)
+	for i := range one {
+		one[i] = Row{Kind: "allocation", Pool: "p", IP: "10.0.1." + strconv.Itoa(i), PodRef: "ns/x", Reason: PodGone, Action: "release"}
+	}
+	var b bytes.Buffer
+	WriteRows(&b, one, now)
+	assert.True(t, strings.HasSuffix(b.String(), "\n... and 1 more: 1 pod gone, release\n"), "one row past MaxRows is counted too")
+
 	var many []Row
 	for i := 0; i < MaxRows+3; i++ {
 		r := Row{Kind: "allocation", Pool: "p", IP: "10.0.0." + strconv.Itoa(i), PodRef: "ns/x", Reason: PodGone, Action: "release"}
@@ -97,15 +108,21 @@ func TestWriteRows(t *testing.T) {
 		{Kind: "allocation", Pool: "p", IP: "10.0.0.4", PodRef: "ns/a", Container: "0123456789abcdef0123", IfName: "", Reason: PodGone, Since: now.Add(-90 * time.Second), Action: "release"},
 		{Kind: "reservation", Pool: "-", IP: "10.0.0.9", PodRef: "ns/b", Container: "", IfName: "lhnet1", Reason: OrphanedORIP, Action: "wait 10m0s"},
 		{Kind: "allocation", Pool: "p", IP: "10.0.0.5", PodRef: "ns/c", Container: "0123456789abcdef", IfName: "lhnet1", Reason: PodGone, Since: now, Action: "wait 10m0s"},
+		{Kind: "allocation", Pool: "p", IP: "10.0.0.6", PodRef: "ns/d", Container: "0123456789abcdef0", IfName: "lhnet1", Reason: PodGone, Since: now, Action: "wait 10m0s"},
 	}
 	out.Reset()
 	WriteRows(&out, rows, now)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Len(t, lines, 4)
+	require.Len(t, lines, 5)
+	assert.Equal(t, "0123456789abcdef…", strings.Fields(lines[4])[4], "a 17-byte ID cut")
 	assert.Equal(t, []string{"KIND", "POOL", "IP", "POD", "CONTAINER", "IFNAME", "REASON", "STALE", "FOR", "ACTION"}, strings.Fields(lines[0]))
 	assert.Equal(t, []string{"allocation", "p", "10.0.0.4", "ns/a", "0123456789abcdef…", "-", "pod", "gone", "1m30s", "release"}, strings.Fields(lines[1]))
 	assert.Equal(t, []string{"reservation", "-", "10.0.0.9", "ns/b", "-", "lhnet1", "no", "allocation", "holds", "its", "address", "for", "its", "pod", "first", "seen", "now", "wait", "10m0s"}, strings.Fields(lines[2]))
 	assert.Equal(t, []string{"allocation", "p", "10.0.0.5", "ns/c", "0123456789abcdef", "lhnet1", "pod", "gone", "first", "seen", "now", "wait", "10m0s"}, strings.Fields(lines[3]), "a 16-byte ID whole")
+
+	out.Reset()
+	WriteRows(&out, rows[:1], now)
+	assert.Len(t, strings.Split(strings.TrimSpace(out.String()), "\n"), 2, "one row is a row: the header and it")
 
 	// Up to MaxRows, every row is printed and nothing is summed up (past it:
 	// TestWriteRowsCountsTheRowsPastMaxRows).
@@ -135,6 +152,8 @@ func TestInspectAndNeed(t *testing.T) {
 	assert.Equal(t, int64(250), sn.Free.Int64())
 	assert.Equal(t, 1, sn.Reclaimable)
 	assert.True(t, in.Pools[0].Orphaned)
+	require.Len(t, sn.Stales, sn.Stale, "every stale entry counted is listed")
+	require.NotEmpty(t, sn.Stales)
 
 	var b bytes.Buffer
 	WriteInspect(&b, in)
@@ -143,6 +162,8 @@ func TestInspectAndNeed(t *testing.T) {
 	assert.Contains(t, out, "192.168.50.0-24  192.168.50.0/24  252   2          1      250   harvester-system/storagenetwork-sg8d8")
 	assert.Contains(t, out, "pools no NAD names")
 	assert.Contains(t, out, "10.9.0.0-30  10.9.0.0/30  1        0     not recorded")
+	assert.Contains(t, out, "stale allocations")
+	assert.Contains(t, out, sn.Stales[0].PodRef)
 
 	assert.Empty(t, in.CannotFit(250), "the orphaned pool allocates nothing more")
 	short := in.CannotFit(251)

@@ -65,10 +65,32 @@ func TestUsage(t *testing.T) {
 		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.0","range_end":"10.0.1.1"}`)},
 		size: 14, free: 14, nad: "h/sn",
 	}, {
+		name: "a range_start past the usable part is ignored too",
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", nil),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.15"}`)},
+		size: 14, free: 14, nad: "h/sn",
+	}, {
 		name: "two NADs name the pool: the one that leaves fewer free",
 		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("1")),
 		nads: []NAD{nadOf("a", "wide", `{"type":"whereabouts","range":"10.0.0.0/28"}`), nadOf("b", "narrow", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.8/29"]}`)},
 		size: 7, free: 6, inUse: 1, nad: "b/narrow",
+	}, {
+		// The smaller one leaves more free: fewer free decides, not size.
+		name: "two NADs name the pool: the one that leaves fewer free, though larger",
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("1", "2", "3", "4", "5", "6")),
+		nads: []NAD{nadOf("a", "low", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.8/29"]}`),
+			nadOf("b", "high", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.0/29","10.0.0.14/32"]}`)},
+		size: 7, free: 1, inUse: 6, nad: "a/low",
+	}, {
+		name: "an exclude wholly below range_start excludes nothing",
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", nil),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","range_start":"10.0.0.8","exclude":["10.0.0.0/30"]}`)},
+		size: 7, free: 7, nad: "h/sn",
+	}, {
+		name: "two excludes apart: the addresses between them count",
+		pool: fake.NewPool("10.0.0.0-28", "10.0.0.0/28", entries("3")),
+		nads: []NAD{nadOf("h", "sn", `{"type":"whereabouts","range":"10.0.0.0/28","exclude":["10.0.0.1/32","10.0.0.5/32"]}`)},
+		size: 12, free: 11, inUse: 1, nad: "h/sn",
 	}, {
 		name: "more entries than size: free is never negative",
 		pool: fake.NewPool("10.0.0.0-30", "10.0.0.0/30", entries("1", "2")),

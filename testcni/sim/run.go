@@ -3,10 +3,15 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/shim/names"
 	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
@@ -31,10 +36,19 @@ type Options struct {
 	// WBReconciler runs whereabouts' own reconciler now and then (see
 	// wbReconcile): off by default.
 	WBReconciler bool
+	// Leftovers starts the world with entries an older whereabouts (v0.7.0,
+	// no ifname) left in the storage pool: of the pods' earlier sandboxes, a
+	// random number each, and of a pod that is gone, as after an upgrade from
+	// a 2024 Harvester (see leftovers).
+	Leftovers bool
 	// Dir holds the nodes' checkpoints ("" is a temporary dir).
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
 	sabotage bool
+	// livenessOfPlain checks the liveness after ADD of the pod on
+	// whereabouts alone too: the checker's test (whereabouts v0.7.0 alone
+	// leaks a crash-looping pod's addresses).
+	livenessOfPlain bool
 	// podControllerFreesAll makes whereabouts' pod controller release every
 	// entry of the deleted pod's pools, not just the pod's: the checker's test.
 	podControllerFreesAll bool
@@ -42,7 +56,7 @@ type Options struct {
 
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
-	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true}
+	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true, Leftovers: true}
 }
 
 // Result is one schedule's outcome.
@@ -79,6 +93,12 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	}
 	if err := w.setup(); err != nil {
 		return Result{}, err
+	}
+	if o.Leftovers {
+		// From a random source of their own: the schedule's draws, and so
+		// its story, are the same with and without them up to the first
+		// request they change.
+		w.leftovers(rand.New(rand.NewPCG(seed, 0x1ef7)))
 	}
 	res = Result{Seed: seed, Steps: o.Steps, Stats: w.stats}
 	s.check = w.checkLive
@@ -129,6 +149,42 @@ func (w *world) setup() error {
 		}
 	}
 	return nil
+}
+
+// leftovers puts in the storage network's pool what whereabouts v0.7.0 left
+// there before an upgrade (DESIGN: allocations written before v0.8 have no
+// ifname): for each pod on harvester-ipam, 0 to 3 entries of earlier
+// sandboxes that never got their DEL, and now and then one of a pod that is
+// gone, each with its reservation. The pod's next ADD must release its own,
+// whatever their number; the reconciler the gone pod's.
+func (w *world) leftovers(rng *rand.Rand) {
+	storage := w.nets[0]
+	_, ipnet, _ := net.ParseCIDR(storage.rng)
+	allocs := map[string]shim.IPAllocation{}
+	var objs []any
+	off := 30 // from the top of the /27 down: whereabouts allocates from the bottom up
+	add := func(ref, id string) {
+		ip, _ := shim.OffsetIP(ipnet.IP, fmt.Sprint(off))
+		allocs[fmt.Sprint(off)] = shim.IPAllocation{ContainerID: id, PodRef: ref}
+		objs = append(objs, fake.NewReservation(names.Reservation(ip, storage.netName), ref))
+		off--
+	}
+	for _, p := range w.pods_() {
+		if p.nets["lhnet1"] != storage {
+			continue
+		}
+		for i := rng.IntN(4); i > 0; i-- {
+			add(p.ref(), fmt.Sprintf("v070-%d-%s", i, p.name))
+		}
+	}
+	if rng.IntN(2) == 0 {
+		add("longhorn-system/instance-manager-gone", "v070-gone")
+	}
+	if len(allocs) == 0 {
+		return
+	}
+	w.api.Put(append(objs, fake.NewPool(storage.pool(), storage.rng, allocs))...)
+	w.tr.add("left by whereabouts v0.7.0: %d entries", len(allocs))
 }
 
 func (w *world) newPod(name, node string) *pod {

@@ -54,9 +54,21 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 	}()
 	if att.net.plain {
 		// whereabouts alone: the runtime execs it directly.
+		var run *addRun
+		if verb == "ADD" && w.o.livenessOfPlain {
+			run = w.beginAdd(a, att)
+			defer w.endAdd(a, run)
+		}
 		var res []byte
 		res, err = del.ExecPlugin(context.Background(), "/opt/cni/bin/whereabouts", stdin, environ(env))
 		out.Write(res)
+		if run != nil && err == nil && !a.killed {
+			ip, err = result(a, verb, out.Bytes(), nil)
+			if err == nil {
+				w.checkAdd(run, ip)
+			}
+			return ip, err
+		}
 	} else {
 		p := &plugin.Plugin{
 			Exec: del,
@@ -74,7 +86,16 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 		}
 		switch verb {
 		case "ADD":
+			run := w.beginAdd(a, att)
+			defer w.endAdd(a, run)
 			err = p.Add(args)
+			if err == nil && !a.killed {
+				ip, err = result(a, verb, out.Bytes(), nil)
+				if err == nil {
+					w.checkAdd(run, ip)
+				}
+				return ip, err
+			}
 		case "DEL":
 			err = p.Del(args)
 		case "GC":

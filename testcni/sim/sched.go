@@ -67,6 +67,8 @@ type actor struct {
 	// env is the CNI environment of the plugin call the actor makes: the
 	// process's environment is one, so it is set again at every turn.
 	env map[string]string
+	// add is the harvester-ipam ADD the actor runs, if any (checkAdd).
+	add *addRun
 	s   *sched
 }
 

@@ -167,6 +167,8 @@ type world struct {
 	stats map[string]int
 	// holder is who held whereabouts' Lease at the last step, for the trace.
 	holder string
+	// adds are harvester-ipam's ADDs under way (checkAdd).
+	adds []*addRun
 }
 
 func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
@@ -180,6 +182,11 @@ func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
 		return nil, err
 	}
 	w.api.Hook = w.request
+	w.api.StaleRead = func(c fake.Call) {
+		if a := s.cur; a != nil && a.add != nil {
+			a.add.stale[c.Name] = true
+		}
+	}
 	w.api.CacheLag = func() int {
 		if w.quiet || !s.chance(0.3) {
 			return 0

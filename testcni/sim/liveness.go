@@ -1,0 +1,158 @@
+package sim
+
+import (
+	"fmt"
+	"net"
+	"sort"
+
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// Liveness: what harvester-ipam must get done, beside what it must never do
+// (check.go). Two properties:
+//
+//   - after every ADD of harvester-ipam that succeeds (checkAdd), the pod
+//     holds in that attachment's pool exactly the entries of its new
+//     sandbox, one per interface whose ADD has returned: every entry of its
+//     earlier sandboxes (whatever their number, of any earlier pod of that
+//     name too) is gone;
+//   - at rest, once the reconciler's grace has passed (checkQuiet), no entry
+//     or reservation is left but the running sandboxes': none of a dead
+//     sandbox, none of a pod that is gone.
+//
+// The first is checked right as ADD returns, with no other actor run in
+// between. It need not hold, and is not checked, when:
+//
+//   - the sandbox was killed while its ADD ran (the pod deleted, a reboot,
+//     its node removed): the sandbox is not the pod's any more, and
+//     whereabouts' pod controller may free what its ADD wrote;
+//   - an ADD of another sandbox of a pod of that name ran at the same time
+//     (a force-deleted pod's sandbox still being made when the pod is
+//     created again: two pod workers, one per UID): its entry may land after
+//     this ADD's reclaim, and it is the next ADD's or the reconciler's;
+//   - ADD's look at the API server's watch cache served the pool at an older
+//     revision than the latest: ADD releases only when the cache shows an
+//     earlier sandbox (plugin.reclaim), and an entry the cache has not seen
+//     yet is, by design, the next ADD's or the reconciler's.
+//
+// An ADD that fails (a crash, an API fault that failed the reclaim, the range
+// full) promises nothing: the runtime gives the sandbox up and makes another.
+// Reservations are left to the second property: a reservation without an
+// entry (whereabouts' pod controller killed between its two deletes) is no
+// entry ADD plans on.
+
+// addRun is one harvester-ipam ADD under way.
+type addRun struct {
+	att *attachment
+	// overlapped: an ADD of another sandbox of a pod of that name ran
+	// beside it.
+	overlapped bool
+	// stale are the pools its watch-cache reads saw behind the latest.
+	stale map[string]bool
+	// earlier: the pool held entries of the pod's earlier sandboxes when
+	// it began.
+	earlier bool
+}
+
+func (w *world) beginAdd(a *actor, att *attachment) *addRun {
+	run := &addRun{att: att, stale: map[string]bool{}}
+	for _, o := range w.adds {
+		if o.att.sb != att.sb && o.att.sb.pod.ref() == att.sb.pod.ref() {
+			o.overlapped, run.overlapped = true, true
+		}
+	}
+	if p := w.api.Pool(poolNS, att.net.pool()); p != nil {
+		for _, e := range p.Spec.Allocations {
+			if e.PodRef == att.sb.pod.ref() && e.ContainerID != att.sb.id {
+				run.earlier = true
+			}
+		}
+	}
+	w.adds = append(w.adds, run)
+	a.add = run
+	return run
+}
+
+func (w *world) endAdd(a *actor, run *addRun) {
+	a.add = nil
+	for i, o := range w.adds {
+		if o == run {
+			w.adds = append(w.adds[:i], w.adds[i+1:]...)
+			break
+		}
+	}
+}
+
+// checkAdd checks the first property for an ADD that returned ip.
+func (w *world) checkAdd(run *addRun, ip net.IP) {
+	att := run.att
+	sb := att.sb
+	switch {
+	case sb.state != sbCreating || sb.pod.current != sb:
+		w.stats["liveness: ADD of a sandbox killed meanwhile"]++
+		return
+	case run.overlapped:
+		w.stats["liveness: ADD beside another sandbox's of that pod name"]++
+		return
+	case run.stale[att.net.pool()]:
+		w.stats["liveness: ADD that saw the pool in a stale cache"]++
+		return
+	}
+	w.stats["liveness: ADDs checked"]++
+	if run.earlier {
+		w.stats["liveness: ADDs checked that had earlier sandboxes' entries"]++
+	}
+	if bad := w.podHoldsOnly(sb, att, ip); len(bad) > 0 {
+		w.tr.add("LIVENESS: after ADD %s -> %s: %v", att.name(), ip, bad)
+		w.s.violations = append(w.s.violations, bad...)
+	}
+}
+
+// podHoldsOnly says what is wrong with att's pool for att's pod, ADD having
+// returned ip for att: it must hold exactly one entry for each attachment of
+// att's sandbox in that pool whose ADD has returned, and nothing else of the
+// pod.
+func (w *world) podHoldsOnly(sb *sandbox, att *attachment, ip net.IP) []string {
+	pool := att.net.pool()
+	want := map[string]string{ip.String(): att.ifname} // address -> ifname
+	for _, o := range sb.atts {
+		if o != att && o.ip != nil && o.net.pool() == pool {
+			want[o.ip.String()] = o.ifname
+		}
+	}
+	p := w.api.Pool(poolNS, pool)
+	if p == nil {
+		return []string{fmt.Sprintf("after ADD of %s -> %s, pool %s is gone", att.name(), ip, pool)}
+	}
+	as, err := shim.Allocations(p)
+	if err != nil {
+		return []string{fmt.Sprintf("pool %s: %v", pool, err)}
+	}
+	var bad []string
+	for _, a := range as {
+		if a.PodRef != sb.pod.ref() {
+			continue
+		}
+		ifn, ok := want[a.IP.String()]
+		switch {
+		case a.ContainerID != sb.id:
+			bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, %s is still held by %s (ifname %q), an earlier sandbox of the pod, in pool %s", att.name(), ip, a.IP, a.ContainerID, a.IfName, pool))
+		case !ok:
+			bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, the sandbox holds %s (ifname %q) too in pool %s", att.name(), ip, a.IP, a.IfName, pool))
+		case a.IfName != ifn && a.IfName != "":
+			bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, %s is held for ifname %q, not %q, in pool %s", att.name(), ip, a.IP, a.IfName, ifn, pool))
+		default:
+			delete(want, a.IP.String())
+		}
+	}
+	for _, addr := range sortedKeys(want) {
+		bad = append(bad, fmt.Sprintf("after ADD of %s -> %s, the sandbox holds no entry for %s (%s) in pool %s", att.name(), ip, addr, want[addr], pool))
+	}
+	sort.Strings(bad)
+	return bad
+}
+
+// name names an attachment before its ADD returned.
+func (a *attachment) name() string {
+	return fmt.Sprintf("%s/%s %s (%s)", a.sb.pod.ref(), a.ifname, a.sb.id, a.net.name)
+}
