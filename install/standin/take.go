@@ -233,13 +233,13 @@ func (d Dir) Take(ctx context.Context, claim bool) (changed bool, err error) {
 			return changed, noReal(d.name() + " does not run")
 		}
 	}
-	wrote, err := d.replace(ctx, n)
+	wrote, err := d.replace(ctx, n, &a)
 	return changed || wrote, err
 }
 
 // replace puts harvester-ipam at the name, which holds what n looked at:
 // nothing, harvester-ipam, a real binary (kept aside first) or a fragment.
-func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
+func (d Dir) replace(ctx context.Context, n look, aside *look) (changed bool, err error) {
 	fsys := d.fs()
 	// What goes to the name must be known for harvester-ipam when looked at
 	// again, or the next Take would keep it aside as the real binary.
@@ -297,7 +297,7 @@ func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 	if errors.Is(err, ErrNoExchange) {
 		self := tmp
 		tmp = "" // its own to remove
-		return d.replaceWithoutExchange(ctx, self, n)
+		return d.replaceWithoutExchange(ctx, self, n, aside)
 	}
 	if err != nil {
 		return false, fmt.Errorf("put harvester-ipam at %s: %w; left as it was", d.name(), err)
@@ -307,7 +307,7 @@ func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 	// the file looked at, or one the plugin's installer wrote since.
 	out := tmp
 	tmp = ""
-	if err := d.settle(ctx, out); err != nil {
+	if err := d.settle(ctx, out, &n, aside); err != nil {
 		return true, err
 	}
 	return true, fsys.SyncDir(d.Path)
@@ -318,7 +318,7 @@ func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 // verified copy) before harvester-ipam is renamed over the name. One window
 // is left (SAFETY.md): a file created at the name between the last look and
 // the rename is replaced unseen.
-func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look) (changed bool, err error) {
+func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look, aside *look) (changed bool, err error) {
 	fsys := d.fs()
 	defer func() {
 		if err != nil {
@@ -330,7 +330,7 @@ func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look) (ch
 			return false, err
 		}
 		d.at(StepCaptured)
-		if err := d.keepAside(ctx, filepath.Join(d.Path, captureName)); err != nil {
+		if err := d.keepAside(ctx, filepath.Join(d.Path, captureName), aside); err != nil {
 			return true, err
 		}
 		changed = true
@@ -407,10 +407,15 @@ func (d Dir) still(n look, path string) error {
 // fragment whose writer is gone, is removed; anything else (being written,
 // not answering) is kept, and looked at again when its writer is done.
 // Nothing that may be the real binary is deleted because a probe failed.
-func (d Dir) settle(ctx context.Context, tmp string) error {
+func (d Dir) settle(ctx context.Context, tmp string, was, aside *look) error {
 	fsys := d.fs()
-	l, err := d.look(ctx, tmp)
-	if err != nil {
+	// What an exchange moved out as it was looked at at the name, unwritten
+	// since (a writer that opened it since has truncated it: its size or
+	// mtime differ), needs no second look.
+	var l look
+	if now, err := fsys.Stat(tmp); was != nil && err == nil && was.file.Unchanged(now) {
+		l = *was
+	} else if l, err = d.look(ctx, tmp); err != nil {
 		return err
 	}
 	switch l.kind {
@@ -422,7 +427,7 @@ func (d Dir) settle(ctx context.Context, tmp string) error {
 		}
 		return nil
 	case runs:
-		return d.keepAside(ctx, tmp)
+		return d.keepAside(ctx, tmp, aside)
 	default:
 		return pending(tmp, l)
 	}
@@ -433,14 +438,18 @@ func (d Dir) settle(ctx context.Context, tmp string) error {
 // aside itself, and is removed). Real binaries are ordered by when they
 // were written (their mtime; whereabouts' cp -f writes a new one, every
 // step here only moves it): "the newest ever written" is the last write.
-func (d Dir) keepAside(ctx context.Context, tmp string) error {
+func (d Dir) keepAside(ctx context.Context, tmp string, aside *look) error {
 	fsys := d.fs()
 	t, err := fsys.Stat(tmp)
 	if err != nil {
 		return fmt.Errorf("keep the real %s aside: %w", d.Name, err)
 	}
-	a, err := d.look(ctx, d.aside())
-	if err != nil {
+	// The aside as Take looked at it, if it is still that file: only the
+	// installers, one at a time, write it.
+	var a look
+	if now, err := fsys.Stat(d.aside()); aside != nil && (err == nil && aside.file.Unchanged(now) || errors.Is(err, fs.ErrNotExist) && aside.kind == missing) {
+		a = *aside
+	} else if a, err = d.look(ctx, d.aside()); err != nil {
 		return err
 	}
 	if a.kind == runs && (a.file.Same(t) || !t.ModTime.After(a.file.ModTime)) {
@@ -474,7 +483,7 @@ func (d Dir) recover(ctx context.Context) (changed bool, err error) {
 	slices.SortFunc(ts, func(a, b temp) int { return a.mod.Compare(b.mod) })
 	var waiting []error
 	for _, t := range ts {
-		err := d.settle(ctx, t.path)
+		err := d.settle(ctx, t.path, nil, nil)
 		switch {
 		case errors.Is(err, ErrPending):
 			waiting = append(waiting, err)
@@ -631,7 +640,7 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		if err := fsys.Exchange(back, d.name()); err != nil {
 			return false, fmt.Errorf("put %s's newer binary back at %s: %w (it is at %s)", d.Name, d.name(), err, back)
 		}
-		if err := d.keepAside(ctx, back); err != nil {
+		if err := d.keepAside(ctx, back, nil); err != nil {
 			return false, err
 		}
 		return false, fmt.Errorf("%s was written while it was given back: %w", d.name(), ErrPending)
