@@ -142,6 +142,9 @@ func TestPassWaitsForTheGracePeriod(t *testing.T) {
 	assert.Len(t, rep.Rows, 2, "the dead pod's allocation and the leftover reservation")
 	seen := decodeSightings(f.pool().Annotations[StaleSinceAnnotation])
 	assert.Equal(t, sightings{"4": {holder: holderOf("dead"), since: f.now}}, seen)
+	// The holder is kept short, whatever the container ID's length, so that
+	// the annotation's budget holds thousands of sightings.
+	assert.Regexp(t, `^v2;\d+:4\.[0-9a-f]{8}$`, f.pool().Annotations[StaleSinceAnnotation])
 	assert.Len(t, f.pool().Spec.Allocations, 2)
 
 	f.now = f.now.Add(9 * time.Minute)
