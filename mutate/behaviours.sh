@@ -74,7 +74,7 @@ plant 7a 'ADD releases earlier sandboxes only when it sees two or more' plugin/a
 plant 7b '(the same bug)' plugin/add.go \
   's#len\(earlier\(cached\)\) == 0#len(earlier(cached)) <= 1#' \
   ./plugin '^TestACrashLoopHoldsOneEntryAfterEveryAdd$'
-plant 7c '(the same bug: the simulation on its own, seed 14 on every version)' plugin/add.go \
+plant 7c '(the same: the simulation alone, seed 14 on each version)' plugin/add.go \
   's#len\(earlier\(cached\)\) == 0#len(earlier(cached)) <= 1#' \
   ./testcni/sim '^TestRegressionSeeds$/^one_earlier_sandbox_left_by_ADD'
 plant 8a 'the delegate found is the stand-in itself, not the binary aside' plugin/delegate/find.go \

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -293,4 +294,21 @@ func TestACrashLoopHoldsOneEntryAfterEveryAdd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A reclaim whose reservations cannot be released fails ADD before anything
+// is allocated, naming the addresses it was releasing.
+func TestAddWhoseReclaimFailsNamesTheAddresses(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.api.Hook = func(c *fake.Call) error {
+		if c.Resource == fake.Reservations {
+			return errors.New("etcdserver: request timed out")
+		}
+		return nil
+	}
+	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	assert.Equal(t, cnitypes.ErrTryAgainLater, cniCode(t, err))
+	assert.Contains(t, err.Error(), "release the reservations of 192.168.50.2, 192.168.50.3 from pool kube-system/192.168.50.0-24")
+	assert.Empty(t, r.calls(), "nothing delegated")
+	assert.Len(t, r.pool(), 3, "nothing released")
 }

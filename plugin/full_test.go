@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
 )
@@ -161,6 +162,11 @@ func TestTheFullPoolExplained(t *testing.T) {
 		want      string
 		listFails bool
 	}{
+		{"pods of more namespaces than it lists: said so", pool(map[string]alloc{
+			"1": {ContainerID: "a1", PodRef: "nsa/p0"}, "2": {ContainerID: "a2", PodRef: "nsa/p1"},
+			"3": {ContainerID: "b1", PodRef: "nsb/p0"}, "4": {ContainerID: "c1", PodRef: "nsc/p0"}, "5": {ContainerID: "d1", PodRef: "nsd/p0"},
+		}), "pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 5 entries, 0 of them stale by this count: " +
+			"pods of 1 more namespaces not checked; nodes not checked", false},
 		{"one pod gone: named", pool(oneGone),
 			"pool kube-system/10.0.0.0-24 (10.0.0.0/24) holds 2 entries, 1 of them stale by this count: " +
 				"1 entries of 1 pods gone or finished (ns/gone); nodes not checked", false},
@@ -266,4 +272,23 @@ func TestKubePods(t *testing.T) {
 			assert.Equal(t, tt.wantPods, pods)
 		})
 	}
+}
+
+// Each pool of the config is explained, or said to be missing or unreadable.
+func TestTheFullRangeExplainsEveryPool(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-30", "10.0.0.0/30", map[string]alloc{"1": {ContainerID: "c1"}, "2": {ContainerID: "c2"}}))
+	api.Hook = func(c *fake.Call) error {
+		if c.Resource == fake.Pools && c.Name == "10.2.0.0-30" {
+			return errors.New("etcdserver: request timed out")
+		}
+		return nil
+	}
+	p := &Plugin{}
+	cfg := &conf.Config{Pools: []conf.Pool{{Name: "10.0.0.0-30"}, {Name: "10.1.0.0-30"}, {Name: "10.2.0.0-30"}}}
+	facts, hint := p.explainFull(shim.New(api, "kube-system", shim.Options{}), cfg)
+	assert.Equal(t, "pool kube-system/10.0.0.0-30 (10.0.0.0/30) holds 2 entries, 0 of them stale by this count; "+
+		"pool kube-system/10.1.0.0-30 does not exist; "+
+		"pool kube-system/10.2.0.0-30 could not be read (get pool kube-system/10.2.0.0-30: etcdserver: request timed out)", facts)
+	assert.Contains(t, hint, "harvester-ipam-reconciler inspect")
 }

@@ -112,3 +112,21 @@ func TestGCThatWorksLogsNoError(t *testing.T) {
 	assert.Empty(t, recs)
 	assert.NotContains(t, r.log.String(), "[error]")
 }
+
+// whereabouts' own GC failing fails GC, saying so, with harvester-ipam's
+// releases done: the runtime calls it again.
+func TestGCWhoseDelegateFailsSaysSo(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	r.record(t, "old1", "192.168.50.2/24")
+	r.del.Before = func(verb string) error {
+		if verb == "GC" {
+			return &cnitypes.Error{Code: cnitypes.ErrTryAgainLater, Msg: "the Lease is held"}
+		}
+		return nil
+	}
+	c := r.config("1.1.0", "")
+	err := r.p.GC(args(t, "", "", "", append(c[:len(c)-1], []byte(`,"cni.dev/valid-attachments":[]}`)...)))
+	assert.Equal(t, cnitypes.ErrTryAgainLater, cniCode(t, err))
+	assert.Contains(t, err.Error(), "GC left work undone: whereabouts GC: the Lease is held")
+	assert.NotContains(t, r.pool(), "2", "harvester-ipam's own release done")
+}

@@ -74,7 +74,7 @@ func main() {
 		listLived  = flag.Bool("lived", true, "list the mutants that lived or were not covered")
 		moduleRoot = flag.String("root", ".", "the module's root")
 		from       = flag.String("from", "", "tally the JSON an earlier run kept with -out in this dir, without running any mutant")
-		again      = flag.String("again", "", "the own pass: take the mutants an earlier run kept with -out in this dir killed (or found not viable) as they were, and run the others again")
+		again      = flag.String("again", "", "the own pass: take the mutants an earlier run kept with -out in this dir killed as killed, and run the others again")
 		list       = flag.Bool("list", false, "list the own operators' mutants of the packages, and run nothing")
 		passes     = flag.String("passes", "gremlins,own", "the passes to run: gremlins' operators, the project's own (COUNT_SHIFT, DROP_ELEMENT, RETURN_INPUT, DROP_FLAG), or both")
 	)

@@ -251,9 +251,9 @@ func testStatus(err error, outerTimeout bool, out []byte) string {
 // unit tests in scratch copies of the module under scratch (one per
 // worker), on the lines the tests cover.
 //
-// With prev (an earlier run of the package, -again), a mutant it killed or
-// found not viable is taken as it was, and only the others are run again:
-// the tests written since are to kill them.
+// With prev (an earlier run of the package, -again), a mutant it killed is
+// taken as it was, and only the others are run again: the tests written
+// since are to kill them (and a mutant that did not compile may now).
 func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Duration, prev *ownRun, progress io.Writer) (*ownRun, error) {
 	start := time.Now()
 	copies := make([]string, max(1, workers))
@@ -333,7 +333,7 @@ func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Durat
 	settled := map[string]string{}
 	if prev != nil {
 		for _, m := range prev.Mutants {
-			if m.Status == "KILLED" || m.Status == "NOT VIABLE" {
+			if m.Status == "KILLED" {
 				settled[m.key()] = m.Status
 			}
 		}

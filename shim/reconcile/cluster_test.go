@@ -10,7 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	k8sfake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -71,4 +74,37 @@ func TestKubeCluster(t *testing.T) {
 	_, err = c.Node(ctx, "node-a")
 	assert.EqualError(t, err, "get node node-a: connection refused")
 	assert.Error(t, c.Event(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "e2"}}))
+}
+
+// NADs are read with the dynamic client, page by page: each one's
+// namespace, name and spec.config; one whose config is no string reads as
+// "" (broken, not absent). Without a client, no NAD is known.
+func TestKubeClusterNADs(t *testing.T) {
+	nad := func(ns, name string, config any) *unstructured.Unstructured {
+		o := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+			"metadata": map[string]any{"namespace": ns, "name": name},
+			"spec":     map[string]any{"config": config},
+		}}
+		return o
+	}
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{NADResource: "NetworkAttachmentDefinitionList"})
+	// Under the resource's own name (the fake would guess another from the kind).
+	for _, o := range []*unstructured.Unstructured{
+		nad("harvester-system", "storagenetwork-a", `{"ipam":{"type":"whereabouts"}}`),
+		nad("default", "broken", int64(7)),
+	} {
+		require.NoError(t, dyn.Tracker().Create(NADResource, o, o.GetNamespace()))
+	}
+	c := NewKubeCluster(k8sfake.NewSimpleClientset(), dyn, time.Second, 1)
+	nads, err := c.NADs(context.Background())
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []NAD{
+		{Namespace: "harvester-system", Name: "storagenetwork-a", Config: `{"ipam":{"type":"whereabouts"}}`},
+		{Namespace: "default", Name: "broken", Config: ""},
+	}, nads)
+
+	_, err = NewKubeCluster(k8sfake.NewSimpleClientset(), nil, 0, 0).NADs(context.Background())
+	assert.ErrorContains(t, err, "no client for NADs")
 }

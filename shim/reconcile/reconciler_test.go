@@ -142,6 +142,9 @@ func TestPassWaitsForTheGracePeriod(t *testing.T) {
 	assert.Len(t, rep.Rows, 2, "the dead pod's allocation and the leftover reservation")
 	seen := decodeSightings(f.pool().Annotations[StaleSinceAnnotation])
 	assert.Equal(t, sightings{"4": {holder: holderOf("dead"), since: f.now}}, seen)
+	// The holder is kept short, whatever the container ID's length, so that
+	// the annotation's budget holds thousands of sightings.
+	assert.Regexp(t, `^v2;\d+:4\.[0-9a-f]{8}$`, f.pool().Annotations[StaleSinceAnnotation])
 	assert.Len(t, f.pool().Spec.Allocations, 2)
 
 	f.now = f.now.Add(9 * time.Minute)
@@ -513,6 +516,11 @@ func TestThePassSaysWhatItDoes(t *testing.T) {
 			[]want{{"wait 10m0s", "wait 10m0s"}, {"wait 6m0s", "wait 6m0s"}, {"release", "delete"}}},
 		{"a grace, dry run: nothing sighted", 10 * time.Minute, true, []time.Duration{0, 11 * time.Minute},
 			[]want{{"wait 10m0s", "wait 10m0s"}, {"wait 10m0s", "wait 10m0s"}}},
+		// The shortest grace is a grace: sighted first, released after.
+		{"a grace of a nanosecond", time.Nanosecond, false, []time.Duration{0, time.Second},
+			[]want{{"wait 0s", "wait 1ns"}, {"release", "delete"}}},
+		{"a grace of a nanosecond, dry run", time.Nanosecond, true, []time.Duration{0},
+			[]want{{"wait 0s", "wait 1ns"}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, running())
@@ -542,6 +550,12 @@ func TestThePassSaysWhatItDoes(t *testing.T) {
 				assert.Len(t, f.pool().Spec.Allocations, 2)
 				assert.Len(t, f.orips(), 3)
 				assert.NotContains(t, f.pool().Annotations, StaleSinceAnnotation)
+			}
+			if last := tt.want[len(tt.want)-1]; last == (want{"release", "delete"}) {
+				// Done as said: the one stale entry and the one leftover
+				// reservation are gone, the live ones stay.
+				assert.Equal(t, map[string]alloc{"5": {ContainerID: "live", PodRef: lh + "/running", IfName: "lhnet1"}}, f.pool().Spec.Allocations)
+				assert.ElementsMatch(t, []string{"192.168.50.5"}, f.orips())
 			}
 		})
 	}
