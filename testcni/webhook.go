@@ -104,7 +104,7 @@ func (r *Rig) startWebhook(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the ClusterNetwork mgmt: %w (%v)", err, last)
 	}
-	p, err := startProcEnv(r.Dir, "harvester-network-webhook", r.Tools["webhook"],
+	p, err := r.machine.startProc(r.Dir, "harvester-network-webhook", r.Tools["webhook"],
 		append(os.Environ(), "KUBECONFIG="+r.Kubeconfig),
 		"--https-port", "443", "--namespace", HarvesterNamespace, "--threadiness", "2")
 	if err != nil {
