@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/harvester/harvester-ipam/shim"
 )
 
 // writeKubeletConf writes the kubelet's configuration: what these machines
@@ -271,4 +274,58 @@ func (r *Rig) DeletePodAndWait(ctx context.Context, pod Pod, limit time.Duration
 		_, err := r.Kube.CoreV1().Pods(pod.Namespace).Get(cctx, pod.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
+}
+
+// CreateLonghornPod creates a pod object bound to this node that asks for
+// the networks of a networks annotation, as Longhorn's pods on Harvester's
+// storage network do; on a node with a kubelet, the kubelet runs it.
+func (nd *Node) CreateLonghornPod(ctx context.Context, pod Pod, networks string) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := nd.rig.Kube.CoreV1().Pods(pod.Namespace).Create(cctx, nd.longhornPod(pod, networks), metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s on %s: %w", pod.Ref(), nd.Name, err)
+	}
+	return nil
+}
+
+// KillSandbox kills a sandbox's process (SIGKILL to its pause), as when it
+// crashes: containerd marks it NOTREADY, and the kubelet stops it (CNI DEL)
+// and makes the pod a new one.
+func (nd *Node) KillSandbox(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ctr", "--address", nd.Socket, "--namespace", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", id).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kill sandbox %s on %s: %w: %s", short(id), nd.Name, err, out)
+	}
+	return nil
+}
+
+// Checkpointed says whether harvester-ipam served the attachment (sandbox
+// id, ifname) on this node: it records each attachment it serves, before
+// anything is allocated, in /var/lib/cni/harvester-ipam, and whereabouts
+// alone records none.
+func (nd *Node) Checkpointed(id, ifName string) bool {
+	_, err := os.Stat(filepath.Join(nd.VarLibCNI, "harvester-ipam", id+":"+ifName+".json"))
+	return err == nil
+}
+
+// PoolAllocations reads a pool fresh from the API server; none when it
+// does not exist.
+func (r *Rig) PoolAllocations(ctx context.Context, namespace, pool string) ([]shim.Allocation, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	p, err := r.WB.WhereaboutsV1alpha1().IPPools(namespace).Get(ctx, pool, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pool %s/%s: %w", namespace, pool, err)
+	}
+	return shim.Allocations(p)
+}
+
+// ChartBinary is a binary of the chart's image of tag (ChartImage built it).
+func (r *Rig) ChartBinary(tag, name string) string {
+	return filepath.Join(filepath.Dir(r.bin), "images", "harvester-ipam-"+tag, name)
 }
