@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/harvester/harvester-ipam/install/standin"
 )
 
 // tempPrefix names the installer's temporary files. They live in the bin dir
@@ -290,7 +292,7 @@ func versions(ctx context.Context, path string, opt Options) ([]string, error) {
 		SupportedVersions []string `json:"supportedVersions"`
 	}
 	if err := json.Unmarshal(out.stdout, &v); err != nil || len(v.SupportedVersions) == 0 {
-		return nil, fmt.Errorf("CNI_COMMAND=VERSION printed no CNI version info: %q", trim(out.stdout))
+		return nil, fmt.Errorf("CNI_COMMAND=VERSION printed no CNI version info: %q: %w", trim(out.stdout), standin.ErrBroken)
 	}
 	for _, r := range opt.Require {
 		if !slices.Contains(v.SupportedVersions, r) {
@@ -305,6 +307,7 @@ type output struct{ stdout, stderr []byte }
 func run(ctx context.Context, path string, timeout time.Duration, env ...string) (output, error) {
 	var out output
 	var err error
+	var timedOut bool
 	// A file just closed can still be open for writing in a child forked
 	// meanwhile (ETXTBSY): that passes in moments.
 	for attempt := 0; attempt < 20; attempt++ {
@@ -314,6 +317,7 @@ func run(ctx context.Context, path string, timeout time.Duration, env ...string)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err = cmd.Run()
+		timedOut = cctx.Err() != nil
 		cancel()
 		out = output{stdout.Bytes(), stderr.Bytes()}
 		if !errors.Is(err, syscall.ETXTBSY) {
@@ -321,13 +325,15 @@ func run(ctx context.Context, path string, timeout time.Duration, env ...string)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err != nil {
-		if cctxErr := ctx.Err(); cctxErr != nil {
-			return out, cctxErr
-		}
-		return out, fmt.Errorf("%w: %s%s", err, trim(out.stdout), trim(out.stderr))
+	switch {
+	case err == nil:
+		return out, nil
+	case ctx.Err() != nil:
+		return out, ctx.Err()
+	case timedOut:
+		return out, fmt.Errorf("no answer within %s: %w", timeout, context.DeadlineExceeded)
 	}
-	return out, nil
+	return out, fmt.Errorf("%w: %s%s", standin.RunError(err), trim(out.stdout), trim(out.stderr))
 }
 
 func trim(b []byte) string {

@@ -3,9 +3,11 @@
 // place (the real binary kept aside). The chart's DaemonSet runs it on every
 // node: once at start, then again whenever the stand-in's name is written
 // (inotify) and every --interval, so that a binary removed or replaced on the
-// host comes back; stopped, it gives the stand-in's name back. With --verify
-// it only checks (the readiness probe); --give-back gives the name back and
-// exits.
+// host comes back. Stopped, it gives the stand-in's name back only when its
+// DaemonSet (--daemonset) is gone or being deleted: an uninstall. A restart,
+// a rollout or a node's shutdown keeps harvester-ipam standing in. With
+// --verify it only checks (the readiness probe); --give-back gives the name
+// back and exits.
 package main
 
 import (
@@ -37,6 +39,9 @@ func main() {
 		require  string
 		standIn  string
 		giveBack bool
+		owner    string
+		ns       string
+		kubecfg  string
 	)
 	flag.StringVar(&opt.Source, "source", "/usr/bin/harvester-ipam", "the binary to install")
 	flag.StringVar(&opt.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
@@ -49,6 +54,9 @@ func main() {
 	flag.StringVar(&flatFile, "flat-file", "/host/etc/cni/net.d/whereabouts.d/whereabouts.conf", "whereabouts' flat file, as mounted (a warning when missing; \"\" skips)")
 	flag.StringVar(&standIn, "stand-in", "", "also stand in for this plugin (whereabouts): harvester-ipam at its name, the real binary at <name>"+standin.RealSuffix+"; \"\" does not")
 	flag.BoolVar(&giveBack, "give-back", false, "give the --stand-in name back to the real binary and exit")
+	flag.StringVar(&owner, "daemonset", "", "this installer's DaemonSet: stopped, the --stand-in name is given back only when it is gone or being deleted (an uninstall); \"\" never gives it back when stopped")
+	flag.StringVar(&ns, "namespace", os.Getenv("POD_NAMESPACE"), "the --daemonset's namespace")
+	flag.StringVar(&kubecfg, "kubeconfig", "", "a kubeconfig to read the --daemonset with; \"\" is the pod's service account")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -71,7 +79,9 @@ func main() {
 		if standIn == "" {
 			fail(fmt.Errorf("--give-back needs --stand-in, the name to give back"))
 		}
-		if err := install.GiveBack(context.Background(), opt, standIn); err != nil {
+		gctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := install.GiveBack(gctx, opt, standIn); err != nil {
 			fail(err)
 		}
 		logf("gave %s back to the real binary", standIn)
@@ -82,24 +92,31 @@ func main() {
 		if err != nil {
 			fail(err)
 		}
+		fmt.Printf("%s is installed and runs: %s\n", res.Path, res.About)
 		if standIn != "" {
-			if err := install.VerifyStandIn(ctx, opt, standIn); err != nil {
+			state, err := install.VerifyStandIn(ctx, opt, standIn)
+			if err != nil {
+				fail(err)
+			}
+			fmt.Println(state)
+		}
+		return
+	}
+	if standIn != "" && interval > 0 {
+		var ds *install.Owner
+		if owner != "" {
+			var err error
+			if ds, err = install.NewOwner(kubecfg, ns, owner); err != nil {
 				fail(err)
 			}
 		}
-		fmt.Printf("%s is installed and runs: %s\n", res.Path, res.About)
-		return
-	}
-	if standIn != "" {
-		defer giveBackOnExit(ctx, opt, standIn)
-		if interval > 0 {
-			go func() {
-				err := standin.Watch(ctx, opt.BinDir, standIn, func() { takeName(ctx, opt, standIn, false) })
-				if err != nil {
-					fail(err)
-				}
-			}()
-		}
+		defer onStop(ctx, opt, standIn, ds)
+		go func() {
+			err := standin.Watch(ctx, opt.BinDir, standIn, func() { takeName(ctx, opt, standIn, false) })
+			if err != nil {
+				fail(err)
+			}
+		}()
 	}
 
 	var warned string
@@ -145,33 +162,55 @@ func main() {
 }
 
 // takeName stands in (again); a failure is logged, not fatal: the name is
-// whole either way, and the next event or interval tries again.
+// whole either way, and the next event or interval tries again. The first
+// run claims the name from another build of harvester-ipam (the one this
+// pod replaces); later runs leave it, so that two installers never undo
+// each other for ever.
 func takeName(ctx context.Context, opt install.Options, name string, first bool) {
-	changed, err := install.StandIn(ctx, opt, name)
+	changed, err := install.StandIn(ctx, opt, name, first)
+	at := filepath.Join(opt.BinDir, name)
 	switch {
 	case errors.Is(err, standin.ErrNoReal) && first:
-		logf("warning: %v", err)
+		logf("nothing to stand in for yet: %v", err)
+	case errors.Is(err, standin.ErrPending), errors.Is(err, standin.ErrAnotherBuild):
+		logf("%v", err)
 	case err != nil && ctx.Err() == nil:
 		logf("error: stand in for %s: %v", name, err)
 	case changed:
-		logf("harvester-ipam stands in at %s; the real binary is at %s", filepath.Join(opt.BinDir, name), standin.Aside(filepath.Join(opt.BinDir, name)))
+		logf("harvester-ipam stands in at %s; the real binary is at %s", at, standin.Aside(at))
 	}
 }
 
-// giveBackOnExit gives the name back when the installer stops (helm
-// uninstall, a rollout, a drain): what is left on the node is whereabouts as
-// its own installer left it. A newer installer takes the name again.
-func giveBackOnExit(ctx context.Context, opt install.Options, name string) {
+// onStop runs when the installer is told to stop. Only an uninstall (its
+// DaemonSet gone or being deleted) gives the name back: a rollout, a
+// restart or a node's shutdown would otherwise hand the node to whereabouts
+// alone exactly when Longhorn's pods get new sandboxes. When it cannot
+// tell, it keeps the name: harvester-ipam runs whereabouts for every ADD.
+func onStop(ctx context.Context, opt install.Options, name string, ds *install.Owner) {
 	if ctx.Err() == nil {
 		return // exits after one install (--interval 0): the stand-in stays
 	}
-	gctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	at := filepath.Join(opt.BinDir, name)
+	if ds == nil {
+		logf("terminating; harvester-ipam keeps standing in at %s (no --daemonset to tell an uninstall from a restart; --give-back gives it back)", at)
+		return
+	}
+	// The pod's grace period is 30 s: a few seconds to read, the rest to give back.
+	rctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	r := ds.Removing(rctx, time.Sleep)
+	cancel()
+	if !r.Uninstall {
+		logf("terminating; %s: harvester-ipam keeps standing in at %s", r.Why, at)
+		return
+	}
+	logf("terminating; %s: an uninstall, so %s goes back to the real binary", r.Why, at)
+	gctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
 	defer cancel()
 	if err := install.GiveBack(gctx, opt, name); err != nil {
 		logf("error: give %s back: %v", name, err)
 		return
 	}
-	logf("gave %s/%s back to the real binary", opt.BinDir, name)
+	logf("gave %s back to the real binary", at)
 }
 
 func logf(format string, args ...any) {

@@ -1,49 +1,85 @@
 package standin
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io/fs"
 	"path/filepath"
-
-	"golang.org/x/sys/unix"
+	"slices"
+	"strings"
+	"time"
 )
 
 // Dir is one CNI bin dir in which harvester-ipam stands in for the plugin
-// Name. Its methods change the dir only by renames of whole, fsynced,
-// probed files, so that at every instant the name holds one whole runnable
-// binary (the real one or harvester-ipam), and the real binary is at the name
-// or aside (invariant 7). The caller serialises them (install holds a lock).
+// Name. Its methods change the dir only by atomic steps (a rename, an
+// exchange, a link of a whole, fsynced, probed file), each of which the next
+// run of Take or GiveBack finishes or undoes after a kill; SAFETY.md argues
+// that they never lose, downgrade or give away the real binary. The caller
+// serialises them (install holds a lock); whereabouts' own installer writes
+// the name whenever it likes.
 type Dir struct {
 	// Path is the CNI bin dir; Name the plugin harvester-ipam stands in for.
 	Path, Name string
 	// Self is the harvester-ipam binary to put at the name.
 	Self string
-	// Probe runs a binary as the runtime would (CNI_COMMAND=VERSION) and
-	// fails when it does not answer: no file that does not run is put at
-	// the name or aside.
+	// FS is the filesystem; nil is the operating system's.
+	FS FS
+	// Probe runs a binary as the runtime would (CNI_COMMAND=VERSION). It
+	// returns nil when the binary answers; an error wrapping ErrBusy when a
+	// writer still has the file open (ETXTBSY); one wrapping ErrBroken when
+	// the file cannot run (not an executable, or it crashed); any other error
+	// when it gave no answer (a timeout, a cancelled context, a kill), which
+	// says nothing about the file.
 	Probe func(ctx context.Context, path string) error
 	// AtStep, when set, is called after each step (test builds crash there).
 	AtStep func(step string)
 }
 
-// Steps of Take and GiveBack, in order, for AtStep.
+// Steps of Take and GiveBack, for AtStep.
 const (
 	StepSelfReady = "self-ready" // harvester-ipam in a probed temporary file beside the name
-	StepExchanged = "exchanged"  // harvester-ipam at the name; the name's old file at the temporary
-	StepAsideKept = "aside-kept" // that old file, the real binary, renamed to the aside
-	StepGivenBack = "given-back" // the aside renamed back to the name
+	StepCaptured  = "captured"   // without an exchange: the real binary linked or copied to a temporary name
+	StepExchanged = "exchanged"  // harvester-ipam at the name; what was there at a temporary name
+	StepAsideKept = "aside-kept" // the real binary renamed to the aside
+	StepGivenBack = "given-back" // the aside back at the name
 )
 
 // tempPrefix names the temporary files, in the bin dir itself: only a rename
 // within one filesystem is atomic.
 const tempPrefix = ".harvester-ipam.standin-"
 
-// ErrNoReal is returned when there is no real binary to stand in for or to
-// give back: none at the name and none aside.
-var ErrNoReal = errors.New("no real binary at the name nor aside")
+// captureName is the one temporary name a capture uses (without an
+// exchange): under the installers' lock, after recovery, it is free.
+const captureName = tempPrefix + "captured"
+
+// confirmBroken is how long a file that crashed is left before it is run
+// once more: a whole binary that failed for a passing reason (the node out of
+// memory) must not be taken for a fragment.
+const confirmBroken = 200 * time.Millisecond
+
+var (
+	// ErrNoReal: there is no real binary to stand in for or to give back.
+	ErrNoReal = errors.New("no real binary at the name nor aside")
+	// ErrPending: a file that may be the real binary is still being written,
+	// or did not answer; nothing was decided about it. The watcher looks
+	// again when its writer closes it, the interval pass in any case.
+	ErrPending = errors.New("waiting for a writer")
+	// ErrBusy: a writer still has the file open (a probe's ETXTBSY).
+	ErrBusy = errors.New("a writer still has it open")
+	// ErrBroken: the file does not run: not an executable, or it crashed.
+	ErrBroken = errors.New("it does not run")
+	// ErrAnotherBuild: another build of harvester-ipam stands in at the
+	// name (another installer's); only a claiming Take replaces it.
+	ErrAnotherBuild = errors.New("another build of harvester-ipam is at the name")
+)
+
+func (d Dir) fs() FS {
+	if d.FS == nil {
+		return OS{}
+	}
+	return d.FS
+}
 
 func (d Dir) name() string  { return filepath.Join(d.Path, d.Name) }
 func (d Dir) aside() string { return Aside(d.name()) }
@@ -54,186 +90,506 @@ func (d Dir) at(step string) {
 	}
 }
 
+// kind is what a look found a file to be.
+type kind int
+
+const (
+	missing kind = iota
+	ours         // carries Mark: harvester-ipam, whole or in part
+	runs         // answers the probe and is not harvester-ipam: a real binary
+	busy         // a writer still has it open
+	broken       // does not run, twice, with no writer: a fragment
+	unknown      // no answer, or it changed while it was looked at
+)
+
+var kindNames = [...]string{"missing", "harvester-ipam", "a real binary", "being written", "a fragment that does not run", "not answering"}
+
+func (k kind) String() string { return kindNames[k] }
+
+// look says what the file at path is, and which file that was.
+type look struct {
+	kind kind
+	file File
+	why  error // the probe's answer, for unknown, busy and broken
+}
+
+func (d Dir) look(ctx context.Context, path string) (look, error) {
+	fsys := d.fs()
+	f, err := fsys.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return look{kind: missing}, nil
+	}
+	if err != nil {
+		return look{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	l := look{file: f}
+	isOurs, err := isOurs(fsys, path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return look{kind: missing}, nil
+	case err != nil:
+		return look{}, fmt.Errorf("read %s: %w", path, err)
+	case isOurs:
+		l.kind = ours
+		return l, nil
+	}
+	l.why = d.Probe(ctx, path)
+	if errors.Is(l.why, ErrBroken) {
+		fsys.Sleep(confirmBroken)
+		l.why = d.Probe(ctx, path)
+	}
+	switch {
+	case l.why == nil:
+		l.kind = runs
+	case errors.Is(l.why, ErrBusy):
+		l.kind = busy
+	case errors.Is(l.why, ErrBroken):
+		l.kind = broken
+	default:
+		l.kind = unknown
+	}
+	// What was probed must be what was stat'ed and read.
+	if now, err := fsys.Stat(path); err != nil || !f.Unchanged(now) {
+		l.kind, l.why = unknown, fmt.Errorf("%s changed while it was looked at", path)
+	}
+	return l, nil
+}
+
+// pending is the error of a Take or GiveBack that found a file it must not
+// decide about yet.
+func pending(path string, l look) error {
+	if l.why != nil {
+		return fmt.Errorf("%s is %s (%v): %w", path, l.kind, l.why, ErrPending)
+	}
+	return fmt.Errorf("%s is %s: %w", path, l.kind, ErrPending)
+}
+
 // Take puts harvester-ipam at the name and keeps the real binary aside. It is
 // idempotent, and it is what runs again whenever the plugin's own installer
 // (whereabouts' install-cni.sh: `cp -f`) has written the name: the binary it
-// finds there then becomes the one aside. No real binary is copied: the
-// exchange moves the file at the name out to a temporary name, which is then
-// renamed to the aside, so a binary written at the name until the exchange is
-// the one kept. changed says whether it wrote.
-func (d Dir) Take(ctx context.Context) (changed bool, err error) {
-	if err := d.recover(ctx); err != nil {
-		return false, err
+// finds there becomes the one aside. Another build of harvester-ipam at the
+// name is replaced only when claim is set (an installer's first Take): two
+// installers of two builds never undo each other's Take for ever. A Take
+// that finds nothing to change writes nothing, so the watcher's own events
+// end. changed says whether it wrote.
+func (d Dir) Take(ctx context.Context, claim bool) (changed bool, err error) {
+	changed, err = d.recover(ctx)
+	if err != nil {
+		return changed, err
 	}
-	self, err := os.ReadFile(d.Self)
+	a, err := d.look(ctx, d.aside())
+	if err != nil {
+		return changed, err
+	}
+	switch a.kind {
+	case busy, unknown:
+		return changed, pending(d.aside(), a)
+	case ours: // never harvester-ipam aside, under any identity
+		if err := d.fs().Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return changed, fmt.Errorf("remove harvester-ipam from %s: %w", d.aside(), err)
+		}
+		changed, a = true, look{kind: missing}
+	}
+	realAside := a.kind == runs
+	noReal := func(what string) error {
+		aside := "is missing"
+		if a.kind == broken {
+			aside = "does not run"
+		}
+		return fmt.Errorf("%s, and the real %s %s at %s: %w; restart %s's DaemonSet pod on this node, which writes it again",
+			what, d.Name, aside, d.aside(), ErrNoReal, d.Name)
+	}
+
+	n, err := d.look(ctx, d.name())
+	if err != nil {
+		return changed, err
+	}
+	switch n.kind {
+	case missing:
+		if !realAside {
+			return changed, noReal(d.name() + " is missing")
+		}
+	case ours:
+		same, err := sameContent(d.fs(), d.name(), d.Self)
+		if err != nil {
+			return changed, fmt.Errorf("compare %s with %s: %w", d.name(), d.Self, err)
+		}
+		switch {
+		case !realAside:
+			return changed, noReal("harvester-ipam is at " + d.name())
+		case same:
+			return changed, nil
+		case !claim:
+			return changed, fmt.Errorf("%s: %w; left to the installer that put it there", d.name(), ErrAnotherBuild)
+		}
+	case runs:
+		// The real binary, perhaps a new version: it goes aside.
+	case busy, unknown:
+		return changed, pending(d.name(), n)
+	case broken:
+		// A fragment whose writer is gone (a `cp -f` killed, a full disk).
+		if !realAside {
+			return changed, noReal(d.name() + " does not run")
+		}
+	}
+	wrote, err := d.replace(ctx, n)
+	return changed || wrote, err
+}
+
+// replace puts harvester-ipam at the name, which holds what n looked at:
+// nothing, harvester-ipam, a real binary (kept aside first) or a fragment.
+func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
+	fsys := d.fs()
+	src, err := fsys.Open(d.Self)
 	if err != nil {
 		return false, fmt.Errorf("read harvester-ipam at %s: %w", d.Self, err)
 	}
-	st, err := os.Stat(d.name())
-	var probed os.FileInfo // the real binary at the name, as it was probed
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		if !exists(d.aside()) {
-			return false, fmt.Errorf("%s: %w; harvester-ipam stands in once %s is installed", d.name(), ErrNoReal, d.Name)
-		}
-	case err != nil:
-		return false, fmt.Errorf("stat %s: %w", d.name(), err)
-	case IsHarvesterIPAM(d.name()):
-		if !exists(d.aside()) {
-			return false, fmt.Errorf("harvester-ipam is at %s but the real %s is missing at %s: restart %s's DaemonSet pod on this node, which writes it again", d.name(), d.Name, d.aside(), d.Name)
-		}
-		if st.Size() == int64(len(self)) {
-			if cur, err := os.ReadFile(d.name()); err == nil && bytes.Equal(cur, self) {
-				return false, nil
-			}
-		}
-		// Another harvester-ipam (an older release): only the name changes.
-	default:
-		// The real binary, perhaps a new version: it must run before it
-		// becomes the one aside (a half-written one is left to its writer).
-		if err := d.Probe(ctx, d.name()); err != nil {
-			return false, fmt.Errorf("%s does not run (still being written?): %w; nothing changed", d.name(), err)
-		}
-		probed = st
-	}
-
-	tmp, err := d.writeTemp(self)
+	tmp, err := fsys.CreateTemp(d.Path, tempPrefix, src)
+	src.Close()
 	if err != nil {
 		return false, err
 	}
+	defer func() {
+		if tmp != "" {
+			_ = fsys.Remove(tmp)
+		}
+	}()
 	if err := d.Probe(ctx, tmp); err != nil {
-		os.Remove(tmp)
 		return false, fmt.Errorf("harvester-ipam from %s does not run: %w; %s left as it was", d.Self, err, d.name())
 	}
 	d.at(StepSelfReady)
-	if err := exchange(tmp, d.name()); err != nil {
-		os.Remove(tmp)
+
+	if n.kind == missing {
+		// A link, not a rename: it fails rather than replace a file that a
+		// writer created meanwhile.
+		err := fsys.Link(tmp, d.name())
+		if errors.Is(err, ErrNoLink) {
+			err = fsys.Rename(tmp, d.name())
+		}
+		switch {
+		case errors.Is(err, fs.ErrExist):
+			return false, fmt.Errorf("%s was written while harvester-ipam was put there: %w", d.name(), ErrPending)
+		case err != nil:
+			return false, fmt.Errorf("put harvester-ipam at %s: %w", d.name(), err)
+		}
+		d.at(StepExchanged)
+		return true, fsys.SyncDir(d.Path)
+	}
+	if err := d.still(n, d.name()); err != nil {
+		return false, err
+	}
+	err = fsys.Exchange(tmp, d.name())
+	if errors.Is(err, ErrNoExchange) {
+		return d.replaceWithoutExchange(ctx, tmp, n)
+	}
+	if err != nil {
 		return false, fmt.Errorf("put harvester-ipam at %s: %w; left as it was", d.name(), err)
 	}
 	d.at(StepExchanged)
-	// tmp now holds what was at the name at the instant of the exchange: the
-	// file looked at above, or one the plugin's installer wrote since.
-	if err := d.settle(ctx, tmp, probed); err != nil {
+	// tmp now holds what was at the name at the instant of the exchange:
+	// the file looked at, or one the plugin's installer wrote since.
+	out := tmp
+	tmp = ""
+	if err := d.settle(ctx, out); err != nil {
 		return true, err
 	}
-	return true, syncDir(d.Path)
+	return true, fsys.SyncDir(d.Path)
 }
 
-// GiveBack puts the real binary back at the name, byte for byte: the aside is
-// renamed over it. With the real binary at the name already (the plugin's
-// installer wrote it) it only removes the aside.
-func (d Dir) GiveBack(ctx context.Context) error {
-	if err := d.recover(ctx); err != nil {
-		return err
-	}
-	if !exists(d.aside()) {
-		if exists(d.name()) && !IsHarvesterIPAM(d.name()) {
-			return nil // given back already
+// replaceWithoutExchange is replace on a filesystem that cannot exchange two
+// names: the real binary at the name is kept aside (a hard link, else a
+// verified copy) before harvester-ipam is renamed over the name. One window
+// is left (SAFETY.md): a file created at the name between the last look and
+// the rename is replaced unseen.
+func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look) (changed bool, err error) {
+	fsys := d.fs()
+	if n.kind == runs {
+		if err := d.capture(n); err != nil {
+			return false, err
 		}
-		return fmt.Errorf("give %s back: %w (%s is missing): restart %s's DaemonSet pod on this node, which writes it again", d.name(), ErrNoReal, d.aside(), d.Name)
+		d.at(StepCaptured)
+		if err := d.keepAside(filepath.Join(d.Path, captureName)); err != nil {
+			return true, err
+		}
+		changed = true
 	}
-	if exists(d.name()) && !IsHarvesterIPAM(d.name()) {
-		// Written by the plugin's installer since: newer than the aside.
-		if err := os.Remove(d.aside()); err != nil {
+	if err := d.still(n, d.name()); err != nil {
+		return changed, err
+	}
+	if err := fsys.Rename(tmp, d.name()); err != nil {
+		return changed, fmt.Errorf("put harvester-ipam at %s: %w", d.name(), err)
+	}
+	d.at(StepExchanged)
+	return true, fsys.SyncDir(d.Path)
+}
+
+// capture gives the real binary at the name, as n looked at it, the capture
+// name too: a hard link, else a copy checked against the name.
+func (d Dir) capture(n look) error {
+	fsys := d.fs()
+	capture := filepath.Join(d.Path, captureName)
+	err := fsys.Link(d.name(), capture)
+	if errors.Is(err, ErrNoLink) {
+		src, err := fsys.Open(d.name())
+		if err != nil {
+			return fmt.Errorf("copy the real %s aside: %w", d.Name, err)
+		}
+		tmp, err := fsys.CreateTemp(d.Path, tempPrefix, src)
+		src.Close()
+		if err != nil {
+			return fmt.Errorf("copy the real %s aside: %w", d.Name, err)
+		}
+		if err := fsys.Rename(tmp, capture); err != nil {
+			_ = fsys.Remove(tmp)
+			return fmt.Errorf("copy the real %s aside: %w", d.Name, err)
+		}
+		// The copy is the binary looked at only if the name did not change
+		// meanwhile and the bytes agree.
+		same, err := sameContent(fsys, d.name(), capture)
+		if err == nil && same {
+			err = d.still(n, d.name())
+		} else if err == nil {
+			err = fmt.Errorf("%s changed while it was copied: %w", d.name(), ErrPending)
+		}
+		if err != nil {
+			_ = fsys.Remove(capture)
 			return err
 		}
-		return syncDir(d.Path)
-	}
-	if err := os.Rename(d.aside(), d.name()); err != nil {
-		return fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
-	}
-	d.at(StepGivenBack)
-	return syncDir(d.Path)
-}
-
-// settle deals with the file an exchange moved out of the name: the real
-// binary becomes the aside; harvester-ipam, or what does not run, is removed.
-// A file unchanged since it was probed at the name (probed) is not probed
-// again.
-func (d Dir) settle(ctx context.Context, tmp string, probed os.FileInfo) error {
-	if unchanged(tmp, probed) || !IsHarvesterIPAM(tmp) && d.Probe(ctx, tmp) == nil {
-		if err := os.Rename(tmp, d.aside()); err != nil {
-			return fmt.Errorf("keep the real %s aside: %w", d.Name, err)
-		}
-		d.at(StepAsideKept)
 		return nil
 	}
-	return os.Remove(tmp)
+	if err != nil {
+		return fmt.Errorf("link the real %s aside: %w", d.Name, err)
+	}
+	c, err := fsys.Stat(capture)
+	if err != nil || !n.file.Unchanged(c) {
+		// A writer replaced the name since the look: the link is the new
+		// file, still at the name too. Nothing is lost by dropping it.
+		_ = fsys.Remove(capture)
+		return fmt.Errorf("%s changed while it was looked at: %w", d.name(), ErrPending)
+	}
+	return nil
 }
 
-// recover finishes what a killed Take left: a temporary file that runs and
-// is not harvester-ipam is the real binary an exchange moved out of the name
-// (perhaps its only copy, and newer than any aside), and becomes the aside;
-// every other is removed (harvester-ipam, or a file whose writer was killed).
-func (d Dir) recover(ctx context.Context) error {
-	temps, err := filepath.Glob(filepath.Join(d.Path, tempPrefix+"*"))
+// still fails with ErrPending unless the file at path is n's, unwritten.
+func (d Dir) still(n look, path string) error {
+	now, err := d.fs().Stat(path)
+	if err != nil || !n.file.Unchanged(now) {
+		return fmt.Errorf("%s changed while it was looked at: %w", path, ErrPending)
+	}
+	return nil
+}
+
+// settle deals with a temporary file that may hold what an exchange moved
+// out of the name: a real binary that runs becomes the aside (it left the
+// name after the one aside did, so it is the newer); harvester-ipam, or a
+// fragment whose writer is gone, is removed; anything else (being written,
+// not answering) is kept, and looked at again when its writer is done.
+// Nothing that may be the real binary is deleted because a probe failed.
+func (d Dir) settle(ctx context.Context, tmp string) error {
+	fsys := d.fs()
+	l, err := d.look(ctx, tmp)
 	if err != nil {
 		return err
 	}
+	switch l.kind {
+	case missing:
+		return nil
+	case ours, broken:
+		if err := fsys.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s (%s): %w", tmp, l.kind, err)
+		}
+		return nil
+	case runs:
+		return d.keepAside(tmp)
+	default:
+		return pending(tmp, l)
+	}
+}
+
+// keepAside makes the real binary at tmp the aside. A link to the aside
+// itself (a kill left it) is only removed: a rename between two links of
+// one file does nothing.
+func (d Dir) keepAside(tmp string) error {
+	fsys := d.fs()
+	t, errT := fsys.Stat(tmp)
+	a, errA := fsys.Stat(d.aside())
+	if errT == nil && errA == nil && t.Same(a) {
+		return fsys.Remove(tmp)
+	}
+	if err := fsys.Rename(tmp, d.aside()); err != nil {
+		return fmt.Errorf("keep the real %s aside: %w", d.Name, err)
+	}
+	d.at(StepAsideKept)
+	return nil
+}
+
+// recover finishes what a killed or waiting run left in temporary files,
+// oldest first: see settle. changed says whether it wrote.
+func (d Dir) recover(ctx context.Context) (changed bool, err error) {
+	fsys := d.fs()
+	temps, err := fsys.Glob(filepath.Join(d.Path, tempPrefix+"*"))
+	if err != nil {
+		return false, err
+	}
+	type temp struct {
+		path string
+		mod  time.Time
+	}
+	var ts []temp
 	for _, t := range temps {
-		if err := d.settle(ctx, t, nil); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("recover a killed run's %s: %w", t, err)
+		if f, err := fsys.Stat(t); err == nil {
+			ts = append(ts, temp{t, f.ModTime})
 		}
 	}
-	return syncDir(d.Path)
+	slices.SortFunc(ts, func(a, b temp) int { return a.mod.Compare(b.mod) })
+	var waiting []error
+	for _, t := range ts {
+		err := d.settle(ctx, t.path)
+		switch {
+		case errors.Is(err, ErrPending):
+			waiting = append(waiting, err)
+		case err != nil:
+			return changed, fmt.Errorf("recover %s: %w", t.path, err)
+		default:
+			changed = true
+		}
+	}
+	if changed {
+		if err := fsys.SyncDir(d.Path); err != nil {
+			return changed, err
+		}
+	}
+	return changed, errors.Join(waiting...)
 }
 
-// writeTemp writes b to a new executable, fsynced file beside the name.
-func (d Dir) writeTemp(b []byte) (string, error) {
-	f, err := os.CreateTemp(d.Path, tempPrefix+"*")
+// GiveBack puts the real binary back at the name, byte for byte: the aside
+// is exchanged with (or renamed over) the name. With the real binary at the
+// name already (the plugin's installer wrote it) it only removes the aside.
+// A file still being written is waited for until ctx ends. A file that does
+// not run never replaces a runnable aside, and harvester-ipam stays at the
+// name when there is no real binary to give it to.
+func (d Dir) GiveBack(ctx context.Context) error {
+	for {
+		done, err := d.giveBackOnce(ctx)
+		if done || err != nil && !errors.Is(err, ErrPending) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("give %s back: %w (%w)", d.name(), ctx.Err(), err)
+		}
+		d.fs().Sleep(100 * time.Millisecond)
+	}
+}
+
+func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
+	fsys := d.fs()
+	if _, err := d.recover(ctx); err != nil {
+		return false, err
+	}
+	a, err := d.look(ctx, d.aside())
 	if err != nil {
-		return "", err
+		return false, err
 	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Chmod(0o755)
+	n, err := d.look(ctx, d.name())
+	if err != nil {
+		return false, err
 	}
-	if err == nil {
-		err = f.Sync()
+	switch {
+	case a.kind == busy || a.kind == unknown:
+		return false, pending(d.aside(), a)
+	case n.kind == busy || n.kind == unknown:
+		return false, pending(d.name(), n)
+	case n.kind == runs:
+		// The real binary is at the name: given back already, or written
+		// since, and then newer than the aside.
+		if a.kind != missing {
+			if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return false, err
+			}
+			return true, fsys.SyncDir(d.Path)
+		}
+		return true, nil
+	case a.kind != runs:
+		if a.kind == ours {
+			_ = fsys.Remove(d.aside())
+		}
+		what := map[kind]string{missing: "is missing", ours: "was harvester-ipam", broken: "does not run"}[a.kind]
+		return false, fmt.Errorf("give %s back: %w (the real %s %s at %s); %s stays as it is: restart %s's DaemonSet pod on this node, which writes it again",
+			d.name(), ErrNoReal, d.Name, what, d.aside(), d.name(), d.Name)
+	case n.kind == missing:
+		err := fsys.Link(d.aside(), d.name())
+		if errors.Is(err, ErrNoLink) {
+			err = fsys.Rename(d.aside(), d.name())
+		} else if err == nil {
+			// Both names hold the real binary now; a kill here leaves the
+			// next round to remove the aside.
+			err = fsys.Remove(d.aside())
+		}
+		if errors.Is(err, fs.ErrExist) {
+			return false, fmt.Errorf("%s was written meanwhile: %w", d.name(), ErrPending)
+		}
+		if err != nil {
+			return false, fmt.Errorf("give %s back: %w", d.name(), err)
+		}
+		d.at(StepGivenBack)
+		return true, fsys.SyncDir(d.Path)
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	// harvester-ipam, or a fragment, at the name; the real binary aside. It
+	// goes to the name by a link at a temporary name exchanged with the
+	// name: the aside never holds what was at the name, and what a writer
+	// put at the name meanwhile is seen, not replaced.
+	if err := d.still(n, d.name()); err != nil {
+		return false, err
+	}
+	link := filepath.Join(d.Path, captureName)
+	err = fsys.Link(d.aside(), link)
+	if errors.Is(err, ErrNoLink) {
+		if err := fsys.Rename(d.aside(), d.name()); err != nil {
+			return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
+		}
+		d.at(StepGivenBack)
+		return true, fsys.SyncDir(d.Path)
 	}
 	if err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("write a temporary file in %s: %w", d.Path, err)
+		return false, fmt.Errorf("give %s back: link the aside: %w", d.name(), err)
 	}
-	return tmp, nil
-}
-
-// exchange swaps two names atomically: no instant sees either missing. The
-// old file at to is then at from, so that a write to it since it was read is
-// never lost.
-func exchange(from, to string) error {
-	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_EXCHANGE)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
-		// Nothing at the name to exchange with (only the aside is left), or
-		// a filesystem without exchange: a rename is atomic all the same.
-		return os.Rename(from, to)
+	err = fsys.Exchange(link, d.name())
+	if errors.Is(err, ErrNoExchange) {
+		err = fsys.Rename(link, d.name())
 	}
-	return err
-}
-
-// unchanged says whether the file at path is before's, unwritten since.
-func unchanged(path string, before os.FileInfo) bool {
-	if before == nil {
-		return false
-	}
-	now, err := os.Stat(path)
-	return err == nil && os.SameFile(now, before) && now.Size() == before.Size() && now.ModTime().Equal(before.ModTime())
-}
-
-func exists(path string) bool {
-	st, err := os.Stat(path)
-	return err == nil && st.Mode().IsRegular()
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
 	if err != nil {
-		return err
+		_ = fsys.Remove(link)
+		return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
 	}
-	defer f.Close()
-	return f.Sync()
+	d.at(StepGivenBack)
+	// The link's name now holds what was at the name at the exchange.
+	out, err := d.look(ctx, link)
+	if err != nil {
+		return false, err
+	}
+	if out.kind != missing && out.kind != ours && out.kind != broken {
+		// Written at the name meanwhile: newer than what was given back.
+		// It goes back to the name; the next round removes the older aside.
+		if err := fsys.Exchange(link, d.name()); err != nil {
+			return false, fmt.Errorf("put %s's newer binary back at %s: %w (it is at %s)", d.Name, d.name(), err, link)
+		}
+		_ = fsys.Remove(link)
+		return false, fmt.Errorf("%s was written while it was given back: %w", d.name(), ErrPending)
+	}
+	if err := fsys.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	return true, fsys.SyncDir(d.Path)
 }
+
+// Pending lists the temporary files a Take left waiting for their writer.
+func (d Dir) Pending() []string {
+	temps, _ := d.fs().Glob(filepath.Join(d.Path, tempPrefix+"*"))
+	return temps
+}
+
+// IsTemp says whether a file name in the bin dir is one of Dir's temporary files.
+func IsTemp(name string) bool { return strings.HasPrefix(name, tempPrefix) }

@@ -110,12 +110,15 @@ func probeVersion(ctx context.Context, path string) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	if err != nil {
-		return err
+		return RunError(err)
 	}
 	var v struct{ SupportedVersions []string }
 	if json.Unmarshal(out, &v) != nil || len(v.SupportedVersions) == 0 {
-		return fmt.Errorf("no version info: %q", out)
+		return fmt.Errorf("no version info: %q: %w", out, ErrBroken)
 	}
 	return nil
 }
@@ -151,14 +154,14 @@ func TestTakeAndGiveBack(t *testing.T) {
 	v093 := realBinary("v0.9.3")
 	d := newDir(t, v093)
 
-	changed, err := d.Take(ctx)
+	changed, err := d.Take(ctx, true)
 	require.NoError(t, err)
 	assert.True(t, changed)
 	assert.Equal(t, self, read(t, d.name()), "harvester-ipam at the name")
 	assert.Equal(t, v093, read(t, d.aside()), "the real binary aside, byte for byte")
 	assert.Empty(t, temps(t, d))
 
-	changed, err = d.Take(ctx)
+	changed, err = d.Take(ctx, true)
 	require.NoError(t, err)
 	assert.False(t, changed, "taking again changes nothing")
 
@@ -179,7 +182,7 @@ func TestTakeAgainAfterTheRealInstallerWroteTheName(t *testing.T) {
 	ctx := context.Background()
 	self := read(t, harvesterIPAM(t))
 	d := newDir(t, realBinary("v0.9.3"))
-	_, err := d.Take(ctx)
+	_, err := d.Take(ctx, true)
 	require.NoError(t, err)
 
 	v094 := realBinary("v0.9.4")
@@ -189,7 +192,7 @@ func TestTakeAgainAfterTheRealInstallerWroteTheName(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 
-	changed, err := d.Take(ctx)
+	changed, err := d.Take(ctx, true)
 	require.NoError(t, err)
 	assert.True(t, changed)
 	assert.Equal(t, self, read(t, d.name()))
@@ -207,20 +210,20 @@ func TestTakeRefusesWhatItCannotDo(t *testing.T) {
 	ctx := context.Background()
 	t.Run("nothing to stand in for", func(t *testing.T) {
 		d := newDir(t, nil)
-		_, err := d.Take(ctx)
+		_, err := d.Take(ctx, true)
 		assert.ErrorIs(t, err, ErrNoReal)
 		assert.Nil(t, read(t, d.name()), "harvester-ipam not put where it would have no delegate")
 	})
 	t.Run("a real binary that does not run", func(t *testing.T) {
 		d := newDir(t, []byte("\x7fELF half of a binary"))
-		_, err := d.Take(ctx)
+		_, err := d.Take(ctx, true)
 		assert.ErrorContains(t, err, "does not run")
 		assert.Equal(t, "\x7fELF half of a binary", string(read(t, d.name())), "left as it was")
 		assert.Nil(t, read(t, d.aside()))
 	})
 	t.Run("harvester-ipam at the name, nothing aside", func(t *testing.T) {
 		d := newDir(t, read(t, harvesterIPAM(t)))
-		_, err := d.Take(ctx)
+		_, err := d.Take(ctx, true)
 		assert.ErrorContains(t, err, "the real whereabouts is missing at "+d.aside())
 		assert.Nil(t, read(t, d.aside()), "harvester-ipam is never put aside")
 		assert.ErrorIs(t, d.GiveBack(ctx), ErrNoReal, "nothing to give back")
@@ -232,13 +235,13 @@ func TestTakeRefusesWhatItCannotDo(t *testing.T) {
 func TestTakeReplacesAnotherHarvesterIPAM(t *testing.T) {
 	ctx := context.Background()
 	d := newDir(t, realBinary("v0.9.3"))
-	_, err := d.Take(ctx)
+	_, err := d.Take(ctx, true)
 	require.NoError(t, err)
 	older := append(read(t, d.Self), []byte("older build")...) // still harvester-ipam by its build info
 	require.NoError(t, os.WriteFile(d.name(), older, 0o755))
 	require.True(t, IsHarvesterIPAM(d.name()))
 
-	changed, err := d.Take(ctx)
+	changed, err := d.Take(ctx, true)
 	require.NoError(t, err)
 	assert.True(t, changed)
 	assert.Equal(t, read(t, d.Self), read(t, d.name()))
@@ -262,7 +265,7 @@ func TestMain(m *testing.M) {
 			}}
 		var err error
 		if parts[0] == "take" {
-			_, err = d.Take(context.Background())
+			_, err = d.Take(context.Background(), true)
 		} else {
 			err = d.GiveBack(context.Background())
 		}
@@ -299,7 +302,7 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 			d := newDir(t, v093)
 			want := v093
 			if tt.taken {
-				_, err := d.Take(ctx)
+				_, err := d.Take(ctx, true)
 				require.NoError(t, err)
 			}
 			if tt.rewrite {
@@ -327,7 +330,7 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 
 			// The next run of the operation finishes it.
 			if tt.op == "take" {
-				_, err := d.Take(ctx)
+				_, err := d.Take(ctx, true)
 				require.NoError(t, err)
 				assert.Equal(t, self, read(t, d.name()))
 				assert.Equal(t, want, read(t, d.aside()))
@@ -369,11 +372,11 @@ func TestTheNameAlwaysRuns(t *testing.T) {
 		}()
 	}
 	for i := 0; i < 20; i++ {
-		_, err := d.Take(ctx)
+		_, err := d.Take(ctx, true)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(d.name()+".new", realBinary(fmt.Sprintf("v0.9.%d", i)), 0o755))
 		require.NoError(t, os.Rename(d.name()+".new", d.name())) // a new version lands
-		_, err = d.Take(ctx)
+		_, err = d.Take(ctx, true)
 		require.NoError(t, err)
 		require.NoError(t, d.GiveBack(ctx))
 	}

@@ -14,11 +14,16 @@ import (
 // looked at: a rename, a create and a close of one install come together.
 const quiet = 20 * time.Millisecond
 
-// Watch calls changed whenever the file at dir/name is created, written,
-// renamed over, removed or has its mode changed, once it has been quiet
-// for a moment, until ctx ends. It uses inotify on the directory (a rename
-// over the name replaces the inode, so the file itself cannot be watched).
+// Watch calls changed whenever the file at dir/name, its aside or one of
+// Dir's temporary files is created, written, renamed over, removed or has
+// its mode changed, once it has been quiet for a moment, until ctx ends. It
+// uses inotify on the directory (a rename over the name replaces the inode,
+// so the file itself cannot be watched). Writes into the file at the name
+// (GNU `cp -f` writes into the same inode) are seen by their close; a
+// writer whose file an exchange moved to a temporary name is seen closing
+// it there, and Take then keeps what it wrote.
 func Watch(ctx context.Context, dir, name string, changed func()) error {
+	watched := func(n string) bool { return n == name || n == Aside(name) || IsTemp(n) }
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return fmt.Errorf("inotify: %w", err)
@@ -37,7 +42,7 @@ func Watch(ctx context.Context, dir, name string, changed func()) error {
 			if err != nil {
 				return
 			}
-			if mentions(buf[:n], name) {
+			if mentions(buf[:n], watched) {
 				select {
 				case events <- struct{}{}:
 				default:
@@ -65,8 +70,8 @@ func Watch(ctx context.Context, dir, name string, changed func()) error {
 	}
 }
 
-// mentions says whether a buffer of inotify events names name.
-func mentions(buf []byte, name string) bool {
+// mentions says whether a buffer of inotify events names a watched file.
+func mentions(buf []byte, watched func(string) bool) bool {
 	for off := 0; off+unix.SizeofInotifyEvent <= len(buf); {
 		ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 		if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
@@ -83,7 +88,7 @@ func mentions(buf []byte, name string) bool {
 				break
 			}
 		}
-		if string(n) == name {
+		if watched(string(n)) {
 			return true
 		}
 		off = end

@@ -24,6 +24,8 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/harvester/harvester-ipam/install/standin"
 )
 
 // Early is an invoke.Exec that finds delegates with Find, and whose next run of the plugin it was started for,
@@ -137,9 +139,10 @@ func (e *Early) FindInPath(plugin string, paths []string) (string, error) {
 }
 
 // guarded is a delegate's environment, marked so that a harvester-ipam run
-// as its own delegate knows it.
+// as its own delegate knows it. The mark is also how the installer tells
+// any build of harvester-ipam from the real binary: every build carries it.
 func guarded(env []string) []string {
-	return append(slices.Clip(env), GuardEnv+"=1")
+	return append(slices.Clip(env), standin.Mark)
 }
 
 // pluginErr is the error of a plugin that failed, as invoke's RawExec makes

@@ -10,10 +10,8 @@ import (
 	"github.com/harvester/harvester-ipam/install/standin"
 )
 
-// GuardEnv is set in every delegate's environment. A harvester-ipam that
-// starts with it set was run as its own delegate: it fails at once rather
-// than starting itself again, which would hang every sandbox.
-const GuardEnv = "HARVESTER_IPAM_DELEGATE"
+// GuardEnv is set in every delegate's environment (standin.GuardEnv).
+const GuardEnv = standin.GuardEnv
 
 // Find finds the delegate named name on paths as invoke does. Where
 // harvester-ipam stands in for it (the file found is harvester-ipam), the
@@ -25,7 +23,7 @@ func Find(name string, paths []string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !standin.IsHarvesterIPAM(path) {
+	if !standin.IsBuildOfThisModule(path) {
 		return path, nil
 	}
 	aside := standin.Aside(path)
