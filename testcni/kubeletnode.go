@@ -19,6 +19,11 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 )
 
+// KubeVersion is the Kubernetes the rig runs: kube-apiserver, and in its
+// clusters the controller manager, the scheduler and the kubelet
+// (testcni/tools.sh builds the same version).
+const KubeVersion = "v1.37.0"
+
 // writeKubeletConf writes the kubelet's configuration: what these machines
 // need (cgroup v1, which it refuses unless failCgroupV1 is false; cgroupfs
 // without per-QoS cgroups, the pods' cgroups under the node's own parent,
