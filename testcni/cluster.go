@@ -233,7 +233,9 @@ func (c *cluster) prepareAPIServer() error {
 		// certificate names with the kubernetes Service's ClusterIP; and the
 		// default admission plugins, ServiceAccount's token volumes among them.
 		c.apiPort = 6443
-		c.apiArgs = append(c.apiArgs, "--bind-address=0.0.0.0", "--advertise-address="+m.IP, "--secure-port=6443")
+		c.apiArgs = append(c.apiArgs, "--bind-address=0.0.0.0", "--advertise-address="+m.IP, "--secure-port=6443",
+			// Harvester's whereabouts runs privileged, as RKE2's API server allows.
+			"--allow-privileged=true")
 		return nil
 	}
 	if c.apiPort, err = freePort(); err != nil {

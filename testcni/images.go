@@ -121,10 +121,13 @@ func (r *Rig) ChartImage(ctx context.Context, tag string) (Image, error) {
 	ref := ChartImageRepository + ":" + tag
 	return ri.once(ref, func() (Image, error) {
 		dir := filepath.Join(filepath.Dir(r.bin), "images", "harvester-ipam-"+tag)
-		for _, c := range []string{"harvester-ipam", "harvester-ipam-install", "harvester-ipam-reconciler"} {
-			if err := r.build(ctx, filepath.Join(dir, c), "./cmd/"+c, "-buildvcs=false", "-ldflags=-s -w -X main.Version="+tag); err != nil {
-				return Image{}, err
-			}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return Image{}, err
+		}
+		// One go build for the three: their links run side by side.
+		if err := r.build(ctx, dir+"/", "./cmd/harvester-ipam", "-buildvcs=false", "-ldflags=-s -w -X main.Version="+tag,
+			"./cmd/harvester-ipam-install", "./cmd/harvester-ipam-reconciler"); err != nil {
+			return Image{}, err
 		}
 		out := filepath.Join(filepath.Dir(r.bin), "images", "harvester-ipam-"+tag+".oci.tar")
 		cmd := exec.CommandContext(ctx, ri.packer, "-bin", dir, "-version", tag, "-revision", "rig", "-created", "0", "-o", out)

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -137,26 +136,27 @@ func (nd *Node) StartKubelet(ctx context.Context) error {
 // machines do not have): the kubelet's unit stops, then containerd's (its
 // shims and containers keep running), then every process left gets SIGTERM
 // and, after grace, SIGKILL; then the power goes. It returns how many
-// processes had not exited within grace. Boot brings the node up again.
-func (nd *Node) Shutdown(ctx context.Context, grace time.Duration) (int, error) {
+// processes had not exited within grace, and which. Boot brings the node up
+// again.
+func (nd *Node) Shutdown(ctx context.Context, grace time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, grace+time.Minute)
 	defer cancel()
 	cmd := fmt.Sprintf("shutdown %d", int(grace.Seconds()))
 	if _, err := fmt.Fprintln(nd.initIn, cmd); err != nil {
-		return 0, fmt.Errorf("node %s: %s: %w", nd.Name, cmd, err)
+		return "", fmt.Errorf("node %s: %s: %w", nd.Name, cmd, err)
 	}
-	var killed int
+	var killed string
 	select {
 	case r := <-nd.replies:
 		n, ok := strings.CutPrefix(r, "down ")
 		if !ok {
-			return 0, fmt.Errorf("node %s: %s: %s", nd.Name, cmd, r)
+			return "", fmt.Errorf("node %s: %s: %s", nd.Name, cmd, r)
 		}
-		killed, _ = strconv.Atoi(n)
+		killed = n
 	case <-nd.done:
-		return 0, fmt.Errorf("node %s: nodeinit exited on %s", nd.Name, cmd)
+		return "", fmt.Errorf("node %s: nodeinit exited on %s", nd.Name, cmd)
 	case <-ctx.Done():
-		return 0, fmt.Errorf("node %s: no answer to %s: %w", nd.Name, cmd, ctx.Err())
+		return "", fmt.Errorf("node %s: no answer to %s: %w", nd.Name, cmd, ctx.Err())
 	}
 	return killed, nd.powerOff()
 }
@@ -285,6 +285,9 @@ func (r *Rig) DeletePodAndWait(ctx context.Context, pod Pod, limit time.Duration
 // the networks of a networks annotation, as Longhorn's pods on Harvester's
 // storage network do; on a node with a kubelet, the kubelet runs it.
 func (nd *Node) CreateLonghornPod(ctx context.Context, pod Pod, networks string) error {
+	if err := nd.rig.EnsureNamespace(ctx, pod.Namespace); err != nil {
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := nd.rig.Kube.CoreV1().Pods(pod.Namespace).Create(cctx, nd.longhornPod(pod, networks), metav1.CreateOptions{}); err != nil {

@@ -35,9 +35,9 @@ type machine struct {
 	IP   string // the machine's address (eth0), its nodes' IP
 	peer string // the rig's end of the veth
 	link string // the veth's name on the rig's side
-	// kubeProxy stands in for kube-proxy: a forwarder on the ClusterIP's
-	// port 443 to the API server.
-	kubeProxy *Gate
+	// kubeProxy stands in for kube-proxy: forwarders from a Service's
+	// address to its backend.
+	kubeProxy []*Gate
 }
 
 var machineSeq atomic.Int32
@@ -84,17 +84,16 @@ func newMachine(name string) (_ *machine, err error) {
 	return m, nil
 }
 
-// startKubeProxy forwards the kubernetes Service (ClusterIP:443) to the API
-// server at target. No kube-proxy runs on the rig's machines: this is its
-// part for the one Service the pods use, as its userspace mode did.
-func (m *machine) startKubeProxy(target string) error {
-	g, err := newGateWith(target, func() (net.Listener, error) {
-		return m.listen("tcp", net.JoinHostPort(KubernetesServiceIP, "443"))
-	})
+// serve stands in for kube-proxy for one Service: a forwarder from addr
+// (an address of the machine) to target. No kube-proxy runs on the rig's
+// machines; this is its part for the Services the cluster's parts dial, as
+// its userspace mode did.
+func (m *machine) serve(addr, target string) error {
+	g, err := newGateWith(target, func() (net.Listener, error) { return m.listen("tcp", addr) })
 	if err != nil {
-		return fmt.Errorf("the kubernetes Service on machine %s: %w", m.Name, err)
+		return fmt.Errorf("machine %s: a Service at %s: %w", m.Name, addr, err)
 	}
-	m.kubeProxy = g
+	m.kubeProxy = append(m.kubeProxy, g)
 	return nil
 }
 
@@ -147,8 +146,8 @@ func (m *machine) close() {
 	if m == nil {
 		return
 	}
-	if m.kubeProxy != nil {
-		m.kubeProxy.Cut()
+	for _, g := range m.kubeProxy {
+		g.Cut()
 	}
 	_ = exec.Command("ip", "netns", "del", m.Name).Run()
 	_ = exec.Command("ip", "link", "del", m.link).Run()

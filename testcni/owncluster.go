@@ -3,6 +3,7 @@ package testcni
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +44,7 @@ var clusterControllers = []string{
 // kubelet on that machine. The returned Rig is that cluster's: its clients,
 // tenants and nodes; it shares the rig's tools and builds, and closes with
 // it.
-func (r *Rig) StartCluster(ctx context.Context, opt ClusterOptions) (c *Rig, err error) {
+func (r *Rig) StartCluster(ctx context.Context, opt ClusterOptions) (_ *Rig, err error) {
 	if opt.Name == "" {
 		return nil, fmt.Errorf("a cluster of the rig's own needs a name")
 	}
@@ -53,7 +54,7 @@ func (r *Rig) StartCluster(ctx context.Context, opt ClusterOptions) (c *Rig, err
 		}
 	}
 	start := time.Now()
-	c = &Rig{
+	c := &Rig{
 		Root: r.Root, Dir: filepath.Join(r.Dir, "clusters", opt.Name), Tools: r.Tools,
 		netns: map[string]bool{}, cniPaths: r.cniPaths, progress: r.progress, bin: r.bin,
 	}
@@ -80,7 +81,8 @@ func (r *Rig) StartCluster(ctx context.Context, opt ClusterOptions) (c *Rig, err
 	if err := c.connect(); err != nil {
 		return nil, err
 	}
-	if err := c.machine.startKubeProxy(strings.TrimPrefix(c.APIServerURL(), "https://")); err != nil {
+	// The kubernetes Service: pods dial its ClusterIP, port 443.
+	if err := c.machine.serve(net.JoinHostPort(KubernetesServiceIP, "443"), strings.TrimPrefix(c.APIServerURL(), "https://")); err != nil {
 		return nil, err
 	}
 	if err := c.startControllers(ctx); err != nil {

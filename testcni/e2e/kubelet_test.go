@@ -60,34 +60,55 @@ type kubeletNode struct {
 }
 
 // newKubeletNode starts a cluster and its node; whereabouts, when not "",
-// is deployed as Harvester deploys it.
+// is deployed as Harvester deploys it (its images and both of the chart's on
+// the node), else the node has the chart's first image only.
 func newKubeletNode(t *testing.T, name, whereabouts string, webhook bool) *kubeletNode {
 	t.Helper()
 	start := time.Now()
 	ctx := ctx(t)
+	k := &kubeletNode{hashes: map[[32]byte]string{}, sizes: map[int64]bool{}}
+	// The images build while the cluster starts.
+	type built struct {
+		img       testcni.Image
+		bin, what string
+		err       error
+	}
+	var wants []func() built
+	tags := []string{chartTag1}
+	if whereabouts != "" {
+		tags = append(tags, chartTag2)
+		for _, v := range []string{testcni.V093, testcni.V094} {
+			wants = append(wants, func() built {
+				img, err := rig.WhereaboutsImage(ctx, v)
+				return built{img, rig.Tools["whereabouts-"+v], "whereabouts " + v, err}
+			})
+		}
+	}
+	for _, tag := range tags {
+		wants = append(wants, func() built {
+			img, err := rig.ChartImage(ctx, tag)
+			return built{img, rig.ChartBinary(tag, "harvester-ipam"), "harvester-ipam " + tag, err}
+		})
+	}
+	images := make(chan built, len(wants))
+	for _, w := range wants {
+		go func() { images <- w() }()
+	}
 	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: name, NoWebhook: !webhook})
 	require.NoError(t, err)
-	k := &kubeletNode{c: c, hashes: map[[32]byte]string{}, sizes: map[int64]bool{}}
-	know := func(path, what string) {
-		k.hashes[sha(t, path)] = what
-		st, err := os.Stat(path)
+	k.c = c
+	var imgs []testcni.Image
+	for range wants {
+		b := <-images
+		require.NoError(t, b.err)
+		imgs = append(imgs, b.img)
+		k.hashes[sha(t, b.bin)] = b.what
+		st, err := os.Stat(b.bin)
 		require.NoError(t, err)
 		k.sizes[st.Size()] = true
 	}
-	var images []testcni.Image
-	for _, tag := range []string{chartTag1, chartTag2} {
-		img, err := c.ChartImage(ctx, tag)
-		require.NoError(t, err)
-		images = append(images, img)
-		know(c.ChartBinary(tag, "harvester-ipam"), "harvester-ipam "+tag)
-	}
-	for _, v := range []string{testcni.V093, testcni.V094} {
-		img, err := c.WhereaboutsImage(ctx, v)
-		require.NoError(t, err)
-		images = append(images, img)
-		know(c.Tools["whereabouts-"+v], "whereabouts "+v)
-	}
-	k.nd, err = c.StartNode(ctx, c.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: images})
+	t.Logf("cluster %s and the images ready in %s", name, time.Since(start).Round(100*time.Millisecond))
+	k.nd, err = c.StartNode(ctx, c.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: imgs})
 	require.NoError(t, err, "start a node with containerd and the kubelet")
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -99,7 +120,7 @@ func newKubeletNode(t *testing.T, name, whereabouts string, webhook bool) *kubel
 		k.nd.Close()
 	})
 	k.watch = watchName(filepath.Join(k.nd.BinDir, "whereabouts"), k.hashes, k.sizes)
-	t.Logf("cluster %s and its node with a kubelet ready in %s", name, time.Since(start).Round(100*time.Millisecond))
+	t.Logf("its node with a kubelet ready after %s", time.Since(start).Round(100*time.Millisecond))
 	if whereabouts != "" {
 		require.NoError(t, c.DeployHarvesterWhereabouts(ctx, whereabouts))
 		require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
@@ -225,9 +246,12 @@ func TestKubelet(t *testing.T) {
 		// Each Longhorn pod's sandbox dies; the kubelet stops it (DEL) and
 		// makes the pod a new one: harvester-ipam serves each.
 		before := time.Now()
+		var kills sync.WaitGroup
 		for _, id := range live {
-			require.NoError(t, k.nd.KillSandbox(ctx(t), id))
+			kills.Add(1)
+			go func() { defer kills.Done(); assert.NoError(t, k.nd.KillSandbox(ctx(t), id)) }()
 		}
+		kills.Wait()
 		next, err := k.nd.WaitPodsReady(ctx(t), longhorn, before, 3*time.Minute)
 		require.NoError(t, err)
 		by, alone := k.servedBy(next)
@@ -283,7 +307,7 @@ func TestKubelet(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < 16; i++ {
+			for i := 0; i < 12; i++ {
 				p := k.c.Default.Pod(fmt.Sprintf("during-upgrade-%d", i))
 				if err := k.nd.CreateLonghornPod(ctx(t), p, k.networks()); err != nil {
 					t.Errorf("%v", err)
@@ -315,11 +339,15 @@ func TestKubelet(t *testing.T) {
 		assert.Empty(t, alone, "no sandbox started during the rolling update is served by whereabouts alone")
 		t.Logf("%d sandboxes started during the rolling update, served by harvester-ipam: %d", len(sbs), len(by))
 		k.holdsOne(t, sbs)
+		var gone sync.WaitGroup
 		for _, p := range churn {
-			assert.NoError(t, k.c.DeletePodAndWait(ctx(t), p, 2*time.Minute))
+			gone.Add(1)
+			go func() { defer gone.Done(); assert.NoError(t, k.c.DeletePodAndWait(ctx(t), p, 2*time.Minute)) }()
 		}
+		gone.Wait()
+		allocs := k.allocs(t)
 		for _, p := range churn {
-			assert.Empty(t, testcni.Of(k.allocs(t), p.Ref()), "%s deleted: its address released", p.Ref())
+			assert.Empty(t, testcni.Of(allocs, p.Ref()), "%s deleted: its address released", p.Ref())
 		}
 	})
 
@@ -339,9 +367,9 @@ func TestKubelet(t *testing.T) {
 
 	t.Run("CleanShutdownAndBoot", func(t *testing.T) {
 		mark := k.watch.mark()
-		killed, err := k.nd.Shutdown(ctx(t), 30*time.Second)
+		killed, err := k.nd.Shutdown(ctx(t), 10*time.Second)
 		require.NoError(t, err)
-		t.Logf("shutdown: %d processes still there after the grace, killed", killed)
+		t.Logf("shutdown: still there 10 s after SIGTERM, then killed: %s", killed)
 		assert.Empty(t, k.watch.gapsSince(mark), "shut down, the node keeps harvester-ipam at the name: %s", k.watch.history(mark))
 		name, aside := k.binaries(t)
 		assert.Equal(t, "harvester-ipam "+chartTag2, name, "harvester-ipam at the name while the node is down")

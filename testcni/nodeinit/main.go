@@ -20,7 +20,7 @@
 //	shutdown GRACE   what systemd does at a clean shutdown: stop the kubelet,
 //	                 then containerd (its shims and containers keep running),
 //	                 then SIGTERM every process left, SIGKILL after GRACE
-//	                 seconds                           -> "down <how many were killed>"
+//	                 seconds                           -> "down <how many were killed>: <their names>"
 //
 // End of stdin (the rig closed it, or died) ends the node.
 package main
@@ -121,7 +121,8 @@ func main() {
 				fmt.Printf("error shutdown %q: want a grace in seconds\n", name)
 				continue
 			}
-			fmt.Printf("down %d\n", n.shutdown(time.Duration(grace)*time.Second))
+			killed := n.shutdown(time.Duration(grace) * time.Second)
+			fmt.Printf("down %d: %s\n", len(killed), strings.Join(killed, ", "))
 		default:
 			fmt.Printf("error unknown command %q\n", f[0])
 		}
@@ -290,8 +291,8 @@ func (n *node) stop(name string) {
 // stopped first (it is ordered after containerd's), then containerd's, whose
 // KillMode=process leaves the shims and containers running; then
 // systemd-shutdown sends SIGTERM to every process left, waits, and sends
-// SIGKILL to what is still there. It returns how many were killed.
-func (n *node) shutdown(grace time.Duration) int {
+// SIGKILL to what is still there. It returns the names of those it killed.
+func (n *node) shutdown(grace time.Duration) []string {
 	n.stop("kubelet")
 	n.stop("containerd")
 	_ = syscall.Kill(-1, syscall.SIGTERM) // as PID 1: every process of the namespace but itself
@@ -299,7 +300,11 @@ func (n *node) shutdown(grace time.Duration) int {
 	for len(others()) > 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	killed := len(others())
+	var killed []string
+	for _, pid := range others() {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		killed = append(killed, strings.TrimSpace(string(comm)))
+	}
 	_ = syscall.Kill(-1, syscall.SIGKILL)
 	for end := time.Now().Add(10 * time.Second); len(others()) > 0 && time.Now().Before(end); {
 		time.Sleep(50 * time.Millisecond)
