@@ -1,4 +1,4 @@
-# harvester-ipam: make build | test | unit | demo | bench | tools | fuzz | sim | image | mutate
+# harvester-ipam: make build | test | unit | demo | bench | deps | tools | fuzz | sim | image | mutate
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GO      ?= go
 export GOTOOLCHAIN := local
@@ -11,7 +11,7 @@ export CGO_ENABLED := 0
 
 LDFLAGS := -s -w -X main.Version=$(VERSION)
 
-.PHONY: build test unit e2e demo bench tools fuzz clean sim image mutate
+.PHONY: build test unit e2e demo bench deps tools fuzz clean sim image mutate
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/harvester-ipam ./cmd/harvester-ipam
@@ -20,13 +20,18 @@ build:
 # (etcd, kube-apiserver, whereabouts, bridge, cnitool; built on first use).
 # The end-to-end tests run last, alone: beside other packages' builds and
 # tests, their API server answered too slowly for a DEL's 2 s Lease call.
-test: build tools
+test: deps build tools
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /testcni/e2e)
 	$(GO) test -count=1 -timeout 45m -parallel 8 ./testcni/e2e
 
 # Unit tests only: no rig, no root.
 unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /testcni)
+
+# What the rig runs from Debian's packages (iproute2, containerd and runc,
+# bindfs): installed as root, else the command to run, in the first second.
+deps:
+	testcni/deps.sh
 
 # The third-party binaries the rig runs, pinned and cached by version.
 tools:
@@ -46,11 +51,11 @@ image:
 # The main job on an embedded default: the leaks whereabouts v0.9.3 alone
 # keeps and harvester-ipam -> v0.9.3 releases (and v0.7.0's crash loop and
 # node reboot), side by side on a local API server; fails if one does not.
-demo: tools
+demo: deps tools
 	$(GO) run ./cmd/harvester-ipam-rig demo
 
 # harvester-ipam against whereabouts alone, in one run on the rig: a table.
-bench: tools
+bench: deps tools
 	$(GO) run ./cmd/harvester-ipam-rig bench
 
 # Each fuzz target for FUZZTIME with one worker; an input that fails is

@@ -63,7 +63,7 @@ func TestLoadRefusesFilesThatAreNotFiles(t *testing.T) {
 			t.Fatalf("Load blocked on %s", tt.path)
 		}
 		done2 := make(chan error, 1)
-		go func() { _, err := LoadKubeconfig(tt.path); done2 <- err }()
+		go func() { _, err := LoadKubeconfig(tt.path, func(time.Duration) {}); done2 <- err }()
 		select {
 		case err := <-done2:
 			require.Error(t, err, tt.path)

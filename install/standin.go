@@ -2,9 +2,7 @@ package install
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/harvester/harvester-ipam/install/standin"
@@ -65,36 +63,30 @@ func GiveBack(ctx context.Context, opt Options, name string) error {
 	return d.GiveBack(ctx)
 }
 
-// VerifyStandIn checks what a readiness probe asks of the stand-in:
-// harvester-ipam from Source at the name and a real binary aside that runs
-// (it stands in), or no real binary on the node at all (nothing to stand in
-// for: whereabouts' DaemonSet does not run here, or has not yet). It says
-// which. It writes nothing.
+// Stop is what the installer does when told to stop (standin.Dir.Stop):
+// it gives BinDir/name back, under the installers' lock, only when removing
+// says this is an uninstall.
+func Stop(ctx context.Context, opt Options, name string, removing func(context.Context) (bool, string)) (gaveBack bool, why string, err error) {
+	d, err := StandInDir(opt, name)
+	if err != nil {
+		return false, "", err
+	}
+	unlock, err := lockDir(ctx, opt.BinDir)
+	if err != nil {
+		return false, "", err
+	}
+	defer unlock()
+	return d.Stop(ctx, removing)
+}
+
+// VerifyStandIn checks what a readiness probe asks of the stand-in
+// (standin.Dir.Ready): harvester-ipam under its own name is the image's and
+// runs, and either it stands in or there is nothing to stand in for. It says
+// which, and writes nothing.
 func VerifyStandIn(ctx context.Context, opt Options, name string) (string, error) {
 	d, err := StandInDir(opt, name)
 	if err != nil {
 		return "", err
 	}
-	at := filepath.Join(opt.BinDir, name)
-	aside := standin.Aside(at)
-	_, errAt := os.Stat(at)
-	_, errAside := os.Stat(aside)
-	if errors.Is(errAt, os.ErrNotExist) && errors.Is(errAside, os.ErrNotExist) {
-		return fmt.Sprintf("nothing to stand in for: no %s at %s (whereabouts' DaemonSet has not installed it on this node)", name, at), nil
-	}
-	o := opt
-	o.Name = name
-	if _, err := Verify(ctx, o); err != nil {
-		return "", fmt.Errorf("not standing in for %s: %w", name, err)
-	}
-	if standin.IsHarvesterIPAM(aside) {
-		return "", fmt.Errorf("%s is harvester-ipam, not the real %s", aside, name)
-	}
-	if err := d.Probe(ctx, aside); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return "", fmt.Errorf("the real %s is missing at %s", name, aside)
-		}
-		return "", fmt.Errorf("the real %s at %s does not run: %w", name, aside, err)
-	}
-	return fmt.Sprintf("harvester-ipam stands in at %s; the real %s is at %s", at, name, aside), nil
+	return d.Ready(ctx)
 }

@@ -67,4 +67,63 @@ plant 5b 'DEL releases in the kubeconfig namespace, not the checkpoint one' plug
 plant 6 'the sighting patch without its resourceVersion test' shim/store.go \
   's#(_, err = s\.api\.PatchPool\(cctx, s\.namespace, pool, )setAnnotation\(p\.ResourceVersion, p\.Annotations, key, want\)\)#$1Patch{ops: setAnnotation(p.ResourceVersion, p.Annotations, key, want).ops[1:]})#' \
   ./shim/reconcile '^TestSightingsAreAGuardedWrite$'
+
+# The stand-in (install/standin): each bug of the review that found ways to
+# lose whereabouts' binary, planted again, is caught by its unit test and by
+# the bin-dir model (TestModel explores every interleaving of every scenario).
+sm=./install/standin/model
+plant 7.1 'a build is harvester-ipam by its main package path' install/standin/layout.go \
+  's#return contains\(fsys, path, \[\]byte\(Mark\)\)#info, err := buildinfo.ReadFile(path); _ = fsys; return err == nil \&\& info.Path == Module+"/cmd/harvester-ipam", nil#' \
+  ./install/standin '^TestAForkStandsInAndGivesBack$'
+plant 7.1m '(the same bug)' install/standin/layout.go \
+  's#return contains\(fsys, path, \[\]byte\(Mark\)\)#info, err := buildinfo.ReadFile(path); _ = fsys; return err == nil \&\& info.Path == Module+"/cmd/harvester-ipam", nil#' \
+  $sm '^TestModel$'
+plant 7.2 'without the exchange, harvester-ipam renamed over the real binary' install/standin/take.go \
+  's#return d\.replaceWithoutExchange\(ctx, self, n\)#_ = n; if err := fsys.Rename(self, d.name()); err != nil { return false, err }; return true, fsys.SyncDir(d.Path)#' \
+  ./install/standin '^TestWithoutExchangeTheRealBinaryIsKept$'
+plant 7.2m '(the same bug)' install/standin/take.go \
+  's#return d\.replaceWithoutExchange\(ctx, self, n\)#_ = n; if err := fsys.Rename(self, d.name()); err != nil { return false, err }; return true, fsys.SyncDir(d.Path)#' \
+  $sm '^TestModel$'
+plant 7.3 'every stop gives the name back' install/standin/take.go \
+  's#\tif !uninstall \{\n\t\treturn false, why, nil#\tif false \&\& !uninstall {\n\t\treturn false, why, nil#' \
+  ./install/standin '^TestStopGivesBackOnlyOnUninstall$'
+plant 7.3m '(the same bug)' install/standin/take.go \
+  's#\tif !uninstall \{\n\t\treturn false, why, nil#\tif false \&\& !uninstall {\n\t\treturn false, why, nil#' \
+  $sm '^TestModel$'
+plant 7.4 'a file still being written is deleted for failing its probe' install/standin/take.go \
+  's#(func \(d Dir\) settle.*?\tcase ours, broken)#$1, busy#s' \
+  ./install/standin '^TestAWriterStillWritingWhenTakenIsKept$'
+plant 7.4m '(the same bug)' install/standin/take.go \
+  's#(func \(d Dir\) settle.*?\tcase ours, broken)#$1, busy#s' \
+  $sm '^TestModel$'
+plant 7.5 'a recovery deletes a file whose probe gave no answer' install/standin/take.go \
+  's#(func \(d Dir\) settle.*?\tcase ours, broken)#$1, unknown#s' \
+  ./install/standin '^TestRecoveryWithoutAnAnswerKeepsTheOnlyRealBinary$'
+plant 7.5m '(the same bug)' install/standin/take.go \
+  's#(func \(d Dir\) settle.*?\tcase ours, broken)#$1, unknown#s' \
+  $sm '^TestModel$'
+plant 7.6a 'a fragment at the name is never repaired' install/standin/take.go \
+  's#(\tcase broken:\n\t\t// A fragment whose writer is gone[^\n]*\n)#$1\t\treturn changed, pending(d.name(), n)\n#' \
+  ./install/standin '^TestAHalfWrittenNameIsRepaired$'
+plant 7.6am '(the same bug)' install/standin/take.go \
+  's#(\tcase broken:\n\t\t// A fragment whose writer is gone[^\n]*\n)#$1\t\treturn changed, pending(d.name(), n)\n#' \
+  $sm '^TestModel$'
+plant 7.6b 'giving back takes a fragment at the name for a newer binary' install/standin/take.go \
+  's#\tcase n\.kind == runs:\n\t\t// The real binary is at the name#\tcase n.kind == runs || n.kind == broken:\n\t\t// The real binary is at the name#' \
+  ./install/standin '^TestAHalfWrittenNameIsRepaired$'
+plant 7.6bm '(the same bug)' install/standin/take.go \
+  's#\tcase n\.kind == runs:\n\t\t// The real binary is at the name#\tcase n.kind == runs || n.kind == broken:\n\t\t// The real binary is at the name#' \
+  $sm '^TestModel$'
+plant 7.7 'never ready on a node without whereabouts' install/standin/take.go \
+  's#\tcase n\.kind == missing \&\& a\.kind == missing:#\tcase false:#' \
+  ./install '^TestVerifyStandIn$'
+plant 7.7m '(the same bug)' install/standin/take.go \
+  's#\tcase n\.kind == missing \&\& a\.kind == missing:#\tcase false:#' \
+  $sm '^TestModel$'
+plant 7.8 'the name missing: a false error, and no fsync' install/standin/take.go \
+  's#\t\terr := fsys\.Link\(tmp, d\.name\(\)\)\n#\t\tif err := fsys.Rename(tmp, d.name()); err != nil { return false, err }; d.at(StepExchanged); return true, fsys.Remove(tmp)\n\t\terr := fsys.Link(tmp, d.name())\n#' \
+  ./install/standin '^TestTheNameMissingIsFilled$'
+plant 7.8m '(the same bug)' install/standin/take.go \
+  's#\t\terr := fsys\.Link\(tmp, d\.name\(\)\)\n#\t\tif err := fsys.Rename(tmp, d.name()); err != nil { return false, err }; d.at(StepExchanged); return true, fsys.Remove(tmp)\n\t\terr := fsys.Link(tmp, d.name())\n#' \
+  $sm '^TestModel$'
 exit $fail

@@ -192,13 +192,17 @@ func entriesAt(pool *shim.Pool, offsets []string) map[string]shim.IPAllocation {
 }
 
 // storeOf reaches the first of the kubeconfigs that loads: the config's,
-// the checkpoint's, the one the flat file names.
+// the checkpoint's, the one the flat file names. Each path is tried once:
+// they are mostly the same file, and one that looks half-written has already
+// been read again for a second.
 func (p *Plugin) storeOf(kubeconfigs ...string) (*shim.Store, error) {
 	var errs []error
+	tried := map[string]bool{}
 	for _, kc := range kubeconfigs {
-		if kc == "" {
+		if kc == "" || tried[kc] {
 			continue
 		}
+		tried[kc] = true
 		s, err := p.store(kc)
 		if err == nil {
 			return s, nil

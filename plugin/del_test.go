@@ -422,3 +422,43 @@ func TestDelWithoutConfigOrCheckpointReleasesOnlyItsInterface(t *testing.T) {
 	assert.Empty(t, r.api.Pool("kube-system", "10.9.0.0-24").Spec.Allocations, "in every pool")
 	assert.Equal(t, []string{"192.168.50.3=longhorn-system/im-a"}, r.orips(), "lhnet2's reservation stays")
 }
+
+// storeOf tries each kubeconfig once, in order: the config's, the
+// checkpoint's and the flat file's are mostly one file, and one that is half
+// written has been read again for a second already.
+func TestStoreOfTriesEachKubeconfigOnce(t *testing.T) {
+	tests := []struct {
+		name        string
+		kubeconfigs []string
+		broken      map[string]bool
+		wantTried   []string
+		wantErr     string
+	}{
+		{"the first that loads", []string{"a", "b"}, nil, []string{"a"}, ""},
+		{"the next when one fails", []string{"a", "b"}, map[string]bool{"a": true}, []string{"a", "b"}, ""},
+		{"the same file once", []string{"a", "a", "a"}, map[string]bool{"a": true}, []string{"a"}, "a is broken"},
+		{"empty paths skipped", []string{"", "a", "", "a", "b"}, map[string]bool{"a": true}, []string{"a", "b"}, ""},
+		{"the first error when all fail", []string{"a", "b"}, map[string]bool{"a": true, "b": true}, []string{"a", "b"}, "a is broken"},
+		{"none named", []string{"", ""}, nil, nil, "no kubeconfig"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var tried []string
+			p := &Plugin{NewStore: func(path string) (*shim.Store, error) {
+				tried = append(tried, path)
+				if tt.broken[path] {
+					return nil, errors.New(path + " is broken")
+				}
+				return shim.New(fake.New(), "kube-system", shim.Options{}), nil
+			}}
+			s, err := p.storeOf(tt.kubeconfigs...)
+			assert.Equal(t, tt.wantTried, tried)
+			if tt.wantErr != "" {
+				assert.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.NotNil(t, s)
+		})
+	}
+}

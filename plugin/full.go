@@ -157,7 +157,9 @@ func (p *Plugin) gonePods(ctx context.Context, kubeconfig string, byPod map[stri
 	}
 	list := p.Pods
 	if list == nil {
-		list = kubePods
+		list = func(ctx context.Context, kubeconfig, namespace string) ([]Pod, error) {
+			return kubePods(ctx, kubeconfig, namespace, p.Sleep)
+		}
 	}
 	checked := map[string]bool{}
 	var notes []string
@@ -226,8 +228,8 @@ type podList struct {
 // kubeconfig, decoding only names and phases: the core/v1 types and their
 // scheme would be linked into every exec of the plugin (a quarter of its
 // start-up) for a path taken only when a range is full.
-func kubePods(ctx context.Context, kubeconfig, namespace string) ([]Pod, error) {
-	kube, err := conf.LoadKubeconfig(kubeconfig)
+func kubePods(ctx context.Context, kubeconfig, namespace string, sleep func(time.Duration)) ([]Pod, error) {
+	kube, err := conf.LoadKubeconfig(kubeconfig, sleep)
 	if err != nil {
 		return nil, err
 	}

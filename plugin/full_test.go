@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
@@ -213,7 +214,7 @@ func TestKubePods(t *testing.T) {
 		{"forbidden", func(int) (int, string) {
 			return 403, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"pods is forbidden: cannot list resource \"pods\"","reason":"Forbidden","code":403}`
 		}, false, nil, 1, `pods is forbidden: cannot list resource "pods"`},
-		{"a kubeconfig that does not load", nil, true, nil, 0, "cannot load kubeconfig"},
+		{"a kubeconfig that does not load", nil, true, nil, 0, "does not parse"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var reqs atomic.Int32
@@ -239,7 +240,7 @@ func TestKubePods(t *testing.T) {
 			}
 			require.NoError(t, os.WriteFile(kc, []byte(text), 0o600))
 
-			pods, err := kubePods(context.Background(), kc, "longhorn-system")
+			pods, err := kubePods(context.Background(), kc, "longhorn-system", func(time.Duration) {})
 			assert.Equal(t, tt.wantReqs, reqs.Load(), "requests")
 			if tt.wantErr != "" {
 				assert.ErrorContains(t, err, tt.wantErr)

@@ -40,6 +40,9 @@ type Plugin struct {
 	// Pods lists a namespace's pods with a kubeconfig, only to explain a
 	// full range; nil lists them from the API server the kubeconfig names.
 	Pods func(ctx context.Context, kubeconfig, namespace string) ([]Pod, error)
+	// Sleep pauses between reads of a kubeconfig that looks half-written
+	// (whereabouts rewrites it in place); nil is time.Sleep.
+	Sleep func(time.Duration)
 	// Timeout bounds one verb; zero is DefaultTimeout.
 	Timeout time.Duration
 	// AtStep, when set, is called at each step boundary of a verb
@@ -104,7 +107,7 @@ func (p *Plugin) store(path string) (*shim.Store, error) {
 	if p.NewStore != nil {
 		return p.NewStore(path)
 	}
-	kube, err := conf.LoadKubeconfig(path)
+	kube, err := conf.LoadKubeconfig(path, p.Sleep)
 	if err != nil {
 		return nil, err
 	}

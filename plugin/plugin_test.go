@@ -77,8 +77,10 @@ current-context: w
 	r.del = &fake.Delegate{WB: r.wb}
 	r.p = &Plugin{
 		Exec: r.del,
+		// A kubeconfig that looks half-written is read again without pausing.
+		Sleep: func(time.Duration) {},
 		NewStore: func(path string) (*shim.Store, error) {
-			kube, err := conf.LoadKubeconfig(path)
+			kube, err := conf.LoadKubeconfig(path, r.p.Sleep)
 			if err != nil {
 				return nil, err
 			}
@@ -386,7 +388,7 @@ func TestAVerbIsBoundedByItsTimeout(t *testing.T) {
 		r := newRig(t, crashLoopedPool()...)
 		spy := &deadlineAPI{API: r.api}
 		r.p.NewStore = func(path string) (*shim.Store, error) {
-			kube, err := conf.LoadKubeconfig(path)
+			kube, err := conf.LoadKubeconfig(path, r.p.Sleep)
 			if err != nil {
 				return nil, err
 			}

@@ -22,7 +22,7 @@ import (
 )
 
 // The container runtime the real-node tests are written against: Debian 12's
-// packages (`apt-get install containerd runc`, as .ci/run does).
+// packages (`apt-get install containerd runc`; make deps installs them).
 const (
 	ContainerdVersion = "1.6.20"
 	RuncVersion       = "1.1.5"
@@ -151,7 +151,7 @@ func checkRuntime() error {
 	} {
 		path, err := exec.LookPath(tool.bin)
 		if err != nil {
-			return fmt.Errorf("the real-node tests need %s (Debian 12's package %s %s: apt-get install containerd runc, as .ci/run does): %w", tool.bin, tool.pkg, tool.want, err)
+			return fmt.Errorf("the real-node tests need %s (Debian 12's package %s %s: make deps installs them: apt-get install containerd runc): %w", tool.bin, tool.pkg, tool.want, err)
 		}
 		if tool.want == "" {
 			continue

@@ -196,21 +196,26 @@ func onStop(ctx context.Context, opt install.Options, name string, ds *install.O
 		return
 	}
 	// The pod's grace period is 30 s: a few seconds to read, the rest to give back.
-	rctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
-	r := ds.Removing(rctx, time.Sleep)
-	cancel()
-	if !r.Uninstall {
-		logf("terminating; %s: harvester-ipam keeps standing in at %s", r.Why, at)
-		return
+	removing := func(context.Context) (bool, string) {
+		rctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+		defer cancel()
+		r := ds.Removing(rctx, time.Sleep)
+		if r.Uninstall {
+			logf("terminating; %s: an uninstall, so %s goes back to the real binary", r.Why, at)
+		}
+		return r.Uninstall, r.Why
 	}
-	logf("terminating; %s: an uninstall, so %s goes back to the real binary", r.Why, at)
-	gctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
+	gctx, cancel := context.WithTimeout(context.Background(), 26*time.Second)
 	defer cancel()
-	if err := install.GiveBack(gctx, opt, name); err != nil {
+	gaveBack, why, err := install.Stop(gctx, opt, name, removing)
+	switch {
+	case err != nil:
 		logf("error: give %s back: %v", name, err)
-		return
+	case gaveBack:
+		logf("gave %s back to the real binary", at)
+	default:
+		logf("terminating; %s: harvester-ipam keeps standing in at %s", why, at)
 	}
-	logf("gave %s back to the real binary", at)
 }
 
 func logf(format string, args ...any) {

@@ -36,6 +36,10 @@ type FS interface {
 	// Exchange swaps the files at a and b atomically; ErrNoExchange where
 	// the filesystem cannot (renameat2 RENAME_EXCHANGE answers EINVAL).
 	Exchange(a, b string) error
+	// RenameNoReplace moves oldpath to newpath, atomically, unless newpath
+	// exists (fs.ErrExist); ErrNoExchange where the filesystem has no
+	// renameat2 flags.
+	RenameNoReplace(oldpath, newpath string) error
 	Remove(path string) error
 	// Glob lists the paths matching pattern (filepath.Glob).
 	Glob(pattern string) ([]string, error)
@@ -65,7 +69,7 @@ var (
 	// ErrNoExchange: the filesystem cannot swap two names atomically
 	// (vfat, several network and FUSE filesystems, ZFS before 2.2, kernels
 	// before 3.15).
-	ErrNoExchange = errors.New("the filesystem cannot exchange two names (no RENAME_EXCHANGE)")
+	ErrNoExchange = errors.New("the filesystem has no renameat2 flags (RENAME_EXCHANGE, RENAME_NOREPLACE)")
 	// ErrNoLink: the filesystem has no hard links.
 	ErrNoLink = errors.New("the filesystem has no hard links")
 )
@@ -142,6 +146,18 @@ func (OS) Exchange(a, b string) error {
 	}
 }
 
+func (OS) RenameNoReplace(oldpath, newpath string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, unix.RENAME_NOREPLACE)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP):
+		return fmt.Errorf("rename %s %s without replacing: %w (%w)", oldpath, newpath, ErrNoExchange, err)
+	default:
+		return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: err}
+	}
+}
+
 func (OS) Remove(path string) error              { return os.Remove(path) }
 func (OS) Glob(pattern string) ([]string, error) { return filepath.Glob(pattern) }
 func (OS) Sleep(d time.Duration)                 { time.Sleep(d) }
@@ -164,7 +180,7 @@ func contains(fsys FS, path string, needle []byte) (bool, error) {
 		return false, err
 	}
 	defer f.Close()
-	buf := make([]byte, 256<<10)
+	buf := make([]byte, blockSize(f, 256<<10)+len(needle))
 	keep := len(needle) - 1 // a needle may straddle two blocks
 	n := 0
 	for {
@@ -197,7 +213,7 @@ func sameContent(fsys FS, a, b string) (bool, error) {
 		return false, err
 	}
 	defer fb.Close()
-	ba, bb := make([]byte, 128<<10), make([]byte, 128<<10)
+	ba, bb := make([]byte, blockSize(fa, 128<<10)), make([]byte, blockSize(fb, 128<<10))
 	for {
 		na, ea := io.ReadFull(fa, ba)
 		nb, eb := io.ReadFull(fb, bb)
@@ -215,4 +231,13 @@ func sameContent(fsys FS, a, b string) (bool, error) {
 			return aDone && bDone, nil
 		}
 	}
+}
+
+// blockSize is the size of the blocks to read r in: max, or less for a
+// reader that knows it holds less (a small file of the model's).
+func blockSize(r io.Reader, max int) int {
+	if l, ok := r.(interface{ Len() int }); ok && l.Len() < max {
+		return l.Len() + 1
+	}
+	return max
 }

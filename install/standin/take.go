@@ -39,6 +39,7 @@ type Dir struct {
 // Steps of Take and GiveBack, for AtStep.
 const (
 	StepSelfReady = "self-ready" // harvester-ipam in a probed temporary file beside the name
+	StepChecked   = "checked"    // the name still holds what was looked at
 	StepCaptured  = "captured"   // without an exchange: the real binary linked or copied to a temporary name
 	StepExchanged = "exchanged"  // harvester-ipam at the name; what was there at a temporary name
 	StepAsideKept = "aside-kept" // the real binary renamed to the aside
@@ -240,6 +241,11 @@ func (d Dir) Take(ctx context.Context, claim bool) (changed bool, err error) {
 // nothing, harvester-ipam, a real binary (kept aside first) or a fragment.
 func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 	fsys := d.fs()
+	// What goes to the name must be known for harvester-ipam when looked at
+	// again, or the next Take would keep it aside as the real binary.
+	if ok, err := isOurs(fsys, d.Self); err != nil || !ok {
+		return false, fmt.Errorf("%s is not a build of harvester-ipam (it does not carry %q; %v): %s left as it was", d.Self, Mark, err, d.name())
+	}
 	src, err := fsys.Open(d.Self)
 	if err != nil {
 		return false, fmt.Errorf("read harvester-ipam at %s: %w", d.Self, err)
@@ -264,7 +270,9 @@ func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 		// writer created meanwhile.
 		err := fsys.Link(tmp, d.name())
 		if errors.Is(err, ErrNoLink) {
-			err = fsys.Rename(tmp, d.name())
+			if err = fsys.Rename(tmp, d.name()); err == nil {
+				tmp = ""
+			}
 		}
 		switch {
 		case errors.Is(err, fs.ErrExist):
@@ -273,14 +281,23 @@ func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 			return false, fmt.Errorf("put harvester-ipam at %s: %w", d.name(), err)
 		}
 		d.at(StepExchanged)
+		if tmp != "" {
+			if err := fsys.Remove(tmp); err != nil {
+				return true, fmt.Errorf("remove %s: %w", tmp, err)
+			}
+			tmp = ""
+		}
 		return true, fsys.SyncDir(d.Path)
 	}
 	if err := d.still(n, d.name()); err != nil {
 		return false, err
 	}
+	d.at(StepChecked)
 	err = fsys.Exchange(tmp, d.name())
 	if errors.Is(err, ErrNoExchange) {
-		return d.replaceWithoutExchange(ctx, tmp, n)
+		self := tmp
+		tmp = "" // its own to remove
+		return d.replaceWithoutExchange(ctx, self, n)
 	}
 	if err != nil {
 		return false, fmt.Errorf("put harvester-ipam at %s: %w; left as it was", d.name(), err)
@@ -303,6 +320,11 @@ func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 // the rename is replaced unseen.
 func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look) (changed bool, err error) {
 	fsys := d.fs()
+	defer func() {
+		if err != nil {
+			_ = fsys.Remove(tmp)
+		}
+	}()
 	if n.kind == runs {
 		if err := d.capture(n); err != nil {
 			return false, err
@@ -501,8 +523,12 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		return false, pending(d.name(), n)
 	case n.kind == runs:
 		// The real binary is at the name: given back already, or written
-		// since, and then newer than the aside.
+		// since, and then newer than the aside, which goes once the name
+		// is seen to hold it still.
 		if a.kind != missing {
+			if err := d.still(n, d.name()); err != nil {
+				return false, err
+			}
 			if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return false, err
 			}
@@ -517,13 +543,17 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		return false, fmt.Errorf("give %s back: %w (the real %s %s at %s); %s stays as it is: restart %s's DaemonSet pod on this node, which writes it again",
 			d.name(), ErrNoReal, d.Name, what, d.aside(), d.name(), d.Name)
 	case n.kind == missing:
-		err := fsys.Link(d.aside(), d.name())
-		if errors.Is(err, ErrNoLink) {
-			err = fsys.Rename(d.aside(), d.name())
-		} else if err == nil {
-			// Both names hold the real binary now; a kill here leaves the
-			// next round to remove the aside.
-			err = fsys.Remove(d.aside())
+		// A move that fails rather than replace a file a writer created
+		// meanwhile: the real binary is never in two names, one of which
+		// is then removed while a writer unlinks the other.
+		err := fsys.RenameNoReplace(d.aside(), d.name())
+		if errors.Is(err, ErrNoExchange) {
+			err = fsys.Link(d.aside(), d.name())
+			if errors.Is(err, ErrNoLink) {
+				err = fsys.Rename(d.aside(), d.name())
+			} else if err == nil {
+				err = fsys.Remove(d.aside())
+			}
 		}
 		if errors.Is(err, fs.ErrExist) {
 			return false, fmt.Errorf("%s was written meanwhile: %w", d.name(), ErrPending)
@@ -534,53 +564,57 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		d.at(StepGivenBack)
 		return true, fsys.SyncDir(d.Path)
 	}
-	// harvester-ipam, or a fragment, at the name; the real binary aside. It
-	// goes to the name by a link at a temporary name exchanged with the
-	// name: the aside never holds what was at the name, and what a writer
-	// put at the name meanwhile is seen, not replaced.
+	// harvester-ipam, or a fragment, at the name; the real binary aside. The
+	// aside moves to a temporary name, which is exchanged with the name: the
+	// real binary is only ever moved (never in two names, one of which is
+	// then removed while a writer unlinks the other), the aside never holds
+	// what was at the name, and what a writer put there meanwhile comes out
+	// beside it to be looked at, not replaced.
 	if err := d.still(n, d.name()); err != nil {
 		return false, err
 	}
-	link := filepath.Join(d.Path, captureName)
-	err = fsys.Link(d.aside(), link)
-	if errors.Is(err, ErrNoLink) {
-		if err := fsys.Rename(d.aside(), d.name()); err != nil {
-			return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
+	back := filepath.Join(d.Path, captureName)
+	if err := fsys.Rename(d.aside(), back); err != nil {
+		return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
+	}
+	// A kill here leaves the real binary at a temporary name, which
+	// recovery makes the aside again.
+	err = fsys.Exchange(back, d.name())
+	if errors.Is(err, ErrNoExchange) {
+		if err := fsys.Rename(back, d.name()); err != nil {
+			return false, fmt.Errorf("give %s back: %w (the real binary is at %s)", d.name(), err, back)
 		}
 		d.at(StepGivenBack)
 		return true, fsys.SyncDir(d.Path)
 	}
 	if err != nil {
-		return false, fmt.Errorf("give %s back: link the aside: %w", d.name(), err)
-	}
-	err = fsys.Exchange(link, d.name())
-	if errors.Is(err, ErrNoExchange) {
-		err = fsys.Rename(link, d.name())
-	}
-	if err != nil {
-		_ = fsys.Remove(link)
+		if rerr := fsys.Rename(back, d.aside()); rerr != nil {
+			return false, fmt.Errorf("give %s back: %w; and put the aside back: %v (it is at %s)", d.name(), err, rerr, back)
+		}
 		return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
 	}
 	d.at(StepGivenBack)
-	// The link's name now holds what was at the name at the exchange.
-	out, err := d.look(ctx, link)
+	out, err := d.look(ctx, back)
 	if err != nil {
 		return false, err
 	}
-	if out.kind != missing && out.kind != ours && out.kind != broken {
-		// Written at the name meanwhile: newer than what was given back.
-		// It goes back to the name; the next round removes the older aside.
-		if err := fsys.Exchange(link, d.name()); err != nil {
-			return false, fmt.Errorf("put %s's newer binary back at %s: %w (it is at %s)", d.Name, d.name(), err, link)
+	switch out.kind {
+	case missing:
+	case ours, broken:
+		if err := fsys.Remove(back); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, err
 		}
-		_ = fsys.Remove(link)
+	default:
+		// Written at the name meanwhile: newer than what was given back.
+		// It goes back to the name, and what was given back to the aside;
+		// the next round removes that once the newer one runs.
+		if err := fsys.Exchange(back, d.name()); err != nil {
+			return false, fmt.Errorf("put %s's newer binary back at %s: %w (it is at %s)", d.Name, d.name(), err, back)
+		}
+		if err := d.keepAside(back); err != nil {
+			return false, err
+		}
 		return false, fmt.Errorf("%s was written while it was given back: %w", d.name(), ErrPending)
-	}
-	if err := fsys.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, err
-	}
-	if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, err
 	}
 	return true, fsys.SyncDir(d.Path)
 }
@@ -593,3 +627,51 @@ func (d Dir) Pending() []string {
 
 // IsTemp says whether a file name in the bin dir is one of Dir's temporary files.
 func IsTemp(name string) bool { return strings.HasPrefix(name, tempPrefix) }
+
+// Stop is what an installer does when it is told to stop: it gives the name
+// back only when removing says this is an uninstall (its DaemonSet gone or
+// being deleted). A restart, a rollout or a node's shutdown keeps
+// harvester-ipam standing in: giving back then would leave the node to the
+// real binary alone exactly while pods get new sandboxes.
+func (d Dir) Stop(ctx context.Context, removing func(context.Context) (uninstall bool, why string)) (gaveBack bool, why string, err error) {
+	uninstall, why := removing(ctx)
+	if !uninstall {
+		return false, why, nil
+	}
+	return true, why, d.GiveBack(ctx)
+}
+
+// Ready says what a readiness probe asks of the stand-in: harvester-ipam
+// from Self at the name and a real binary aside that runs (it stands in),
+// or no real binary on the node at all (nothing to stand in for: the
+// plugin's own installer has not run here). It writes nothing.
+func (d Dir) Ready(ctx context.Context) (string, error) {
+	n, err := d.look(ctx, d.name())
+	if err != nil {
+		return "", err
+	}
+	a, err := d.look(ctx, d.aside())
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case n.kind == missing && a.kind == missing:
+		return fmt.Sprintf("nothing to stand in for: no %s at %s (its DaemonSet has not installed it on this node)", d.Name, d.name()), nil
+	case n.kind != ours:
+		return "", fmt.Errorf("not standing in for %s: %s is %s", d.Name, d.name(), n.kind)
+	case a.kind == ours:
+		return "", fmt.Errorf("%s is harvester-ipam, not the real %s", d.aside(), d.Name)
+	case a.kind == missing:
+		return "", fmt.Errorf("the real %s is missing at %s", d.Name, d.aside())
+	case a.kind != runs:
+		return "", fmt.Errorf("the real %s at %s does not run: %s (%v)", d.Name, d.aside(), a.kind, a.why)
+	}
+	same, err := sameContent(d.fs(), d.name(), d.Self)
+	if err != nil {
+		return "", err
+	}
+	if !same {
+		return "", fmt.Errorf("not standing in for %s: %s is another build of harvester-ipam than %s", d.Name, d.name(), d.Self)
+	}
+	return fmt.Sprintf("harvester-ipam stands in at %s; the real %s is at %s", d.name(), d.Name, d.aside()), nil
+}

@@ -386,3 +386,232 @@ func TestTheNameAlwaysRuns(t *testing.T) {
 	assert.Greater(t, execs.Load(), int64(50))
 	assert.Zero(t, failures.Load(), "first failure: %v", firstFailure.Load())
 }
+
+// A filesystem without RENAME_EXCHANGE (bindfs, a FUSE filesystem, answers
+// EINVAL): the real binary is kept aside before anything is renamed over the
+// name, at the first Take and at a Take after an upgrade; giving back puts
+// the newest back.
+func TestWithoutExchangeTheRealBinaryIsKept(t *testing.T) {
+	ctx := context.Background()
+	d := newDir(t, nil)
+	d.Path = bindfs(t)
+	for _, f := range []string{"a", "b"} {
+		require.NoError(t, os.WriteFile(filepath.Join(d.Path, f), nil, 0o644))
+	}
+	require.ErrorIs(t, OS{}.Exchange(filepath.Join(d.Path, "a"), filepath.Join(d.Path, "b")), ErrNoExchange, "bindfs lacks the exchange on this machine")
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	require.NoError(t, os.WriteFile(d.name(), v093, 0o755))
+
+	changed, err := d.Take(ctx, true)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, read(t, d.Self), read(t, d.name()))
+	assert.Equal(t, v093, read(t, d.aside()), "the real binary aside")
+
+	// whereabouts' pod upgraded: its cp -f writes into the file at the name.
+	f, err := os.OpenFile(d.name(), os.O_WRONLY|os.O_TRUNC, 0)
+	require.NoError(t, err)
+	_, err = f.Write(v094)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	_, err = d.Take(ctx, false)
+	require.NoError(t, err)
+	assert.Equal(t, read(t, d.Self), read(t, d.name()))
+	assert.Equal(t, v094, read(t, d.aside()), "the new version aside, not the old")
+
+	require.NoError(t, d.GiveBack(ctx))
+	assert.Equal(t, v094, read(t, d.name()), "the newest given back")
+	assert.Nil(t, read(t, d.aside()))
+	assert.Empty(t, temps(t, d))
+}
+
+// bindfs mounts a new directory through bindfs and returns the mount.
+func bindfs(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("bindfs"); err != nil {
+		t.Fatalf("this test needs bindfs, a FUSE filesystem without RENAME_EXCHANGE (apt-get install bindfs): %v", err)
+	}
+	src, mnt := t.TempDir(), t.TempDir()
+	out, err := exec.Command("bindfs", src, mnt).CombinedOutput()
+	require.NoError(t, err, "bindfs: %s", out)
+	t.Cleanup(func() { _ = exec.Command("fusermount", "-u", mnt).Run() })
+	return mnt
+}
+
+// whereabouts' installer still writing the file at the name (GNU cp -f, in
+// place, in two halves) when an exchange moves it out to a temporary name:
+// it is kept, not deleted for failing a probe, and becomes the aside once
+// its writer is done.
+func TestAWriterStillWritingWhenTakenIsKept(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	d := newDir(t, v093)
+	_, err := d.Take(ctx, true)
+	require.NoError(t, err)
+	// The name is written by cp again, and taken again while cp writes:
+	// the first half is in when the exchange comes.
+	require.NoError(t, os.WriteFile(d.name(), v093, 0o755))
+	var w *os.File
+	d.AtStep = func(step string) {
+		if step == StepChecked && w == nil {
+			var err error
+			w, err = os.OpenFile(d.name(), os.O_WRONLY|os.O_TRUNC, 0)
+			require.NoError(t, err)
+			_, err = w.Write(v094[:len(v094)/2])
+			require.NoError(t, err)
+		}
+	}
+	changed, err := d.Take(ctx, false)
+	assert.True(t, changed)
+	require.ErrorIs(t, err, ErrPending, "what the exchange moved out is still being written")
+	require.NotNil(t, w)
+	assert.Equal(t, read(t, d.Self), read(t, d.name()), "harvester-ipam at the name meanwhile")
+	assert.Equal(t, v093, read(t, d.aside()), "the old version still aside meanwhile")
+	require.Len(t, temps(t, d), 1, "the file being written is kept")
+
+	_, err = d.Take(ctx, false)
+	require.ErrorIs(t, err, ErrPending, "still being written: nothing decided")
+	_, err = w.Write(v094[len(v094)/2:])
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+
+	_, err = d.Take(ctx, false)
+	require.NoError(t, err)
+	assert.Equal(t, v094, read(t, d.aside()), "the new version aside once written")
+	assert.Equal(t, read(t, d.Self), read(t, d.name()))
+	assert.Empty(t, temps(t, d))
+}
+
+// A kill between the exchange and the aside on a first Take leaves the only
+// real binary at a temporary name. A recovery whose probe has no answer (the
+// timeout on a loaded node, a cancelled context) keeps it; the next one
+// makes it the aside.
+func TestRecoveryWithoutAnAnswerKeepsTheOnlyRealBinary(t *testing.T) {
+	ctx := context.Background()
+	v093 := realBinary("v0.9.3")
+	d := newDir(t, v093)
+	killedAt(t, d, "take", StepExchanged)
+	require.Len(t, temps(t, d), 1)
+	require.Equal(t, v093, read(t, temps(t, d)[0]), "the only real binary, at a temporary name")
+
+	for _, noAnswer := range []error{context.DeadlineExceeded, context.Canceled} {
+		slow := d
+		slow.Probe = func(context.Context, string) error { return noAnswer }
+		_, err := slow.Take(ctx, false)
+		require.ErrorIs(t, err, ErrPending)
+		require.Len(t, temps(t, d), 1, "kept (%v)", noAnswer)
+		assert.Equal(t, v093, read(t, temps(t, d)[0]))
+		assert.Equal(t, read(t, d.Self), read(t, d.name()))
+		// Giving back (an uninstall) waits for an answer, and keeps the file
+		// when its time is up.
+		require.ErrorIs(t, slow.GiveBack(canceled()), ErrPending)
+		require.Len(t, temps(t, d), 1, "kept by giving back (%v)", noAnswer)
+	}
+	_, err := d.Take(ctx, false)
+	require.NoError(t, err)
+	assert.Equal(t, v093, read(t, d.aside()))
+	assert.Empty(t, temps(t, d))
+}
+
+// A fragment at the name (whereabouts' cp -f killed mid-write, a full disk)
+// gets harvester-ipam back, the good aside kept; giving back never replaces
+// a runnable aside by a file that does not run.
+func TestAHalfWrittenNameIsRepaired(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	fragment := v094[:len(v094)/3]
+	for _, op := range []string{"take", "give back"} {
+		t.Run(op, func(t *testing.T) {
+			d := newDir(t, v093)
+			_, err := d.Take(ctx, true)
+			require.NoError(t, err)
+			require.NoError(t, os.Remove(d.name())) // busybox cp -f: a new file at the name
+			require.NoError(t, os.WriteFile(d.name(), fragment, 0o755))
+			require.Error(t, probeVersion(ctx, d.name()), "a fragment does not run")
+			if op == "take" {
+				changed, err := d.Take(ctx, false)
+				require.NoError(t, err)
+				assert.True(t, changed)
+				assert.Equal(t, read(t, d.Self), read(t, d.name()), "harvester-ipam at the name again")
+			} else {
+				require.NoError(t, d.GiveBack(ctx))
+				assert.Nil(t, read(t, d.aside()))
+			}
+			want := map[string][]byte{"take": read(t, d.Self), "give back": v093}[op]
+			assert.Equal(t, want, read(t, d.name()))
+			if op == "take" {
+				assert.Equal(t, v093, read(t, d.aside()), "the good aside kept")
+			}
+			assert.Empty(t, temps(t, d), "the fragment is gone")
+		})
+	}
+}
+
+// The name missing and the real binary aside (removed by hand, or between
+// busybox cp's unlink and create): harvester-ipam is put back, without an
+// error.
+func TestTheNameMissingIsFilled(t *testing.T) {
+	ctx := context.Background()
+	v093 := realBinary("v0.9.3")
+	d := newDir(t, v093)
+	_, err := d.Take(ctx, true)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(d.name()))
+	changed, err := d.Take(ctx, false)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, read(t, d.Self), read(t, d.name()))
+	assert.Equal(t, v093, read(t, d.aside()))
+	assert.Empty(t, temps(t, d))
+}
+
+// killedAt runs op on d in a child that is killed at step.
+func killedAt(t *testing.T, d Dir, op, step string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s:%s:%s:%s", crashEnv, op, step, d.Path, d.Self))
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "the child must be killed at %s: %s", step, out)
+	require.Equal(t, "signal: killed", exit.Error())
+}
+
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+// Stopping gives the name back only on an uninstall: a restart, a rollout
+// or a node's shutdown leaves the dir exactly as it was.
+func TestStopGivesBackOnlyOnUninstall(t *testing.T) {
+	ctx := context.Background()
+	v093 := realBinary("v0.9.3")
+	for _, uninstall := range []bool{false, true} {
+		t.Run(fmt.Sprintf("uninstall %v", uninstall), func(t *testing.T) {
+			d := newDir(t, v093)
+			_, err := d.Take(ctx, true)
+			require.NoError(t, err)
+			before := ino(t, d.name())
+			gaveBack, why, err := d.Stop(ctx, func(context.Context) (bool, string) { return uninstall, "the DaemonSet says so" })
+			require.NoError(t, err)
+			assert.Equal(t, uninstall, gaveBack)
+			assert.Equal(t, "the DaemonSet says so", why)
+			if uninstall {
+				assert.Equal(t, v093, read(t, d.name()), "given back")
+				assert.Nil(t, read(t, d.aside()))
+				return
+			}
+			assert.Equal(t, before, ino(t, d.name()), "the very same file at the name")
+			assert.Equal(t, read(t, d.Self), read(t, d.name()))
+			assert.Equal(t, v093, read(t, d.aside()))
+		})
+	}
+}
+
+func ino(t *testing.T, path string) uint64 {
+	t.Helper()
+	st, err := OS{}.Stat(path)
+	require.NoError(t, err)
+	return st.Ino
+}

@@ -99,7 +99,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 	}{
 		{
 			name: "defaults", namespace: "kube-system",
-			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.Equal(t, "rancher/harvester-ipam:v0.1.0", ds.Spec.Template.Spec.Containers[0].Image)
@@ -109,7 +109,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "reconciler as a deployment, dry run", namespace: "harvester-system",
 			set:  []string{"reconciler.mode=deployment", "reconciler.dryRun=true", "reconciler.grace=30m", "image.tag=v9.9.9"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				d := typed[appsv1.Deployment](t, objs, "Deployment")
 				c := d.Spec.Template.Spec.Containers[0]
@@ -121,7 +121,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "deleting orphaned pools", namespace: "kube-system",
 			set:  []string{"reconciler.deleteOrphanedPools=true"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				assert.Contains(t, string(mustJSON(t, objs, "CronJob")), `"--delete-orphaned-pools"`)
 				for _, o := range objs {
@@ -136,13 +136,33 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "installer only", namespace: "kube-system",
 			set:  []string{"reconciler.enabled=false", "rbac.plugin=false"},
+			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				// Standing in, the installer reads its own DaemonSet when it
+				// stops, with its own token, and nothing else.
+				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+				assert.True(t, *ds.Spec.Template.Spec.AutomountServiceAccountToken)
+				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--daemonset=harvester-ipam")
+				role := typed[rbacv1.Role](t, objs, "Role")
+				assert.Equal(t, "kube-system", role.Namespace)
+				assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"harvester-ipam"}, Verbs: []string{"get"}}}, role.Rules)
+			},
+		},
+		{
+			name: "installer only, not standing in", namespace: "kube-system",
+			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "standIn.enabled=false"},
 			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+				assert.False(t, *ds.Spec.Template.Spec.AutomountServiceAccountToken, "no API access, no token")
+				assert.NotContains(t, strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), "--daemonset")
+			},
 		},
 		{
 			name: "other host paths and pool namespace", namespace: "kube-system",
 			set: []string{"hostPaths.cniBinDir=/var/lib/rancher/rke2/data/cni/bin", "hostPaths.cniConfDir=/var/lib/rancher/cni/net.d",
 				"whereabouts.poolNamespace=whereabouts-pools", "whereabouts.serviceAccount.name=wb", "whereabouts.serviceAccount.namespace=whereabouts-system"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 2, "RoleBinding": 2, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				paths := map[string]string{}
@@ -151,7 +171,10 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 				}
 				assert.Equal(t, map[string]string{"cni-bin": "/var/lib/rancher/rke2/data/cni/bin", "cni-conf": "/var/lib/rancher/cni/net.d"}, paths)
 				for _, o := range objs {
-					if o.GetKind() == "Role" || o.GetKind() == "RoleBinding" {
+					switch {
+					case o.GetName() == "harvester-ipam-installer" && o.GetKind() != "ServiceAccount":
+						assert.Equal(t, "kube-system", o.GetNamespace(), "%s %s lives beside its DaemonSet", o.GetKind(), o.GetName())
+					case o.GetKind() == "Role" || o.GetKind() == "RoleBinding":
 						assert.Equal(t, "whereabouts-pools", o.GetNamespace(), "%s %s lives beside the pools", o.GetKind(), o.GetName())
 					}
 				}
@@ -241,6 +264,8 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "watch", core, "pods", ""}, {reconciler, "watch", core, "nodes", ""}, // the loop's informers
 		{reconciler, "get", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"},
 		{reconciler, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
+		// When it stops, the installer reads its own DaemonSet (an uninstall or a restart?).
+		{installer, "get", "apps", "daemonsets", ns},
 	}
 	denied := []q{
 		{plugin, "create", wb, "ippools", "kube-system"}, {plugin, "delete", wb, "ippools", "kube-system"},
@@ -257,12 +282,17 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "create", core, "events", "longhorn-system"},
 		{installer, "get", core, "pods", ns}, {installer, "get", wb, "ippools", "kube-system"},
 		{installer, "list", core, "secrets", ns},
+		{installer, "list", "apps", "daemonsets", ns}, {installer, "delete", "apps", "daemonsets", ns},
+		{installer, "get", "apps", "daemonsets", "kube-system"},
 	}
 	can := func(x q) bool {
 		user := strings.Split(x.user, ":")
 		name := ""
 		if x.resource == "leases" && x.verb != "create" {
 			name = "whereabouts" // the one Lease the Roles name
+		}
+		if x.resource == "daemonsets" && x.verb != "list" {
+			name = release + "-harvester-ipam" // the installer's own, the one its Role names
 		}
 		sar, err := rig.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
 			Spec: authorizationv1.SubjectAccessReviewSpec{
@@ -488,7 +518,26 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // image it upgrades; with a broken image, or a full disk, it fails loudly and
 // the node keeps the old, working binary.
 func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
-	c := daemonSetContainer(t, objects(t, render(t, "harvester-ipam", "kube-system")))
+	// The DaemonSet, its installer's account, Role and binding, stored for
+	// real (no kubelet runs it here): the container reads its DaemonSet with
+	// that account's token when it stops.
+	const ns = "installer-e2e"
+	require.NoError(t, rig.EnsureNamespace(ctx(t), ns))
+	objs := objects(t, render(t, "harvester-ipam", ns))
+	var own []byte
+	for _, o := range objs {
+		if o.GetName() == "harvester-ipam" && o.GetKind() == "DaemonSet" || o.GetName() == "harvester-ipam-installer" {
+			b, err := o.MarshalJSON()
+			require.NoError(t, err)
+			own = append(append(own, b...), '\n')
+		}
+	}
+	require.NoError(t, rig.Apply(ctx(t), own, false))
+	kc, err := rig.ServiceAccountKubeconfig(ctx(t), ns, "harvester-ipam-installer")
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(t.TempDir(), "installer.kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
+	c := daemonSetContainer(t, objs)
 	require.NoError(t, rig.BuildCommand(ctx(t), "./cmd/harvester-ipam-install", c.path("/usr/bin/harvester-ipam-install"), "-s -w"))
 	copyFile(t, rig.PluginBinary(), c.path("/usr/bin/harvester-ipam"))
 	binDir := c.path("/host/opt/cni/bin")
@@ -509,26 +558,43 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	r := c.run(t, c.probe)
 	assert.Equal(t, 1, r.exit, "readiness before install: %s", r.stderr)
 
-	// The container's main loop: ready once installed; SIGTERM ends it, the binary stays.
-	cmd := c.cmd(append(c.command, c.args...))
-	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	start := time.Now()
-	require.NoError(t, cmd.Start())
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	for {
-		if r := c.run(t, c.probe); r.exit == 0 {
-			assert.Contains(t, r.stdout, installed+" is installed and runs: harvester-ipam")
-			break
+	// The container's main loop: ready once installed; SIGTERM ends it, the
+	// binary stays; the stand-in's name is given back only on an uninstall.
+	start := func(kubeconfig string) (stop func() string) {
+		cmd := c.cmd(append(c.command, c.args...), "--kubeconfig="+kubeconfig)
+		cmd.Env = append(os.Environ(), "POD_NAMESPACE="+ns) // the chart's downward API
+		var logs syncBuffer
+		cmd.Stdout, cmd.Stderr = &logs, &logs
+		began := time.Now()
+		require.NoError(t, cmd.Start())
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		for {
+			if r := c.run(t, c.probe); r.exit == 0 {
+				assert.Contains(t, r.stdout, installed+" is installed and runs: harvester-ipam")
+				assert.Contains(t, r.stdout, "harvester-ipam stands in at "+filepath.Join(binDir, "whereabouts"))
+				break
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("the installer exited before it was ready: %v\n%s", err, logs.String())
+			case <-time.After(50 * time.Millisecond):
+			}
+			require.Less(t, time.Since(began), 30*time.Second, "not ready after 30 s:\n%s", logs.String())
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("the installer exited before it was ready: %v\n%s", err, logs.String())
-		case <-time.After(50 * time.Millisecond):
+		return func() string {
+			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+			select {
+			case err := <-done:
+				require.NoError(t, err, "exit status on SIGTERM:\n%s", logs.String())
+			case <-time.After(30 * time.Second): // terminationGracePeriodSeconds
+				_ = cmd.Process.Kill()
+				t.Fatalf("no exit within the grace period:\n%s", logs.String())
+			}
+			return logs.String()
 		}
-		require.Less(t, time.Since(start), 30*time.Second, "not ready after 30 s:\n%s", logs.String())
 	}
+	stop := start(kubeconfig)
 	self := sha(t, rig.PluginBinary())
 	assert.Equal(t, self, sha(t, name), "harvester-ipam stands in at whereabouts' name")
 	assert.Equal(t, v093, sha(t, aside), "the real whereabouts aside, byte for byte")
@@ -592,21 +658,46 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	require.NoError(t, s2.Del(ctx(t)))
 	poolsBefore := mustAllocs(t, n)
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-done:
-		require.NoError(t, err, "exit status on SIGTERM")
-	case <-time.After(30 * time.Second): // terminationGracePeriodSeconds
-		_ = cmd.Process.Kill()
-		t.Fatalf("no exit within the grace period:\n%s", logs.String())
+	v094 := sha(t, rig.Tools["whereabouts-v0.9.4"])
+	standsIn := func(when string) {
+		t.Helper()
+		assert.Equal(t, self, sha(t, name), "%s: harvester-ipam stands in", when)
+		assert.Equal(t, v094, sha(t, aside), "%s: the real whereabouts aside", when)
+		assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "%s: no temporary file left", when)
 	}
-	t.Logf("the DaemonSet's container:\n%s", logs.String())
-	assert.Contains(t, logs.String(), "installed "+installed)
-	assert.Contains(t, logs.String(), "stays installed")
-	assert.Contains(t, logs.String(), "gave "+name+" back to the real binary")
-	assert.NotContains(t, logs.String(), "warning", "whereabouts and its flat file are in place")
+
+	// A restart, a rollout or a node's shutdown: its DaemonSet is in place.
+	logs := stop()
+	t.Logf("the DaemonSet's container, stopped with its DaemonSet in place:\n%s", logs)
+	assert.Contains(t, logs, "installed "+installed)
+	assert.Contains(t, logs, "stays installed")
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is in place (a restart, an upgrade or a node's shutdown): harvester-ipam keeps standing in at "+name)
+	assert.NotContains(t, logs, "gave ")
+	assert.NotContains(t, logs, "warning", "whereabouts and its flat file are in place")
+	standsIn("stopped with its DaemonSet in place")
+
+	// The API server cannot be reached when it stops: it cannot tell, so it keeps.
+	unreachable := filepath.Join(t.TempDir(), "unreachable.kubeconfig")
+	cfg, err := clientcmd.Load(kc)
+	require.NoError(t, err)
+	for _, cl := range cfg.Clusters {
+		cl.Server = "https://127.0.0.1:1" // nothing listens there
+	}
+	require.NoError(t, clientcmd.WriteToFile(*cfg, unreachable))
+	logs = start(unreachable)()
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam could not be read")
+	assert.Contains(t, logs, "so this may be a restart: harvester-ipam keeps standing in at "+name)
+	standsIn("stopped with the API server unreachable")
+
+	// helm uninstall: the DaemonSet is deleted, then its pods stop.
+	stop = start(kubeconfig)
+	require.NoError(t, rig.Kube.AppsV1().DaemonSets(ns).Delete(ctx(t), "harvester-ipam", metav1.DeleteOptions{}))
+	logs = stop()
+	t.Logf("the DaemonSet's container, stopped with its DaemonSet deleted:\n%s", logs)
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is gone: an uninstall, so "+name+" goes back to the real binary")
+	assert.Contains(t, logs, "gave "+name+" back to the real binary")
 	assert.Equal(t, sha(t, rig.PluginBinary()), sha(t, installed))
-	assert.Equal(t, sha(t, rig.Tools["whereabouts-v0.9.4"]), sha(t, name), "uninstalled: the real whereabouts at its name, byte for byte")
+	assert.Equal(t, v094, sha(t, name), "uninstalled: the real whereabouts at its name, byte for byte")
 	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, no temporary file left")
 	assert.Equal(t, poolsBefore, mustAllocs(t, n), "the pool as it was")
 

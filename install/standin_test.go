@@ -1,0 +1,89 @@
+package install
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/harvester/harvester-ipam/install/standin"
+)
+
+// A real binary as far as the installer can tell: it answers VERSION and
+// carries no mark of harvester-ipam.
+const fakeReal = `#!/bin/sh
+if [ "$CNI_COMMAND" = VERSION ]; then
+  echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","1.0.0"]}'
+  exit 0
+fi
+exit 1
+`
+
+// markedPlugin is a fake harvester-ipam that carries the mark every build does.
+func markedPlugin(t *testing.T) string {
+	return script(t, t.TempDir(), "harvester-ipam", fakePlugin+"# "+standin.Mark+"\n")
+}
+
+// Ready means harvester-ipam is installed and either stands in or has
+// nothing to stand in for; the probe's output says which.
+func TestVerifyStandIn(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, opt Options)
+		ready bool
+		says  string
+	}{
+		{"no whereabouts on the node", func(*testing.T, Options) {}, true, "nothing to stand in for: no whereabouts at "},
+		{"standing in", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts", fakeReal)
+			_, err := StandIn(ctx, opt, "whereabouts", true)
+			require.NoError(t, err)
+		}, true, "harvester-ipam stands in at "},
+		{"whereabouts at its name, not stood in", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts", fakeReal)
+		}, false, "not standing in for whereabouts"},
+		{"harvester-ipam at the name, nothing aside", func(t *testing.T, opt Options) {
+			b, err := os.ReadFile(opt.Source)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(opt.BinDir, "whereabouts"), b, 0o755))
+		}, false, "the real whereabouts is missing at "},
+		{"the real binary aside only", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts.real", fakeReal)
+		}, false, "not standing in for whereabouts"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opt := Options{Source: markedPlugin(t), BinDir: t.TempDir()}
+			_, err := Install(ctx, opt)
+			require.NoError(t, err)
+			tt.setup(t, opt)
+			says, err := VerifyStandIn(ctx, opt, "whereabouts")
+			if tt.ready {
+				require.NoError(t, err)
+				assert.Contains(t, says, tt.says)
+			} else {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.says)
+			}
+		})
+	}
+}
+
+// What goes to the name must be harvester-ipam as the next look tells it:
+// a source without the mark is refused, and nothing changes.
+func TestStandInRefusesASourceWithoutTheMark(t *testing.T) {
+	ctx := context.Background()
+	opt := Options{Source: plugin(t, "v1"), BinDir: t.TempDir()}
+	real := script(t, opt.BinDir, "whereabouts", fakeReal)
+	_, err := StandIn(ctx, opt, "whereabouts", true)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "is not a build of harvester-ipam")
+	b, err := os.ReadFile(real)
+	require.NoError(t, err)
+	assert.Equal(t, fakeReal, string(b), "whereabouts left as it was")
+	assert.Equal(t, []string{"whereabouts"}, entries(t, opt.BinDir))
+}
