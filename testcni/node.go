@@ -216,7 +216,12 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 		// The node's disk: its /etc, /opt and /var/log lie over the machine's.
 		nd.Etc, nd.Opt, nd.VarLog = filepath.Join(dir, "disk", "etc"), filepath.Join(dir, "disk", "opt"), filepath.Join(dir, "disk", "log")
 		nd.BinDir, nd.ConfDir = filepath.Join(nd.Opt, "cni", "bin"), filepath.Join(nd.Etc, "cni", "net.d")
-		nd.KubeletDir, nd.KubeletLog = filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubelet.log")
+		// The kubelet's root and containerd's socket in a short dir of the
+		// rig's: the kubelet makes unix sockets under its root, whose paths
+		// may not exceed 108 bytes.
+		short := filepath.Join(filepath.Dir(r.bin), fmt.Sprintf("k%d", i))
+		nd.KubeletDir, nd.KubeletLog = filepath.Join(short, "kubelet"), filepath.Join(dir, "kubelet.log")
+		nd.Socket = filepath.Join(short, "containerd.sock")
 		nd.IP, nd.kubeletPort = r.machine.IP, 10250+int(i)
 	}
 	defer func() {
