@@ -30,17 +30,9 @@ type proc struct {
 	log  string
 }
 
-func startProc(dir, name, bin string, args ...string) (*proc, error) {
-	return startProcWith(dir, name, bin, nil, nil, args...)
-}
-
-// startProcEnv is startProc with env as the whole environment.
-func startProcEnv(dir, name, bin string, env []string, args ...string) (*proc, error) {
-	return startProcWith(dir, name, bin, nil, env, args...)
-}
-
-// startProcWith is startProc with attributes set by attr (a chroot, say) and
-// env as the whole environment when not nil.
+// startProcWith starts a server, its output to its log in dir, with
+// attributes set by attr (a chroot, say) and env as the whole environment
+// when not nil; it dies with the rig.
 func startProcWith(dir, name, bin string, attr func(*syscall.SysProcAttr), env []string, args ...string) (*proc, error) {
 	logPath := filepath.Join(dir, name+".log")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
