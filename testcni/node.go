@@ -525,9 +525,10 @@ func (nd *Node) startContainerd(ctx context.Context, assets *nodeAssets) error {
 	return nil
 }
 
-// importImage imports the sandbox image archive into the CRI's namespace.
+// importImage imports an image archive into the CRI's namespace. Generous:
+// unpacking a hundred megabytes on a loaded machine took over a minute.
 func (nd *Node) importImage(ctx context.Context, archive string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "ctr", "--address", nd.Socket, "--namespace", "k8s.io", "images", "import", archive).CombinedOutput()
 	if err != nil {
