@@ -218,6 +218,20 @@ func (k *kubeletNode) binaries(t *testing.T) (name, aside string) {
 	return what(filepath.Join(k.nd.BinDir, "whereabouts")), what(filepath.Join(k.nd.BinDir, "whereabouts.real"))
 }
 
+// settled checks the name and the aside hold what they should once the
+// installer is done: after it puts harvester-ipam at the name (an exchange),
+// the binary it took from there is at a temporary name until it is probed
+// and renamed aside, which a loaded machine may take a while to do.
+func (k *kubeletNode) settled(t *testing.T, name, aside, when string) {
+	t.Helper()
+	var n, a string
+	ok := assert.Eventually(t, func() bool {
+		n, a = k.binaries(t)
+		return n == name && a == aside
+	}, 30*time.Second, 50*time.Millisecond)
+	assert.True(t, ok, "%s: %s at the name and %s aside; they hold %s and %s", when, name, aside, n, a)
+}
+
 // TestKubelet runs the chart's life on one node as an operator meets it, in
 // order: helm install, whereabouts' pod restarted and upgraded, helm
 // upgrade, the kubelet restarted, a clean shutdown and boot, helm
@@ -291,9 +305,7 @@ func TestKubelet(t *testing.T) {
 				assert.LessOrEqual(t, g.length(), aboutASecond, "whereabouts %s: harvester-ipam stands in again within about a second: %s", step.what, g)
 				t.Logf("whereabouts %s: %s", step.what, g)
 			}
-			name, aside := k.binaries(t)
-			assert.Equal(t, "harvester-ipam "+chartTag1, name, "harvester-ipam at the name")
-			assert.Equal(t, "whereabouts "+step.version, aside, "the new whereabouts aside")
+			k.settled(t, "harvester-ipam "+chartTag1, "whereabouts "+step.version, "whereabouts "+step.what)
 		}
 	})
 
@@ -389,9 +401,7 @@ func TestKubelet(t *testing.T) {
 			t.Logf("after the boot: %s", g)
 			assert.True(t, g.closed(), "harvester-ipam stands in again after the boot: %s", g)
 		}
-		name, aside = k.binaries(t)
-		assert.Equal(t, "harvester-ipam "+chartTag2, name)
-		assert.Equal(t, "whereabouts "+testcni.V094, aside)
+		k.settled(t, "harvester-ipam "+chartTag2, "whereabouts "+testcni.V094, "booted")
 		by, alone := k.servedBy(next)
 		t.Logf("the pods' sandboxes after the boot: %d served by harvester-ipam, %d by whereabouts alone (%v)", len(by), len(alone), alone)
 		k.holdsOne(t, next)
