@@ -224,12 +224,16 @@ func (k *kubeletNode) binaries(t *testing.T) (name, aside string) {
 // and renamed aside, which a loaded machine may take a while to do.
 func (k *kubeletNode) settled(t *testing.T, name, aside, when string) {
 	t.Helper()
-	var n, a string
-	ok := assert.Eventually(t, func() bool {
-		n, a = k.binaries(t)
-		return n == name && a == aside
-	}, 30*time.Second, 50*time.Millisecond)
-	assert.True(t, ok, "%s: %s at the name and %s aside; they hold %s and %s", when, name, aside, n, a)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n, a := k.binaries(t)
+		if n == name && a == aside {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s: want %s at the name and %s aside; after 30 s they hold %s and %s", when, name, aside, n, a)
+			return
+		}
+	}
 }
 
 // TestKubelet runs the chart's life on one node as an operator meets it, in
