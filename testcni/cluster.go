@@ -30,17 +30,9 @@ type proc struct {
 	log  string
 }
 
-func startProc(dir, name, bin string, args ...string) (*proc, error) {
-	return startProcWith(dir, name, bin, nil, nil, args...)
-}
-
-// startProcEnv is startProc with env as the whole environment.
-func startProcEnv(dir, name, bin string, env []string, args ...string) (*proc, error) {
-	return startProcWith(dir, name, bin, nil, env, args...)
-}
-
-// startProcWith is startProc with attributes set by attr (a chroot, say) and
-// env as the whole environment when not nil.
+// startProcWith starts a server, its output to its log in dir, with
+// attributes set by attr (a chroot, say) and env as the whole environment
+// when not nil; it dies with the rig.
 func startProcWith(dir, name, bin string, attr func(*syscall.SysProcAttr), env []string, args ...string) (*proc, error) {
 	logPath := filepath.Join(dir, name+".log")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -109,10 +101,12 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// cluster is etcd and kube-apiserver on loopback with throwaway credentials.
+// cluster is etcd and kube-apiserver with throwaway credentials: on the
+// rig's loopback, or on a machine of its own (clusterOptions.machine).
 type cluster struct {
 	dir       string
 	tools     Tools
+	opt       clusterOptions
 	etcd, api *proc
 	etcdURL   string
 	apiPort   int
@@ -121,8 +115,29 @@ type cluster struct {
 	apiArgs   []string
 }
 
-func startCluster(ctx context.Context, dir string, tools Tools) (*cluster, error) {
-	c := &cluster{dir: dir, tools: tools}
+// clusterOptions place a cluster: on the rig's loopback (the zero value), or
+// on a machine of its own (a network namespace), where its servers listen on
+// the machine's address and run with every admission plugin a cluster has
+// by default.
+type clusterOptions struct {
+	machine *machine
+}
+
+// host is the address the cluster's servers listen on and are reached at.
+func (c *cluster) host() string {
+	if c.opt.machine != nil {
+		return c.opt.machine.IP
+	}
+	return "127.0.0.1"
+}
+
+// start runs one of the cluster's servers, on its machine when it has one.
+func (c *cluster) start(name, bin string, env []string, args ...string) (*proc, error) {
+	return c.opt.machine.startProc(c.dir, name, bin, env, args...)
+}
+
+func startCluster(ctx context.Context, dir string, tools Tools, opt clusterOptions) (*cluster, error) {
+	c := &cluster{dir: dir, tools: tools, opt: opt}
 	if err := c.startEtcd(ctx); err != nil {
 		return nil, err
 	}
@@ -138,17 +153,19 @@ func startCluster(ctx context.Context, dir string, tools Tools) (*cluster, error
 }
 
 func (c *cluster) startEtcd(ctx context.Context) error {
-	cp, err := freePort()
-	if err != nil {
-		return err
+	// A machine of its own has every port free: etcd's own.
+	cp, pp, err := 2379, 2380, error(nil)
+	if c.opt.machine == nil {
+		if cp, err = freePort(); err != nil {
+			return err
+		}
+		if pp, err = freePort(); err != nil {
+			return err
+		}
 	}
-	pp, err := freePort()
-	if err != nil {
-		return err
-	}
-	c.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", cp)
-	peer := fmt.Sprintf("http://127.0.0.1:%d", pp)
-	c.etcd, err = startProc(c.dir, "etcd", c.tools["etcd"],
+	c.etcdURL = fmt.Sprintf("http://%s:%d", c.host(), cp)
+	peer := fmt.Sprintf("http://%s:%d", c.host(), pp)
+	c.etcd, err = c.start("etcd", c.tools["etcd"], nil,
 		"--name=rig", "--data-dir="+filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls="+c.etcdURL, "--advertise-client-urls="+c.etcdURL,
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
@@ -187,33 +204,47 @@ func (c *cluster) prepareAPIServer() error {
 	if err := os.WriteFile(tokens, []byte(c.token+",admin,admin,system:masters\n"), 0o600); err != nil {
 		return err
 	}
-	if c.apiPort, err = freePort(); err != nil {
-		return err
-	}
 	certDir := filepath.Join(c.dir, "apiserver-certs")
 	c.caFile = filepath.Join(certDir, "apiserver.crt")
 	c.apiArgs = []string{
 		"--etcd-servers=" + c.etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-		"--secure-port=" + strconv.Itoa(c.apiPort), "--cert-dir=" + certDir,
+		"--cert-dir=" + certDir,
 		"--token-auth-file=" + tokens, "--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + saKey,
-		"--service-account-signing-key-file=" + saKey, "--service-cluster-ip-range=10.96.0.0/16",
-		// No controller-manager makes default ServiceAccounts; pods are objects here, not workloads.
-		"--disable-admission-plugins=ServiceAccount",
+		"--service-account-signing-key-file=" + saKey, "--service-cluster-ip-range=" + ServiceCIDR,
 		// On SIGTERM, close the open watches (the webhook's informers hold
 		// a dozen) after 2 s; by default the HTTP server waits for them up to
 		// the request timeout, and a test that stops the API server waits
 		// out its 20 s grace instead of about 1 s.
 		"--shutdown-send-retry-after=true",
 	}
+	if m := c.opt.machine; m != nil {
+		// A machine's cluster runs pods: kube-apiserver's own port, on every
+		// address of the machine (so that its self-signed certificate names
+		// localhost too), advertised at the machine's address, which the
+		// certificate names with the kubernetes Service's ClusterIP; and the
+		// default admission plugins, ServiceAccount's token volumes among them.
+		c.apiPort = 6443
+		c.apiArgs = append(c.apiArgs, "--bind-address=0.0.0.0", "--advertise-address="+m.IP, "--secure-port=6443",
+			// Harvester's whereabouts runs privileged, as RKE2's API server allows.
+			"--allow-privileged=true")
+		return nil
+	}
+	if c.apiPort, err = freePort(); err != nil {
+		return err
+	}
+	c.apiArgs = append(c.apiArgs,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+		"--secure-port="+strconv.Itoa(c.apiPort),
+		// No controller-manager makes default ServiceAccounts; pods are objects here, not workloads.
+		"--disable-admission-plugins=ServiceAccount")
 	return nil
 }
 
 // StartAPIServer starts kube-apiserver (again, after StopAPIServer) on its port.
 func (c *cluster) StartAPIServer(ctx context.Context) error {
 	var err error
-	if c.api, err = startProc(c.dir, "kube-apiserver", c.tools["kube-apiserver"], c.apiArgs...); err != nil {
+	if c.api, err = c.start("kube-apiserver", c.tools["kube-apiserver"], nil, c.apiArgs...); err != nil {
 		return err
 	}
 	return waitFor(ctx, 90*time.Second, c.api, func() error {
@@ -244,7 +275,7 @@ func (c *cluster) StopAPIServer() {
 	c.api = nil
 }
 
-func (c *cluster) URL() string { return fmt.Sprintf("https://127.0.0.1:%d", c.apiPort) }
+func (c *cluster) URL() string { return fmt.Sprintf("https://%s:%d", c.host(), c.apiPort) }
 
 // stop ends kube-apiserver before etcd: the other way round it hangs on SIGTERM.
 func (c *cluster) stop() {

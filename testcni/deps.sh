@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # deps.sh installs, from Debian's packages, what `make demo` and `make test`
 # run beside the tools testcni/tools.sh builds: iproute2 (the rig's network
-# namespaces), containerd and runc (the real node), bindfs (a filesystem
-# without RENAME_EXCHANGE, for the stand-in's tests). It runs first, so a
+# namespaces), containerd and runc (the real node), util-linux's nsenter (the
+# servers of a cluster of the rig's own run on its machine), bindfs (a
+# filesystem without RENAME_EXCHANGE, for the stand-in's tests). It runs first, so a
 # machine without them learns it in its first second: as root it installs
 # them; otherwise it prints the one command to run and fails.
 set -euo pipefail
@@ -15,6 +16,7 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v containerd >/dev/null && command -v containerd-shim-runc-v2 >/dev/null && command -v ctr >/dev/null || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
+command -v nsenter >/dev/null || need+=(util-linux)
 command -v bindfs >/dev/null && command -v fusermount >/dev/null || need+=(bindfs)
 
 if ((${#need[@]})); then

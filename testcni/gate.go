@@ -14,6 +14,9 @@ import (
 type Gate struct {
 	Addr   string // host:port the node dials
 	target string
+	// listen opens the gate's listener (again): on the rig's loopback, or on
+	// an address inside a machine.
+	listen func() (net.Listener, error)
 
 	mu    sync.Mutex
 	ln    net.Listener
@@ -21,8 +24,23 @@ type Gate struct {
 }
 
 func newGate(target string) (*Gate, error) {
-	g := &Gate{target: target, conns: map[net.Conn]bool{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var addr string
+	return newGateWith(target, func() (net.Listener, error) {
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			addr = ln.Addr().String() // the same port when opened again
+		}
+		return ln, err
+	})
+}
+
+// newGateWith is a gate whose listener listen opens.
+func newGateWith(target string, listen func() (net.Listener, error)) (*Gate, error) {
+	g := &Gate{target: target, conns: map[net.Conn]bool{}, listen: listen}
+	ln, err := listen()
 	if err != nil {
 		return nil, fmt.Errorf("gate to %s: %w", target, err)
 	}
@@ -53,7 +71,7 @@ func (g *Gate) Open() error {
 	if open {
 		return nil
 	}
-	ln, err := net.Listen("tcp", g.Addr)
+	ln, err := g.listen()
 	if err != nil {
 		return fmt.Errorf("reopen the gate on %s: %w", g.Addr, err)
 	}

@@ -16,9 +16,9 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // The container runtime the real-node tests are written against: Debian 12's
@@ -47,6 +47,18 @@ type NodeOptions struct {
 	StandIn bool
 	// Name tells apart the nodes of one tenant ("node" unless set).
 	Name string
+	// Kubelet runs a real kubelet on the node, which registers it and runs
+	// the pods bound to it, as on a cluster's node; only in a cluster of the
+	// rig's own (StartCluster), on its machine. The node's own disk lies
+	// over the machine's /etc, /opt and /var/log, so that /etc/cni/net.d and
+	// /opt/cni/bin, which DaemonSets mount, are the node's.
+	Kubelet bool
+	// NoWhereabouts leaves whereabouts out of the node's CNI bin dir: its
+	// DaemonSet's pod puts it there (Kubelet nodes only).
+	NoWhereabouts bool
+	// Images are imported into the node's containerd (beside the sandbox
+	// image) whenever its root lacks them: nothing is ever pulled.
+	Images []Image
 }
 
 // Node is a Kubernetes node without its kubelet: containerd (and runc, and
@@ -76,6 +88,14 @@ type Node struct {
 	VarLibCNI string // mounted on the node's /var/lib/cni
 	Log       string // containerd's (and nodeinit's) log
 	MultusLog string
+	// On a node with a kubelet: its address (on the machine), its log and
+	// root dir, and the node's /opt, /etc and /var/log as the rig sees them.
+	IP          string
+	KubeletLog  string
+	KubeletDir  string
+	Opt, Etc    string
+	VarLog      string
+	kubeletPort int
 
 	rig           *Rig
 	opt           NodeOptions
@@ -93,24 +113,25 @@ type Node struct {
 
 var nodeSeq atomic.Int32
 
-// nodeAssets are built once per rig: nodeinit and the sandbox image.
+// nodeAssets are built once per rig (its clusters share them): nodeinit and
+// the sandbox image.
 type nodeAssets struct {
 	once          sync.Once
 	init, archive string
 	err           error
 }
 
-var assetsByRig sync.Map // *Rig -> *nodeAssets
+var assetsByRig sync.Map // the rig's build dir -> *nodeAssets
 
 func (r *Rig) nodeAssets(ctx context.Context) (*nodeAssets, error) {
-	v, _ := assetsByRig.LoadOrStore(r, &nodeAssets{})
+	v, _ := assetsByRig.LoadOrStore(r.bin, &nodeAssets{})
 	a := v.(*nodeAssets)
 	a.once.Do(func() {
 		if a.err = checkRuntime(); a.err != nil {
 			return
 		}
 		removeStaleCgroups()
-		dir := filepath.Join(r.Dir, "node-assets")
+		dir := filepath.Join(filepath.Dir(r.bin), "node-assets")
 		a.init = filepath.Join(dir, "nodeinit")
 		if a.err = r.build(ctx, a.init, "./testcni/nodeinit"); a.err != nil {
 			return
@@ -171,6 +192,12 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 	if wb == "" {
 		return nil, fmt.Errorf("no whereabouts %s in the rig's tools", opt.Whereabouts)
 	}
+	if opt.Kubelet && r.machine == nil {
+		return nil, fmt.Errorf("a node with a kubelet runs in a cluster of the rig's own (Rig.StartCluster)")
+	}
+	if opt.NoWhereabouts && (!opt.Kubelet || opt.StandIn || opt.SwallowDel) {
+		return nil, fmt.Errorf("NoWhereabouts is for a node with a kubelet whose whereabouts comes from its DaemonSet")
+	}
 	i := nodeSeq.Add(1)
 	if opt.Name == "" {
 		opt.Name = "node"
@@ -185,6 +212,18 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 		rig: r, opt: opt, cgroupParent: fmt.Sprintf("/%s%d-%s", cgroupPrefix, os.Getpid(), name),
 		defaultSubnet: fmt.Sprintf("10.245.%d.0/24", i%250), bridge: fmt.Sprintf("cni%d", i),
 	}
+	if opt.Kubelet {
+		// The node's disk: its /etc, /opt and /var/log lie over the machine's.
+		nd.Etc, nd.Opt, nd.VarLog = filepath.Join(dir, "disk", "etc"), filepath.Join(dir, "disk", "opt"), filepath.Join(dir, "disk", "log")
+		nd.BinDir, nd.ConfDir = filepath.Join(nd.Opt, "cni", "bin"), filepath.Join(nd.Etc, "cni", "net.d")
+		// The kubelet's root and containerd's socket in a short dir of the
+		// rig's: the kubelet makes unix sockets under its root, whose paths
+		// may not exceed 108 bytes.
+		short := filepath.Join(filepath.Dir(r.bin), fmt.Sprintf("k%d", i))
+		nd.KubeletDir, nd.KubeletLog = filepath.Join(short, "kubelet"), filepath.Join(dir, "kubelet.log")
+		nd.Socket = filepath.Join(short, "containerd.sock")
+		nd.IP, nd.kubeletPort = r.machine.IP, 10250+int(i)
+	}
 	defer func() {
 		if err != nil {
 			nd.Close()
@@ -197,11 +236,21 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 		}
 	}
 	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"], "loopback": r.Tools["loopback"], "multus": r.Tools["multus"], "harvester-ipam": r.PluginBinary()}
+	if opt.Kubelet {
+		delete(links, "harvester-ipam") // the chart's pod puts it there, or the installer below
+	}
 	switch {
 	case opt.StandIn && opt.SwallowDel:
 		return nil, fmt.Errorf("node %s: StandIn with SwallowDel is not a node the rig makes", name)
 	case opt.SwallowDel:
 		if err := writeSwallowingWhereabouts(filepath.Join(nd.BinDir, "whereabouts"), wb); err != nil {
+			return nil, err
+		}
+	case opt.NoWhereabouts:
+	case opt.Kubelet && !opt.StandIn:
+		// A file, not a link: containers see the node's bin dir, and
+		// nothing of the rig's.
+		if err := copyFile(wb, filepath.Join(nd.BinDir, "whereabouts"), 0o755); err != nil {
 			return nil, err
 		}
 	case !opt.StandIn:
@@ -220,11 +269,14 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 			return nil, fmt.Errorf("node %s: %w", name, err)
 		}
 	}
-	if nd.Gate, err = newGate(strings.TrimPrefix(r.APIServerURL(), "https://")); err != nil {
-		return nil, err
-	}
 	via := &Tenant{Name: t.Name, PoolNamespace: t.PoolNamespace, PodNamespace: t.PodNamespace, rig: r}
-	kc := strings.Replace(r.cluster.kubeconfig(t.PoolNamespace), r.APIServerURL(), "https://"+nd.Gate.Addr, 1)
+	kc := r.cluster.kubeconfig(t.PoolNamespace)
+	if !opt.Kubelet {
+		if nd.Gate, err = newGate(strings.TrimPrefix(r.APIServerURL(), "https://")); err != nil {
+			return nil, err
+		}
+		kc = strings.Replace(kc, r.APIServerURL(), "https://"+nd.Gate.Addr, 1)
+	}
 	if err := via.write(filepath.Join(dir, "etc"), kc); err != nil {
 		return nil, err
 	}
@@ -235,7 +287,11 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 	if err := nd.writeContainerdConf(); err != nil {
 		return nil, err
 	}
-	if err := r.CreateNode(ctx, name); err != nil {
+	if opt.Kubelet {
+		if err := nd.writeKubeletConf(); err != nil {
+			return nil, err
+		}
+	} else if err := r.CreateNode(ctx, name); err != nil {
 		return nil, err
 	}
 	if err := nd.boot(ctx, assets); err != nil {
@@ -264,10 +320,14 @@ exec %q "$@"
 // entrypoint writes 00-multus.conf, the cluster network inline as the first
 // delegate, and the node's kubeconfig.
 func (nd *Node) writeMultusConf() error {
+	binDir := nd.BinDir
+	if nd.opt.Kubelet {
+		binDir = "/opt/cni/bin" // the node's, as containerd sees it
+	}
 	conf := map[string]any{
 		"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus",
 		"kubeconfig": nd.Via.Kubeconfig,
-		"binDir":     nd.BinDir,
+		"binDir":     binDir,
 		"cniDir":     MultusCacheDir,
 		"logFile":    nd.MultusLog, "logLevel": "verbose",
 		"retryDeleteOnError": nd.opt.RetryDeleteOnError,
@@ -288,6 +348,10 @@ func (nd *Node) writeMultusConf() error {
 // from pipe": the sysctls for unprivileged ports and ICMP, and an OOM score
 // it may not lower (root here lacks CAP_SYS_RESOURCE).
 func (nd *Node) writeContainerdConf() error {
+	binDir, confDir := nd.BinDir, nd.ConfDir
+	if nd.opt.Kubelet {
+		binDir, confDir = "/opt/cni/bin", "/etc/cni/net.d" // the node's own, as on a cluster's node
+	}
 	conf := fmt.Sprintf(`version = 2
 root = %q
 state = "/run/containerd"
@@ -320,19 +384,29 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = %q
     conf_dir = %q
     max_conf_num = 1
-`, nd.Root, nd.Socket, filepath.Join(nd.Dir, "opt"), SandboxImage, mustLook("runc"), nd.BinDir, nd.ConfDir)
+`, nd.Root, nd.Socket, filepath.Join(nd.Dir, "containerd-opt"), SandboxImage, mustLook("runc"), binDir, confDir)
 	return writeFile(filepath.Join(nd.Dir, "config.toml"), []byte(conf))
 }
 
 // boot starts nodeinit in a new PID and mount namespace, containerd in it,
 // and waits until the CRI is ready with the sandbox image.
 func (nd *Node) boot(ctx context.Context, assets *nodeAssets) error {
-	spec, _ := json.Marshal(map[string]any{
+	spec := map[string]any{
 		"containerd": mustLook("containerd"), "args": []string{"--config", filepath.Join(nd.Dir, "config.toml")},
 		"log": nd.Log, "varLibCNI": nd.VarLibCNI,
-	})
+	}
+	if nd.opt.Kubelet {
+		spec["kubelet"] = nd.kubeletArgs()
+		spec["kubeletLog"] = nd.KubeletLog
+		var overlays []map[string]string
+		for target, upper := range map[string]string{"/etc": nd.Etc, "/opt": nd.Opt, "/var/log": nd.VarLog} {
+			overlays = append(overlays, map[string]string{"target": target, "upper": upper, "work": filepath.Join(nd.Dir, "disk", "work"+strings.ReplaceAll(target, "/", "-"))})
+		}
+		spec["overlays"] = overlays
+	}
+	specJSON, _ := json.Marshal(spec)
 	specPath := filepath.Join(nd.Dir, "nodeinit.json")
-	if err := os.WriteFile(specPath, spec, 0o600); err != nil {
+	if err := os.WriteFile(specPath, specJSON, 0o600); err != nil {
 		return err
 	}
 	_ = os.Remove(nd.Socket)
@@ -341,8 +415,14 @@ func (nd *Node) boot(ctx context.Context, assets *nodeAssets) error {
 		return err
 	}
 	defer logf.Close()
-	fmt.Fprintf(logf, "\n==== rig: node %s boots at %s ====\n", nd.Name, time.Now().Format(time.RFC3339Nano))
+	booted := time.Now()
+	fmt.Fprintf(logf, "\n==== rig: node %s boots at %s ====\n", nd.Name, booted.Format(time.RFC3339Nano))
 	cmd := exec.Command(assets.init, specPath)
+	if m := nd.rig.machine; m != nil {
+		// On its cluster's machine: nsenter execs nodeinit, which so stays
+		// PID 1 of the new PID namespace.
+		cmd = exec.Command(mustLook("nsenter"), "--net="+m.Path, "--", assets.init, specPath)
+	}
 	cmd.Stderr = logf
 	// A node of its own: its processes die with nodeinit, and nodeinit with the rig.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
@@ -371,6 +451,9 @@ func (nd *Node) boot(ctx context.Context, assets *nodeAssets) error {
 	nd.mu.Unlock()
 	if err := nd.startContainerd(ctx, assets); err != nil {
 		return err
+	}
+	if nd.opt.Kubelet {
+		return nd.startKubelet(ctx, booted)
 	}
 	return nil
 }
@@ -428,12 +511,24 @@ func (nd *Node) startContainerd(ctx context.Context, assets *nodeAssets) error {
 	if err != nil {
 		return fmt.Errorf("containerd of node %s not ready: %w (last: %v); log ends:\n%s", nd.Name, err, last, nd.LogTail(30))
 	}
+	for _, img := range nd.opt.Images {
+		st, err := cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img.Ref}})
+		if err != nil {
+			return fmt.Errorf("node %s: image status of %s: %w", nd.Name, img.Ref, err)
+		}
+		if st.Image == nil {
+			if err := nd.importImage(ctx, img.Archive); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
-// importImage imports the sandbox image archive into the CRI's namespace.
+// importImage imports an image archive into the CRI's namespace. Generous:
+// unpacking a hundred megabytes on a loaded machine took over a minute.
 func (nd *Node) importImage(ctx context.Context, archive string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "ctr", "--address", nd.Socket, "--namespace", "k8s.io", "images", "import", archive).CombinedOutput()
 	if err != nil {
@@ -645,12 +740,7 @@ func (nd *Node) StorageNetwork(ctx context.Context, n Network, nadNamespace, nad
 // annotates Longhorn's pods: its networks annotation asks for m's NAD.
 func (nd *Node) CreatePod(ctx context.Context, m *MultusNetwork, name string) (Pod, error) {
 	pod := nd.Tenant.Pod(name)
-	_, err := nd.rig.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace,
-			Labels:      map[string]string{"longhorn.io/component": "instance-manager"},
-			Annotations: map[string]string{NetworksAnnotation: m.networksRequest}},
-		Spec: corev1.PodSpec{NodeName: nd.Name, Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/longhorn-instance-manager"}}},
-	}, metav1.CreateOptions{})
+	_, err := nd.rig.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, nd.longhornPod(pod, m.networksRequest), metav1.CreateOptions{})
 	if err != nil {
 		return pod, fmt.Errorf("create pod %s on %s: %w", pod.Ref(), nd.Name, err)
 	}

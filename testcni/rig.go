@@ -90,10 +90,18 @@ type Rig struct {
 	cniPaths map[string]string // whereabouts version -> CNI_PATH
 	crashBin string            // dir with the crashpoints build of harvester-ipam
 
-	mu      sync.Mutex
-	netns   map[string]bool // sandboxes' namespaces still to delete
-	parts   []*WhereaboutsParts
-	counter int
+	// machine is the network namespace of a cluster of the rig's own
+	// (StartCluster); nil for the rig's own cluster.
+	machine *machine
+	// controllers are kube-controller-manager and kube-scheduler, which a
+	// cluster of the rig's own runs.
+	controllers []*proc
+
+	mu       sync.Mutex
+	netns    map[string]bool // sandboxes' namespaces still to delete
+	parts    []*WhereaboutsParts
+	clusters []*Rig // clusters of its own, closed with it
+	counter  int
 }
 
 // Start builds what is missing and starts a rig.
@@ -187,7 +195,7 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	}
 
 	fmt.Fprintf(progress, "rig: starting etcd and kube-apiserver in %s\n", dir)
-	if r.cluster, err = startCluster(ctx, dir, tools); err != nil {
+	if r.cluster, err = startCluster(ctx, dir, tools, clusterOptions{}); err != nil {
 		return nil, err
 	}
 	r.Default = &Tenant{Name: "default", PoolNamespace: PoolNamespace, PodNamespace: "longhorn-system", rig: r}
@@ -271,11 +279,25 @@ func (r *Rig) installCRDs(ctx context.Context) error {
 	return nil
 }
 
-// EnsureNamespace creates a namespace if it does not exist.
+// EnsureNamespace creates a namespace if it does not exist. In a cluster of
+// the rig's own it also waits for the namespace's default ServiceAccount,
+// which the controller manager makes and without which the ServiceAccount
+// admission plugin refuses its pods.
 func (r *Rig) EnsureNamespace(ctx context.Context, name string) error {
 	_, err := r.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
+	}
+	if r.machine == nil {
+		return nil
+	}
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, last = r.Kube.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("namespace %s has no default ServiceAccount: %w (%v)", name, err, last)
 	}
 	return nil
 }
@@ -295,11 +317,17 @@ func (r *Rig) Close() {
 		_ = exec.Command("ip", "netns", "del", ns).Run()
 	}
 	r.netns = map[string]bool{}
-	parts := r.parts
-	r.parts = nil
+	parts, clusters := r.parts, r.clusters
+	r.parts, r.clusters = nil, nil
 	r.mu.Unlock()
+	for _, c := range clusters {
+		c.Close()
+	}
 	for _, w := range parts {
 		w.Stop()
+	}
+	for _, p := range r.controllers {
+		p.stop(5 * time.Second)
 	}
 	if r.webhook != nil {
 		r.webhook.stop(5 * time.Second)
@@ -307,6 +335,7 @@ func (r *Rig) Close() {
 	if r.cluster != nil {
 		r.cluster.stop()
 	}
+	r.machine.close()
 	if os.Getenv("HARVESTER_IPAM_RIG_KEEP") == "" {
 		os.RemoveAll(r.Dir)
 	}

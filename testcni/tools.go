@@ -15,12 +15,20 @@ import (
 type Tools map[string]string
 
 // toolNames are the ones every rig needs.
-var toolNames = []string{"etcd", "kube-apiserver", "cnitool", "bridge", "host-local", "loopback",
+var toolNames = []string{"etcd", "kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "busybox",
+	"cnitool", "bridge", "host-local", "loopback",
 	"whereabouts-v0.9.4", "whereabouts-v0.9.3", "whereabouts-v0.8.0", "whereabouts-v0.7.0",
 	"ip-control-loop-v0.9.4", "ip-control-loop-v0.9.3", "ip-control-loop-v0.8.0", "ip-control-loop-v0.7.0",
 	"whereabouts-reconciler-v0.9.4", "whereabouts-script-v0.9.4", "whereabouts-script-v0.9.3", "whereabouts-script-v0.8.0", "whereabouts-script-v0.7.0",
 	"whereabouts-crds-v0.9.4", "whereabouts-crds-v0.9.3", "whereabouts-crds-v0.8.0", "whereabouts-crds-v0.7.0",
 	"multus", "helm", "monitoring-crds", "webhook", "webhook-crds"}
+
+// toolFiles are files a tool dir must hold: whereabouts v0.9's images carry
+// its token-watcher.sh, which their DaemonSet starts beside ip-control-loop.
+var toolFiles = map[string]string{
+	"whereabouts-script-v0.9.4": "token-watcher.sh",
+	"whereabouts-script-v0.9.3": "token-watcher.sh",
+}
 
 // EnsureTools returns the cached tools, building the missing ones first with
 // testcni/tools.sh (minutes on a fresh machine, nothing when cached).
@@ -36,6 +44,12 @@ func EnsureTools(root string, progress io.Writer) (Tools, error) {
 			missing = append(missing, n)
 		}
 	}
+	// Files inside a tool's dir that a cache filled by an older tools.sh lacks.
+	for tool, file := range toolFiles {
+		if _, err := os.Stat(filepath.Join(tools[tool], file)); err != nil {
+			missing = append(missing, tool+"/"+file)
+		}
+	}
 	if len(missing) == 0 {
 		return tools, nil
 	}
@@ -48,6 +62,11 @@ func EnsureTools(root string, progress io.Writer) (Tools, error) {
 	for _, n := range toolNames {
 		if _, err := os.Stat(tools[n]); err != nil {
 			return nil, fmt.Errorf("tool %s missing after %s all: %w", n, script, err)
+		}
+	}
+	for tool, file := range toolFiles {
+		if _, err := os.Stat(filepath.Join(tools[tool], file)); err != nil {
+			return nil, fmt.Errorf("%s of %s missing after %s all: %w", file, tool, script, err)
 		}
 	}
 	return tools, nil

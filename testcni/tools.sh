@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-vX.Y.Z|multus|helm|webhook|gremlins]
+#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|gremlins]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -28,6 +28,12 @@ WHEREABOUTS_VERSIONS="v0.9.4 v0.9.3 v0.8.0 v0.7.0"
 # v1.8.2's file for file. The checksum database does not know it either.
 NETWORK_CONTROLLER_VERSION=v1.8.1
 NETWORK_CONTROLLER_SUM=h1:tH41q82zyAZLet5V1weGeMDN6ooqh4m1EeDYNG++/H4=
+# The static busybox whereabouts' images carry (as Alpine's and SUSE BCI's
+# do): its cp -f is what rewrites the node's bin dir. Debian 12's package,
+# pinned by version and by the .deb's sha256.
+BUSYBOX_DEB_VERSION=1:1.35.0-4+deb12u1+b1
+BUSYBOX_DEB_SHA256=3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744
+BUSYBOX_VERSION=${BUSYBOX_DEB_VERSION#*:}
 
 CACHE="${HARVESTER_IPAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/harvester-ipam}"
 BIN="$CACHE/bin"
@@ -63,12 +69,16 @@ build_etcd() {
   install_bin "$out" "$d" go.etcd.io/etcd/server/v3
 }
 
-build_kube_apiserver() {
-  local out="kube-apiserver-$KUBE_VERSION"; have "$out" && return 0
-  log "building kube-apiserver $KUBE_VERSION (about 7 minutes cold on 2 cores)"
-  local d; d=$(newmod "$out")
+# kube_module prints the dir of the small module the Kubernetes binaries are
+# built from: it requires k8s.io/kubernetes and replaces every staging module
+# kubernetes replaces locally with the proxy's at the matching v0.x. Made once;
+# kube-apiserver and the node's binaries share it, and so the build cache.
+kube_module() {
+  local d="$SRC/kubernetes-$KUBE_VERSION"
+  if [[ -s "$d/.ready" ]]; then echo "$d"; return 0; fi
+  rm -rf "$d" && mkdir -p "$d"
+  printf 'module build/kubernetes-%s\n\ngo 1.26\n' "$KUBE_VERSION" >"$d/go.mod"
   local minor="v0.${KUBE_VERSION#v1.}"
-  (cd "$d" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null)
   local kdir; kdir=$(cd "$d" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
   {
     printf 'require k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
@@ -76,9 +86,39 @@ build_kube_apiserver() {
     sed -n 's#^\s*\(k8s.io/[^ ]*\) => \./staging/.*#\t\1 => \1 '"$minor"'#p' "$kdir/go.mod"
     printf ')\n'
   } >>"$d/go.mod"
-  (cd "$d" && go mod tidy -e >/dev/null 2>&1 || true; go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION")
-  install_bin "$out" "$d" k8s.io/kubernetes/cmd/kube-apiserver \
-    "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${KUBE_VERSION#v1.}"
+  (cd "$d" && { go mod tidy -e >/dev/null 2>&1 || true; } && go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION" >&2)
+  echo ok >"$d/.ready"
+  echo "$d"
+}
+
+kube_ldflags() {
+  echo "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${KUBE_VERSION#v1.}"
+}
+
+build_kube_apiserver() {
+  local out="kube-apiserver-$KUBE_VERSION"; have "$out" && return 0
+  log "building kube-apiserver $KUBE_VERSION (about 7 minutes cold on 2 cores)"
+  local d; d=$(kube_module)
+  install_bin "$out" "$d" k8s.io/kubernetes/cmd/kube-apiserver "$(kube_ldflags)"
+}
+
+# build_kube_node: the kubelet, and the controller manager and scheduler a
+# cluster of the rig's own needs for its DaemonSets (the DaemonSet controller
+# makes their pods, the scheduler binds them). One go build: the three share
+# packages with each other and with kube-apiserver, whose build cache it uses.
+KUBE_NODE_BINARIES="kubelet kube-controller-manager kube-scheduler"
+build_kube_node() {
+  local b missing=()
+  for b in $KUBE_NODE_BINARIES; do have "$b-$KUBE_VERSION" || missing+=("$b"); done
+  ((${#missing[@]})) || return 0
+  log "building ${missing[*]} $KUBE_VERSION (minutes, with kube-apiserver's build cache)"
+  local d; d=$(kube_module)
+  local tmp="$BIN/.kube-node.tmp" pkgs=()
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  for b in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+  (cd "$d" && go build -trimpath -ldflags "-s -w $(kube_ldflags)" -o "$tmp/" "${pkgs[@]}")
+  for b in "${missing[@]}"; do mv -f "$tmp/$b" "$BIN/$b-$KUBE_VERSION"; log "built $BIN/$b-$KUBE_VERSION"; done
+  rm -rf "$tmp"
 }
 
 build_cnitool() {
@@ -121,11 +161,11 @@ pinned_get() {
 
 # build_whereabouts V: the plugin, its ip-control-loop (the pod controller its
 # DaemonSet runs; up to v0.9.3 its reconciler too), from v0.9.4 its reconciler
-# (a Deployment of its own), and its install-cni.sh (with lib.sh where it has
-# one): one module download, built once per version.
+# (a Deployment of its own), and its scripts (whereabouts_scripts): one module
+# download, built once per version.
 build_whereabouts() {
   local v="$1" out="whereabouts-$1"
-  have "$out" && have "ip-control-loop-$v" && [[ -s "$BIN/whereabouts-$v-script/install-cni.sh" ]] \
+  have "$out" && have "ip-control-loop-$v" \
     && { [[ $v != v0.9.4 ]] || have "whereabouts-reconciler-$v"; } && return 0
   log "building whereabouts $v"
   local d; d=$(newmod "$out")
@@ -141,13 +181,61 @@ build_whereabouts() {
   if [[ $v == v0.9.4 ]]; then
     install_bin "whereabouts-reconciler-$v" "$d" "$mod/cmd/reconciler"
   fi
-  local dir; dir=$(cd "$d" && GONOSUMDB=$mod go list -m -f '{{.Dir}}' "$mod")
-  rm -rf "$BIN/whereabouts-$v-script.tmp" && mkdir -p "$BIN/whereabouts-$v-script.tmp"
-  cp "$dir"/script/install-cni.sh "$BIN/whereabouts-$v-script.tmp/"
-  [[ -f "$dir/script/lib.sh" ]] && cp "$dir/script/lib.sh" "$BIN/whereabouts-$v-script.tmp/"
-  chmod -R u+w "$BIN/whereabouts-$v-script.tmp"
-  rm -rf "$BIN/whereabouts-$v-script" && mv "$BIN/whereabouts-$v-script.tmp" "$BIN/whereabouts-$v-script"
-  log "copied whereabouts $v's install-cni.sh to $BIN/whereabouts-$v-script"
+  whereabouts_scripts "$v"
+}
+
+# whereabouts_scripts V copies whereabouts V's script/ files its image carries
+# (install-cni.sh; lib.sh and token-watcher.sh where the version has them)
+# into the cache. Apart from the binaries, so that a cache filled before
+# token-watcher.sh was copied gains it without a rebuild.
+whereabouts_scripts() {
+  local v="$1" out="$BIN/whereabouts-$1-script"
+  [[ -s "$out/install-cni.sh" ]] && { [[ $v != v0.9.* ]] || [[ -s "$out/token-watcher.sh" ]]; } && return 0
+  local mod=github.com/k8snetworkplumbingwg/whereabouts want="" info dir sum f
+  case $v in
+    v0.9.3) want=$WHEREABOUTS_V093_SUM ;;
+    v0.9.4) want=$WHEREABOUTS_V094_SUM ;;
+  esac
+  info=$(cd "$SRC" && GONOSUMDB=$mod go mod download -json "$mod@$v")
+  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
+  if [[ -n "$want" && "$sum" != "$want" ]]; then
+    echo "tools: $mod@$v has module hash '$sum', want $want: refusing its scripts" >&2
+    return 1
+  fi
+  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  cp "$dir"/script/install-cni.sh "$out.tmp/"
+  for f in lib.sh token-watcher.sh; do
+    [[ -f "$dir/script/$f" ]] && cp "$dir/script/$f" "$out.tmp/"
+  done
+  chmod -R u+w "$out.tmp"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "copied whereabouts $v's scripts to $out"
+}
+
+# build_busybox puts Debian 12's static busybox in the cache, from the
+# package archive through apt (no install: the .deb is unpacked here), checked
+# against its pinned sha256.
+build_busybox() {
+  local out="busybox-$BUSYBOX_VERSION"; have "$out" && return 0
+  log "fetching busybox-static $BUSYBOX_DEB_VERSION (Debian 12)"
+  local d="$SRC/$out"
+  rm -rf "$d" && mkdir -p "$d"
+  if ! (cd "$d" && apt-get download -q "busybox-static=$BUSYBOX_DEB_VERSION" >&2); then
+    # A machine whose package lists were never fetched knows no version.
+    log "apt-get download failed; updating the package lists once"
+    apt-get update -qq >&2
+    (cd "$d" && apt-get download -q "busybox-static=$BUSYBOX_DEB_VERSION" >&2)
+  fi
+  local deb; deb=$(ls "$d"/busybox-static_*.deb)
+  if [[ "$(sha256sum "$deb" | cut -d' ' -f1)" != "$BUSYBOX_DEB_SHA256" ]]; then
+    echo "tools: $deb has sha256 $(sha256sum "$deb" | cut -d' ' -f1), want $BUSYBOX_DEB_SHA256: refusing it" >&2
+    return 1
+  fi
+  dpkg-deb -x "$deb" "$d/root"
+  cp "$d/root/bin/busybox" "$BIN/.$out.tmp" && chmod 0755 "$BIN/.$out.tmp"
+  mv -f "$BIN/.$out.tmp" "$BIN/$out"
+  log "unpacked $BIN/$out"
 }
 
 # whereabouts_crds V copies whereabouts V's CRDs (its doc/crds) into the
@@ -274,6 +362,8 @@ build_gremlins() {
 paths() {
   echo "etcd=$BIN/etcd-$ETCD_VERSION"
   echo "kube-apiserver=$BIN/kube-apiserver-$KUBE_VERSION"
+  local b
+  for b in $KUBE_NODE_BINARIES; do echo "$b=$BIN/$b-$KUBE_VERSION"; done
   echo "cnitool=$BIN/cnitool-$CNI_VERSION"
   echo "bridge=$BIN/bridge-$PLUGINS_VERSION"
   echo "host-local=$BIN/host-local-$PLUGINS_VERSION"
@@ -286,6 +376,7 @@ paths() {
     echo "whereabouts-crds-$v=$BIN/whereabouts-$v-crds"
   done
   echo "whereabouts-reconciler-v0.9.4=$BIN/whereabouts-reconciler-v0.9.4"
+  echo "busybox=$BIN/busybox-$BUSYBOX_VERSION"
   echo "webhook=$BIN/harvester-network-webhook-$NETWORK_CONTROLLER_VERSION"
   echo "webhook-crds=$BIN/harvester-network-webhook-$NETWORK_CONTROLLER_VERSION-crds"
   echo "multus=$BIN/multus-$MULTUS_VERSION"
@@ -300,25 +391,28 @@ case "${1:-all}" in
   paths) paths ;;
   etcd) build_etcd ;;
   kube-apiserver) build_kube_apiserver ;;
+  kube-node) build_kube_node ;;
+  busybox) build_busybox ;;
   cnitool) build_cnitool ;;
   cni-plugins) build_plugins ;;
-  whereabouts-v*) build_whereabouts "${1#whereabouts-}"; whereabouts_crds "${1#whereabouts-}" ;;
+  whereabouts-v*) build_whereabouts "${1#whereabouts-}"; whereabouts_scripts "${1#whereabouts-}"; whereabouts_crds "${1#whereabouts-}" ;;
   webhook) build_webhook ;;
   multus) build_multus ;;
   helm) build_helm ;;
   gremlins) build_gremlins ;;
   all)
     # Two lanes side by side: one go build alone leaves a core idle while it
-    # downloads and links. kube-apiserver, about half the work, has a lane
-    # of its own with etcd and helm; the rest take the other.
-    (build_kube_apiserver; build_etcd; build_helm) & big=$!
-    (build_cnitool; build_plugins
-      for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_crds "$v"; done
+    # downloads and links. The Kubernetes binaries, about half the work, have
+    # a lane of their own with etcd and helm (the node's binaries right after
+    # kube-apiserver, whose build cache they reuse); the rest take the other.
+    (build_kube_apiserver; build_kube_node; build_etcd; build_helm) & big=$!
+    (build_cnitool; build_plugins; build_busybox
+      for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_scripts "$v"; whereabouts_crds "$v"; done
       build_multus; monitoring_crds; build_webhook) & rest=$!
     ok=0
     wait "$rest" || ok=$?
     wait "$big" || ok=$?
     exit "$ok"
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|cnitool|cni-plugins|whereabouts-vX.Y.Z|multus|helm|webhook|gremlins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|gremlins]" >&2; exit 2 ;;
 esac

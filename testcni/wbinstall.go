@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 )
 
@@ -67,8 +66,9 @@ func (r *Rig) RunWhereaboutsInstall(ctx context.Context, version, hostBin, hostC
 		return "", err
 	}
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(work, "install-cni.sh"))
+	host, port := r.ServiceHostPort()
 	cmd.Env = append(os.Environ(), "CNI_BIN_DIR="+hostBin, "CNI_CONF_DIR="+hostConf, "SLEEP=false",
-		"KUBERNETES_SERVICE_HOST=127.0.0.1", "KUBERNETES_SERVICE_PORT="+strconv.Itoa(r.cluster.apiPort),
+		"KUBERNETES_SERVICE_HOST="+host, "KUBERNETES_SERVICE_PORT="+port,
 		"WHEREABOUTS_NAMESPACE="+PoolNamespace)
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -3,6 +3,7 @@ package testcni
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,9 +105,23 @@ func (r *Rig) startWebhook(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the ClusterNetwork mgmt: %w (%v)", err, last)
 	}
-	p, err := startProcEnv(r.Dir, "harvester-network-webhook", r.Tools["webhook"],
+	// It registers itself at its Service's port 443. On the rig's own
+	// network namespace it listens there itself; on a machine, whose 443 is
+	// the kubernetes Service's ClusterIP's too (a port a wildcard listener
+	// would take from every address), it listens on 8443, as its pod does
+	// behind its Service on Harvester, and the machine serves the Service.
+	port := "443"
+	if m := r.machine; m != nil {
+		port = "8443"
+		if err := m.serve("127.0.0.1:443", net.JoinHostPort(m.IP, port)); err != nil {
+			return err
+		}
+		// localhost is ::1 too, where the machine has IPv6.
+		_ = m.serve("[::1]:443", net.JoinHostPort(m.IP, port))
+	}
+	p, err := r.machine.startProc(r.Dir, "harvester-network-webhook", r.Tools["webhook"],
 		append(os.Environ(), "KUBECONFIG="+r.Kubeconfig),
-		"--https-port", "443", "--namespace", HarvesterNamespace, "--threadiness", "2")
+		"--https-port", port, "--namespace", HarvesterNamespace, "--threadiness", "2")
 	if err != nil {
 		return err
 	}

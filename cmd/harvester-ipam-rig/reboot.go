@@ -9,30 +9,32 @@ import (
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
-// rebootDemo reboots a node with a few Longhorn pods on it, on the real
-// runtime (containerd, Multus), twice; each reboot loses containerd's root
-// (the node's disk replaced or wiped), so no DEL ever comes for the
-// sandboxes of before. Two nodes side by side, each with its copy of the
-// storage network, whose NAD names whereabouts as Harvester writes it: on one
+// rebootDemo reboots a node with a few Longhorn pods on it, on a real node
+// (a kubelet, containerd, Multus) of a cluster of the rig's own, twice; each
+// reboot loses containerd's root (the node's disk replaced or wiped), so no
+// DEL ever comes for the sandboxes of before, and the kubelet makes each pod
+// a new one. Two nodes side by side, each with its copy of the storage
+// network, whose NAD names whereabouts as Harvester writes it: on one
 // whereabouts v0.7.0 alone; on the other whereabouts' install step ran, then
 // harvester-ipam's installer, which stands in for it. On v0.7.0 only: v0.9.3 gives each
 // pod's new sandbox the address its pod and ifname held, so the reboot leaks
 // nothing there (run on v0.9.3 it ends 3 held / 0 leaked on both sides).
 func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 	const reboots = 2
-	r := row{delegate: testcni.V070, name: fmt.Sprintf("node reboot x%d, root lost, 3 pods (containerd)", reboots), aloneLeaks: true}
-	t, err := rig.NewTenant(ctx, "reboot")
+	r := row{delegate: testcni.V070, name: fmt.Sprintf("node reboot x%d, root lost, 3 pods (kubelet)", reboots), aloneLeaks: true}
+	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: "reboot", NoWebhook: true})
 	if err != nil {
 		return r, err
 	}
-	if err := rig.InstallNADCRD(ctx); err != nil {
+	t, err := c.NewTenant(ctx, "reboot")
+	if err != nil {
 		return r, err
 	}
-	heading("node reboot on whereabouts %s, on the real runtime (Harvester's 2024 releases)", testcni.V070)
-	fmt.Printf("containerd %s and runc %s run the sandboxes, Multus calls the storage network's IPAM. Each reboot loses\n"+
-		"containerd's root, so no DEL comes for the sandboxes of before. (On %s a pod's new sandbox gets its old address\n"+
-		"back, same pod and ifname, as the crash-loop row of %s shows: there the reboot leaks nothing.)\n",
-		testcni.ContainerdVersion, testcni.RuncVersion, testcni.V093, testcni.V093)
+	heading("node reboot on whereabouts %s, on a real node (Harvester's 2024 releases)", testcni.V070)
+	fmt.Printf("A kubelet %s runs the pods, containerd %s and runc %s their sandboxes, Multus calls the storage network's\n"+
+		"IPAM. Each reboot loses containerd's root, so no DEL comes for the sandboxes of before. (On %s a pod's new sandbox\n"+
+		"gets its old address back, same pod and ifname, as the crash-loop row of %s shows: there the reboot leaks nothing.)\n",
+		testcni.KubeVersion, testcni.ContainerdVersion, testcni.RuncVersion, testcni.V093, testcni.V093)
 	type side struct {
 		node  *testcni.Node
 		title string
@@ -50,7 +52,7 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 		if i == 1 {
 			ipam, rng = testcni.StandIn, "192.168.80"
 		}
-		s.node, err = rig.StartNode(ctx, t, testcni.NodeOptions{Whereabouts: testcni.V070, StandIn: ipam == testcni.StandIn, Name: "node-" + strings.ReplaceAll(ipam, "-", "")})
+		s.node, err = c.StartNode(ctx, t, testcni.NodeOptions{Kubelet: true, Whereabouts: testcni.V070, StandIn: ipam == testcni.StandIn, Name: "node-" + strings.ReplaceAll(ipam, "-", "")})
 		if err != nil {
 			return r, err
 		}
@@ -72,15 +74,17 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 			s.pods = append(s.pods, p)
 		}
 	}
-	start := func() error {
+	// The kubelet runs the pods: wait until each is Ready with a sandbox
+	// made since.
+	start := func(since time.Time) error {
 		for _, s := range sides {
 			s.live = map[string]string{}
-			for _, p := range s.pods {
-				sync, err := s.node.SyncPod(ctx, p, 2*time.Minute)
-				if err != nil {
-					return fmt.Errorf("%s: %w", s.title, err)
-				}
-				s.live[sync.Sandbox.ID] = s.net.StorageIfName()
+			sbs, err := s.node.WaitPodsReady(ctx, s.pods, since, 3*time.Minute)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.title, err)
+			}
+			for _, id := range sbs {
+				s.live[id] = s.net.StorageIfName()
 			}
 		}
 		return nil
@@ -94,19 +98,20 @@ func rebootDemo(ctx context.Context, rig *testcni.Rig) (row, error) {
 		}
 		return nil
 	}
-	if err := start(); err != nil {
+	if err := start(time.Time{}); err != nil {
 		return r, err
 	}
 	if err := show(fmt.Sprintf("nodes %s and %s up, %d Longhorn pods on each", sides[0].node.Name, sides[1].node.Name, len(sides[0].pods))); err != nil {
 		return r, err
 	}
 	for i := 1; i <= reboots; i++ {
+		rebooted := time.Now()
 		for _, s := range sides {
 			if err := s.node.Reboot(ctx, true); err != nil {
 				return r, err
 			}
 		}
-		if err := start(); err != nil {
+		if err := start(rebooted); err != nil {
 			return r, err
 		}
 		if err := show(fmt.Sprintf("reboot %d of %d (containerd's root lost), the pods' new sandboxes", i, reboots)); err != nil {

@@ -1,17 +1,26 @@
 // Command nodeinit is PID 1 of one of the rig's nodes: a PID and mount
-// namespace of its own (the rig's network namespace is shared), in which it
-// mounts what a booted node has fresh (/proc, the cgroup hierarchies, tmpfs
-// on /run/containerd and /run/netns), binds the node's own /var/lib/cni, and
-// runs containerd. It reaps every orphan (the shims daemonize and land here).
+// namespace of its own (the network namespace is the rig's, or its cluster's
+// machine), in which it mounts what a booted node has fresh (/proc, the
+// cgroup hierarchies, tmpfs on /run/containerd and /run/netns), lays the
+// node's own disk over the machine's /etc, /opt and /var/log where asked
+// (so that /etc/cni/net.d and /opt/cni/bin are the node's, and nothing of
+// the host is written), binds the node's own /var/lib/cni, and runs
+// containerd and, on a node with one, the kubelet. It reaps every orphan (the
+// shims daemonize and land here).
 //
 // Killing it is the node's power cut: the kernel kills every process of the
-// namespace (containerd, shims, sandboxes), and the node's mounts (the netns
-// files, the sandboxes' rootfs and shm, containerd's state) go with it.
+// namespace (containerd, the kubelet, shims, containers), and the node's
+// mounts (the netns files, the containers' rootfs and shm, containerd's
+// state) go with it.
 //
 // It reads commands on stdin, one a line, and answers on stdout:
 //
-//	start   start containerd           -> "started <pid>" or "error <why>"
-//	stop    SIGTERM containerd, wait    -> "stopped" (SIGKILL after 10 s)
+//	start [NAME]     start containerd (or the kubelet) -> "started <pid>" or "error <why>"
+//	stop [NAME]      SIGTERM it, wait                  -> "stopped" (SIGKILL after 10 s)
+//	shutdown GRACE   what systemd does at a clean shutdown: stop the kubelet,
+//	                 then containerd (its shims and containers keep running),
+//	                 then SIGTERM every process left, SIGKILL after GRACE
+//	                 seconds                           -> "down <how many were killed>: <their names>"
 //
 // End of stdin (the rig closed it, or died) ends the node.
 package main
@@ -23,6 +32,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,6 +47,24 @@ type Spec struct {
 	// VarLibCNI is the node's own /var/lib/cni (Multus' cache, harvester-ipam's
 	// checkpoints, host-local's leases): it survives reboots, as a disk does.
 	VarLibCNI string `json:"varLibCNI"`
+	// Kubelet is the kubelet's command line, on a node that runs one.
+	Kubelet    []string `json:"kubelet,omitempty"`
+	KubeletLog string   `json:"kubeletLog,omitempty"`
+	// Overlays lay a dir of the node's disk over a dir of the machine.
+	Overlays []Overlay `json:"overlays,omitempty"`
+}
+
+// Overlay is an overlayfs of Upper (the node's, on its disk) over Target.
+type Overlay struct {
+	Target string `json:"target"`
+	Upper  string `json:"upper"`
+	Work   string `json:"work"`
+}
+
+// proc is a service nodeinit runs: containerd or the kubelet.
+type proc struct {
+	argv []string
+	log  string
 }
 
 func main() {
@@ -57,23 +85,46 @@ func main() {
 	if err := boot(spec); err != nil {
 		fatal(err)
 	}
-	n := &node{spec: spec, exited: map[int]chan syscall.WaitStatus{}}
+	n := &node{
+		procs:  map[string]proc{"containerd": {append([]string{spec.Containerd}, spec.Args...), spec.Log}},
+		pids:   map[string]int{},
+		exited: map[int]chan syscall.WaitStatus{},
+	}
+	if len(spec.Kubelet) > 0 {
+		n.procs["kubelet"] = proc{spec.Kubelet, spec.KubeletLog}
+	}
 	go n.reap()
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		switch cmd := strings.TrimSpace(in.Text()); cmd {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		name := "containerd"
+		if len(f) > 1 {
+			name = f[1]
+		}
+		switch f[0] {
 		case "start":
-			pid, err := n.start()
+			pid, err := n.start(name)
 			if err != nil {
 				fmt.Printf("error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 				continue
 			}
 			fmt.Printf("started %d\n", pid)
 		case "stop":
-			n.stop()
+			n.stop(name)
 			fmt.Println("stopped")
+		case "shutdown":
+			grace, err := strconv.Atoi(name)
+			if err != nil {
+				fmt.Printf("error shutdown %q: want a grace in seconds\n", name)
+				continue
+			}
+			killed := n.shutdown(time.Duration(grace) * time.Second)
+			fmt.Printf("down %d: %s\n", len(killed), strings.Join(killed, ", "))
 		default:
-			fmt.Printf("error unknown command %q\n", cmd)
+			fmt.Printf("error unknown command %q\n", f[0])
 		}
 	}
 	// The rig is gone or done: so is the node. Returning from PID 1 makes
@@ -97,6 +148,17 @@ func boot(spec Spec) error {
 	}
 	if err := mountCgroups(string(cg)); err != nil {
 		return err
+	}
+	for _, o := range spec.Overlays {
+		for _, d := range []string{o.Upper, o.Work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		opts := "lowerdir=" + o.Target + ",upperdir=" + o.Upper + ",workdir=" + o.Work
+		if err := syscall.Mount("overlay", o.Target, "overlay", 0, opts); err != nil {
+			return fmt.Errorf("lay %s over %s: %w", o.Upper, o.Target, err)
+		}
 	}
 	for _, dir := range []string{"/run/containerd", "/run/netns"} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -149,10 +211,10 @@ func mountCgroups(procCgroup string) error {
 }
 
 type node struct {
-	spec Spec
-	mu   sync.Mutex
-	pid  int // containerd's, 0 when not running
-	// exited delivers containerd's exit to stop; the reaper owns wait4.
+	procs map[string]proc
+	mu    sync.Mutex
+	pids  map[string]int // the running services' PIDs
+	// exited delivers a service's exit to stop; the reaper owns wait4.
 	exited map[int]chan syscall.WaitStatus
 }
 
@@ -169,42 +231,49 @@ func (n *node) reap() {
 		if ch, ok := n.exited[pid]; ok {
 			ch <- ws
 			delete(n.exited, pid)
-			if n.pid == pid {
-				n.pid = 0
+			for name, p := range n.pids {
+				if p == pid {
+					delete(n.pids, name)
+				}
 			}
 		}
 		n.mu.Unlock()
 	}
 }
 
-func (n *node) start() (int, error) {
+func (n *node) start(name string) (int, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.pid != 0 {
-		return 0, fmt.Errorf("containerd already runs as %d", n.pid)
+	p, ok := n.procs[name]
+	if !ok {
+		return 0, fmt.Errorf("no service %q on this node", name)
 	}
-	log, err := os.OpenFile(n.spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if pid := n.pids[name]; pid != 0 {
+		return 0, fmt.Errorf("%s already runs as %d", name, pid)
+	}
+	log, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return 0, err
 	}
 	defer log.Close()
 	// The reaper must not see the exit before it is registered: register
 	// under the lock it takes.
-	pid, err := syscall.ForkExec(n.spec.Containerd, append([]string{n.spec.Containerd}, n.spec.Args...), &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(p.argv[0], p.argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
 		Files: []uintptr{devNull(), log.Fd(), log.Fd()},
 	})
 	if err != nil {
-		return 0, fmt.Errorf("start %s: %w", n.spec.Containerd, err)
+		return 0, fmt.Errorf("start %s: %w", p.argv[0], err)
 	}
-	n.pid = pid
+	n.pids[name] = pid
 	n.exited[pid] = make(chan syscall.WaitStatus, 1)
 	return pid, nil
 }
 
-func (n *node) stop() {
+func (n *node) stop(name string) {
 	n.mu.Lock()
-	pid, ch := n.pid, n.exited[n.pid]
+	pid := n.pids[name]
+	ch := n.exited[pid]
 	n.mu.Unlock()
 	if pid == 0 {
 		return
@@ -216,6 +285,54 @@ func (n *node) stop() {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		<-ch
 	}
+}
+
+// shutdown is systemd's clean shutdown of a node: the kubelet's unit is
+// stopped first (it is ordered after containerd's), then containerd's, whose
+// KillMode=process leaves the shims and containers running; then
+// systemd-shutdown sends SIGTERM to every process left, waits, and sends
+// SIGKILL to what is still there. It returns the names of those it killed.
+func (n *node) shutdown(grace time.Duration) []string {
+	n.stop("kubelet")
+	n.stop("containerd")
+	_ = syscall.Kill(-1, syscall.SIGTERM) // as PID 1: every process of the namespace but itself
+	deadline := time.Now().Add(grace)
+	for len(others()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	var killed []string
+	for _, pid := range others() {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		killed = append(killed, strings.TrimSpace(string(comm)))
+	}
+	_ = syscall.Kill(-1, syscall.SIGKILL)
+	for end := time.Now().Add(10 * time.Second); len(others()) > 0 && time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return killed
+}
+
+// others are the PIDs of the namespace's processes but PID 1, zombies left
+// out (the reaper takes them).
+func others() []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == 1 {
+			continue
+		}
+		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// "pid (comm) S ...": the state follows the last ')'.
+		if i := strings.LastIndexByte(string(st), ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
 }
 
 func devNull() uintptr {
