@@ -85,6 +85,7 @@ func TestChartStandInAndMonitoringValues(t *testing.T) {
 				c := typed[appsv1.DaemonSet](t, objs, "DaemonSet").Spec.Template.Spec.Containers[0]
 				assert.NotContains(t, strings.Join(c.Args, " "), "--stand-in")
 				assert.NotContains(t, strings.Join(c.ReadinessProbe.Exec.Command, " "), "--stand-in")
+				assertStartupProbe(t, c)
 			},
 		},
 		{
@@ -96,6 +97,7 @@ func TestChartStandInAndMonitoringValues(t *testing.T) {
 				c := typed[appsv1.DaemonSet](t, objs, "DaemonSet").Spec.Template.Spec.Containers[0]
 				assert.Contains(t, c.Args, "--stand-in=whereabouts-v2")
 				assert.Contains(t, c.ReadinessProbe.Exec.Command, "--stand-in=whereabouts-v2")
+				assertStartupProbe(t, c)
 			},
 		},
 		{
@@ -257,4 +259,16 @@ func checkMonitoring(t *testing.T, objs []unstructured.Unstructured) {
 	sort.Strings(unused)
 	assert.Empty(t, unused, "metrics neither an alert nor a panel shows")
 	assert.True(t, strings.Contains(cm.Data["harvester-ipam.json"], "rate(harvester_ipam_reconciler_releases_total"), "releases as a rate")
+}
+
+// assertStartupProbe: the installer's container is Ready as soon as the node
+// is in order, not a readiness period (60 s) after its first look, which
+// came before the installer had stood in: a rollout waits that per node.
+func assertStartupProbe(t *testing.T, c corev1.Container) {
+	t.Helper()
+	require.NotNil(t, c.StartupProbe, "the installer has a startup probe")
+	assert.Equal(t, c.ReadinessProbe.Exec.Command, c.StartupProbe.Exec.Command, "the startup probe checks what readiness checks")
+	assert.LessOrEqual(t, c.StartupProbe.PeriodSeconds, int32(2), "the startup probe looks every few seconds")
+	assert.GreaterOrEqual(t, c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold, int32(300),
+		"a node whose whereabouts is being written gets minutes before the kubelet restarts the installer")
 }

@@ -88,3 +88,19 @@ namespace; harvester-ipam holds it while it judges and deletes reservations.
   resources: [leases]
   verbs: [create]
 {{- end }}
+
+{{/*
+The installer's check of the node, for its startup and readiness probes.
+*/}}
+{{- define "harvester-ipam.verify" -}}
+exec:
+  command:
+    - /usr/bin/harvester-ipam-install
+    - --verify
+    - --source=/usr/bin/harvester-ipam
+    - --cni-bin-dir=/host/opt/cni/bin
+    {{- if .Values.standIn.enabled }}
+    - --stand-in={{ .Values.standIn.name }}
+    {{- end }}
+timeoutSeconds: 15
+{{- end }}
