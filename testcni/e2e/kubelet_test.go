@@ -43,10 +43,13 @@ const (
 // storageRange is the storage network's range on the kubelet's node.
 const storageRange = "192.168.50.0/27"
 
-// aboutASecond is how soon harvester-ipam must stand in again after
-// whereabouts' install step wrote its binary ("within a second", with room
-// for a loaded machine).
-const aboutASecond = 1500 * time.Millisecond
+// byTheWatcher bounds how long whereabouts' binary, once its install step
+// has written it, holds the name before harvester-ipam stands in again: the
+// installer's watcher sees the write and retakes at once (about a second
+// here, logged and reported in docs/testing.md), where a blind watcher
+// would leave it to the chart's next periodic look, a minute later. The
+// bound tells the two apart on a loaded machine; it is not a speed test.
+const byTheWatcher = 15 * time.Second
 
 // kubeletNode is a cluster of the rig's own with one node and its kubelet.
 type kubeletNode struct {
@@ -306,7 +309,7 @@ func TestKubelet(t *testing.T) {
 				return len(gaps) > 0 && gaps[len(gaps)-1].closed()
 			}, time.Minute, 50*time.Millisecond, "whereabouts %s: its install step writes /opt/cni/bin/whereabouts, and harvester-ipam stands in again (%s)", step.what, k.watch.history(mark))
 			for _, g := range gaps {
-				assert.LessOrEqual(t, g.length(), aboutASecond, "whereabouts %s: harvester-ipam stands in again within about a second: %s", step.what, g)
+				assert.LessOrEqual(t, g.length(), byTheWatcher, "whereabouts %s: harvester-ipam stands in again when its watcher sees the write, not at the next periodic look: %s", step.what, g)
 				t.Logf("whereabouts %s: %s", step.what, g)
 			}
 			k.settled(t, "harvester-ipam "+chartTag1, "whereabouts "+step.version, "whereabouts "+step.what)
@@ -416,9 +419,14 @@ func TestKubelet(t *testing.T) {
 		pools := k.allocs(t)
 		out, err := k.helm(t, "uninstall", "harvester-ipam", "--namespace", "kube-system", "--wait", "--timeout", "3m")
 		require.NoError(t, err, out)
+		// helm's --wait waits for the DaemonSet to go; its pod is then
+		// deleted by the garbage collector and stopped by the kubelet, and
+		// its installer gives the name back as it stops. Gone means the
+		// pod object is gone, its stop done, not only marked for deletion.
 		require.Eventually(t, func() bool {
-			pod, err := k.c.PodOf(ctx(t), "kube-system", "app.kubernetes.io/name=harvester-ipam", k.nd.Name)
-			return err == nil && pod == ""
+			pods, err := k.c.Kube.CoreV1().Pods("kube-system").List(ctx(t), metav1.ListOptions{
+				LabelSelector: "app.kubernetes.io/name=harvester-ipam", FieldSelector: "spec.nodeName=" + k.nd.Name})
+			return err == nil && len(pods.Items) == 0
 		}, 2*time.Minute, 200*time.Millisecond, "the chart's pod is gone")
 		name, aside := k.binaries(t)
 		assert.Equal(t, "whereabouts "+testcni.V094, name, "the real whereabouts back at its name, byte for byte")
