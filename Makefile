@@ -94,7 +94,7 @@ sim:
 # mutants (no behaviour to catch) are listed with a reason in
 # mutate/equivalent.txt. MUTATE_PASSES=own runs the second alone (no gremlins
 # needed). About an hour on 2 cores (docs/testing.md).
-MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/reconcile
+MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/names shim/reconcile install install/standin
 MUTATE_WORKERS     ?= 2
 MUTATE_COEFFICIENT ?= 10
 MUTATE_MIN_TIMEOUT ?= 2m

@@ -184,6 +184,24 @@ build_whereabouts() {
   whereabouts_scripts "$v"
 }
 
+# whereabouts_source V WHAT prints the directory of whereabouts V's module
+# source, downloaded from the module proxy and checked against its pinned
+# hash where one is pinned; WHAT names what is taken from it, for the error.
+whereabouts_source() {
+  local v="$1" what="$2" mod=github.com/k8snetworkplumbingwg/whereabouts want="" info sum
+  case $v in
+    v0.9.3) want=$WHEREABOUTS_V093_SUM ;;
+    v0.9.4) want=$WHEREABOUTS_V094_SUM ;;
+  esac
+  info=$(cd "$SRC" && GONOSUMDB=$mod go mod download -json "$mod@$v") || return 1
+  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
+  if [[ -n "$want" && "$sum" != "$want" ]]; then
+    echo "tools: $mod@$v has module hash '$sum', want $want: refusing its $what" >&2
+    return 1
+  fi
+  sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info"
+}
+
 # whereabouts_scripts V copies whereabouts V's script/ files its image carries
 # (install-cni.sh; lib.sh and token-watcher.sh where the version has them)
 # into the cache. Apart from the binaries, so that a cache filled before
@@ -191,18 +209,8 @@ build_whereabouts() {
 whereabouts_scripts() {
   local v="$1" out="$BIN/whereabouts-$1-script"
   [[ -s "$out/install-cni.sh" ]] && { [[ $v != v0.9.* ]] || [[ -s "$out/token-watcher.sh" ]]; } && return 0
-  local mod=github.com/k8snetworkplumbingwg/whereabouts want="" info dir sum f
-  case $v in
-    v0.9.3) want=$WHEREABOUTS_V093_SUM ;;
-    v0.9.4) want=$WHEREABOUTS_V094_SUM ;;
-  esac
-  info=$(cd "$SRC" && GONOSUMDB=$mod go mod download -json "$mod@$v")
-  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
-  if [[ -n "$want" && "$sum" != "$want" ]]; then
-    echo "tools: $mod@$v has module hash '$sum', want $want: refusing its scripts" >&2
-    return 1
-  fi
-  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  local dir f
+  dir=$(whereabouts_source "$v" scripts) || return 1
   rm -rf "$out.tmp" && mkdir -p "$out.tmp"
   cp "$dir"/script/install-cni.sh "$out.tmp/"
   for f in lib.sh token-watcher.sh; do
@@ -245,18 +253,8 @@ build_busybox() {
 whereabouts_crds() {
   local v="$1" out="$BIN/whereabouts-$1-crds"
   [[ -s "$out/whereabouts.cni.cncf.io_ippools.yaml" ]] && return 0
-  local mod=github.com/k8snetworkplumbingwg/whereabouts want="" info dir sum
-  case $v in
-    v0.9.3) want=$WHEREABOUTS_V093_SUM ;;
-    v0.9.4) want=$WHEREABOUTS_V094_SUM ;;
-  esac
-  info=$(cd "$SRC" && GONOSUMDB=$mod go mod download -json "$mod@$v")
-  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
-  if [[ -n "$want" && "$sum" != "$want" ]]; then
-    echo "tools: $mod@$v has module hash '$sum', want $want: refusing its CRDs" >&2
-    return 1
-  fi
-  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  local dir
+  dir=$(whereabouts_source "$v" CRDs) || return 1
   rm -rf "$out.tmp" && mkdir -p "$out.tmp"
   cp "$dir"/doc/crds/whereabouts.cni.cncf.io_*.yaml "$out.tmp/" && chmod -R u+w "$out.tmp"
   rm -rf "$out" && mv "$out.tmp" "$out"
