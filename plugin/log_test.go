@@ -23,19 +23,24 @@ func TestTheLogGoesWhereTheConfigSays(t *testing.T) {
 		ipam       func(dir string) string
 		wantFile   bool   // the log is in the file
 		wantStderr string // and this is on stderr
+		fresh      bool   // the file is not there before: it is made
 	}{
-		{"no log_file: stderr", func(string) string { return "" }, false, "released 192.168.50.2 from pool"},
-		{"a log_file", func(dir string) string { return `,"log_file":"` + filepath.Join(dir, "wb.log") + `"` }, true, ""},
+		{"no log_file: stderr", func(string) string { return "" }, false, "released 192.168.50.2 from pool", false},
+		{"a log_file", func(dir string) string { return `,"log_file":"` + filepath.Join(dir, "wb.log") + `"` }, true, "", false},
+		{"a log_file not there yet: made", func(dir string) string { return `,"log_file":"` + filepath.Join(dir, "wb.log") + `"` }, true, "", true},
 		{"a log_file that cannot be opened: stderr, saying so", func(dir string) string { return `,"log_file":"` + dir + `"` }, false,
-			"harvester-ipam: cannot open log_file "},
+			"harvester-ipam: cannot open log_file ", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t, crashLoopedPool()...)
 			dir := t.TempDir()
 			// whereabouts shares the file: what it wrote before stays, and
 			// harvester-ipam's lines follow.
-			const before = "2026-11-25T10:00:00Z [debug] whereabouts' own line\n"
-			if tt.wantFile {
+			before := "2026-11-25T10:00:00Z [debug] whereabouts' own line\n"
+			if tt.fresh {
+				before = ""
+			}
+			if tt.wantFile && !tt.fresh {
 				require.NoError(t, os.WriteFile(filepath.Join(dir, "wb.log"), []byte(before), 0o600))
 			}
 			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", tt.ipam(dir)))))
