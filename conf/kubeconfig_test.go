@@ -125,6 +125,10 @@ func TestLoadKubeconfig(t *testing.T) {
 		// Cut short, as while being written in place: read again, then "try again later".
 		{name: "empty", path: writeKubeconfig(t, ""),
 			wantCode: cnitypes.ErrTryAgainLater, wantMsg: "is empty", wantRetried: true},
+		{name: "blank lines only (truncated, then a newline)", path: writeKubeconfig(t, "\n \n"),
+			wantCode: cnitypes.ErrTryAgainLater, wantMsg: "is empty", wantRetried: true},
+		{name: "its first byte", path: writeKubeconfig(t, wb[:1]),
+			wantCode: cnitypes.ErrTryAgainLater, wantMsg: "names no current-context", wantRetried: true},
 		{name: "only its first line", path: writeKubeconfig(t, cut(t, wb, "plugin.\n")),
 			wantCode: cnitypes.ErrTryAgainLater, wantMsg: "names no current-context", wantRetried: true},
 		{name: "cut in the CA data", path: writeKubeconfig(t, cut(t, wb, "certificate-authority-data: LS0tLS1CRUd")),
