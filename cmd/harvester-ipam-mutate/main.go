@@ -51,6 +51,7 @@ import (
 	"fmt"
 	"go/build"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -157,6 +158,11 @@ func main() {
 				var prev *ownRun
 				if *again != "" {
 					prev, err = readOwn(filepath.Join(*again, strings.ReplaceAll(pkg, "/", "_")+".own.json"))
+					if errors.Is(err, fs.ErrNotExist) {
+						// A package the earlier run did not cover: all of it runs.
+						fmt.Fprintf(os.Stderr, "mutate: no earlier run of %s in %s: running every mutant\n", pkg, *again)
+						prev, err = nil, nil
+					}
 					check(err)
 				}
 				run, err = runOwn(root, pkg, scratch, *workers, *coeff, *minTimeout, prev, os.Stderr)
