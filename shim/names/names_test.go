@@ -59,6 +59,10 @@ func TestNodeSlicesAndOddNames(t *testing.T) {
 	}
 	assert.Equal(t, []string{"", "blue", "blue-node", "blue-node-1"}, ReservationNetworks(slice, "10.0.0.64/26"))
 	assert.Equal(t, []string{""}, ReservationNetworks("192.168.50.0-24", "192.168.50.0/24"))
+	// A network of one letter: its node slice reserves under it too. A
+	// leading dash is no separator (no network is named "").
+	assert.Equal(t, []string{"", "b", "b-node", "b-node-1"}, ReservationNetworks("b-node-1-10.0.0.64-26", "10.0.0.64/26"))
+	assert.Equal(t, []string{"", "-b"}, ReservationNetworks("-b-192.168.50.0-24", "192.168.50.0/24"))
 	_, ok := PoolPrefix("hand-made", "10.0.0.0/24")
 	assert.False(t, ok)
 }
