@@ -119,3 +119,32 @@ func mustWrite(dir, name, content string) {
 		panic(err)
 	}
 }
+
+// A watcher stopped lets go of its inotify instance: the installer starts one
+// at each start, and a stopped one must not keep a descriptor, a watch on the
+// bin dir and a goroutine blocked in read until the next event.
+func TestWatchLetsGoWhenStopped(t *testing.T) {
+	before := inotifyFDs(t)
+	for range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Watch(ctx, t.TempDir(), "whereabouts", func() {}) }()
+		time.Sleep(20 * time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+	}
+	assert.Equal(t, before, inotifyFDs(t), "inotify descriptors open before and after three watchers")
+}
+
+func inotifyFDs(t *testing.T) int {
+	t.Helper()
+	es, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, e := range es {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && l == "anon_inode:inotify" {
+			n++
+		}
+	}
+	return n
+}
