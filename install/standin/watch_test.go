@@ -3,6 +3,7 @@ package standin
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -147,4 +148,13 @@ func inotifyFDs(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+// The watcher's descriptor stays in the installer: the binaries it probes
+// (whatever is in the bin dir) do not inherit it.
+func TestWatchIsNotInherited(t *testing.T) {
+	watching(t, t.TempDir(), "whereabouts", nil)
+	out, err := exec.Command("/bin/sh", "-c", "ls -l /proc/$$/fd").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.NotContains(t, string(out), "inotify", "a child's descriptors")
 }
