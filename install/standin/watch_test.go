@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // watching runs Watch on dir for name and counts its calls.
@@ -157,4 +159,32 @@ func TestWatchIsNotInherited(t *testing.T) {
 	out, err := exec.Command("/bin/sh", "-c", "ls -l /proc/$$/fd").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	assert.NotContains(t, string(out), "inotify", "a child's descriptors")
+}
+
+// mentions reads inotify's records: a name padded with NULs to its length,
+// several records in one read, a queue overflow (events lost: look anyway).
+func TestMentions(t *testing.T) {
+	record := func(mask uint32, name string) []byte {
+		n := (len(name) + 1 + 15) / 16 * 16 // NUL-terminated, padded
+		b := make([]byte, unix.SizeofInotifyEvent+n)
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&b[0]))
+		ev.Mask, ev.Len = mask, uint32(n)
+		copy(b[unix.SizeofInotifyEvent:], name)
+		return b
+	}
+	watched := func(n string) bool { return n == "whereabouts" }
+	for _, tt := range []struct {
+		name string
+		buf  []byte
+		want bool
+	}{
+		{"the name", record(unix.IN_CLOSE_WRITE, "whereabouts"), true},
+		{"another file", record(unix.IN_CLOSE_WRITE, "bridge"), false},
+		{"a longer name that starts alike", record(unix.IN_CLOSE_WRITE, "whereabouts\x01"), false},
+		{"the name second in one read", append(record(unix.IN_CREATE, "bridge"), record(unix.IN_MOVED_TO, "whereabouts")...), true},
+		{"events lost", record(unix.IN_Q_OVERFLOW, ""), true},
+		{"a record cut short", record(unix.IN_CLOSE_WRITE, "whereabouts")[:unix.SizeofInotifyEvent+4], false},
+	} {
+		assert.Equal(t, tt.want, mentions(tt.buf, watched), tt.name)
+	}
 }
