@@ -96,6 +96,10 @@ plant 9d 'a harvester-ipam started as its own delegate does not refuse' plugin/p
   's#if os\.Getenv\(delegate\.GuardEnv\) != "" \{#if false {#' \
   ./plugin '^TestStartedAsItsOwnDelegateEveryVerbRefuses$'
 
+plant 10 'the watcher blind to a write into the file at the name (GNU cp -f)' install/standin/watch.go \
+  's#const mask = unix\.IN_CLOSE_WRITE \| #const mask = #' \
+  ./install/standin '^TestWatchSeesEveryWrite$'
+
 # The stand-in (install/standin): each bug of the review that found ways to
 # lose whereabouts' binary, planted again, is caught by its unit test and by
 # the bin-dir model (TestModel explores every interleaving of every scenario).
