@@ -3,10 +3,16 @@ package install
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,4 +66,45 @@ func TestRemoving(t *testing.T) {
 			assert.Contains(t, r.Why, tt.why)
 		})
 	}
+}
+
+// NewOwner reads the DaemonSet named, through the kubeconfig given (the
+// pod's service account when none is), each read bounded.
+func TestNewOwnerReadsItsDaemonSet(t *testing.T) {
+	var gone atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/apis/apps/v1/namespaces/kube-system/daemonsets/harvester-ipam" || gone.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"kind":"DaemonSet","apiVersion":"apps/v1","metadata":{"name":"harvester-ipam","namespace":"kube-system"}}`))
+	}))
+	defer srv.Close()
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+srv.URL+`"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600))
+
+	_, err := NewOwner(kc, "", "harvester-ipam")
+	assert.ErrorContains(t, err, "needs a namespace and a name")
+	_, err = NewOwner(filepath.Join(t.TempDir(), "missing"), "kube-system", "harvester-ipam")
+	assert.ErrorContains(t, err, "a client to read DaemonSet kube-system/harvester-ipam")
+
+	o, err := NewOwner(kc, "kube-system", "harvester-ipam")
+	require.NoError(t, err)
+	nosleep := func(time.Duration) {}
+	r := o.Removing(context.Background(), nosleep)
+	assert.False(t, r.Uninstall, r.Why)
+	assert.Contains(t, r.Why, "DaemonSet kube-system/harvester-ipam is in place")
+	gone.Store(true)
+	r = o.Removing(context.Background(), nosleep)
+	assert.True(t, r.Uninstall, r.Why)
+	assert.Contains(t, r.Why, "is gone")
 }

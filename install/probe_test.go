@@ -112,3 +112,9 @@ func TestProbeTimeoutIsTheCallers(t *testing.T) {
 	_, err := Install(context.Background(), o)
 	assert.ErrorContains(t, err, "no answer within 1ns")
 }
+
+// syncDir says when the directory to fsync is not there.
+func TestSyncDir(t *testing.T) {
+	assert.NoError(t, syncDir(t.TempDir()))
+	assert.Error(t, syncDir(filepath.Join(t.TempDir(), "missing")))
+}

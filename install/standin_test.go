@@ -4,7 +4,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -86,4 +88,32 @@ func TestStandInRefusesASourceWithoutTheMark(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, fakeReal, string(b), "whereabouts left as it was")
 	assert.Equal(t, []string{"whereabouts"}, entries(t, opt.BinDir))
+}
+
+// Each entry point refuses options that name no bin dir it may write, and
+// waits for another installer's lock only as long as its context lasts.
+func TestStandInEntryPointsRefuseAndWait(t *testing.T) {
+	removing := func(context.Context) (bool, string) { return true, "uninstall" }
+	calls := map[string]func(ctx context.Context, o Options) error{
+		"StandIn":  func(ctx context.Context, o Options) error { _, err := StandIn(ctx, o, "whereabouts", false); return err },
+		"GiveBack": func(ctx context.Context, o Options) error { return GiveBack(ctx, o, "whereabouts") },
+		"Stop":     func(ctx context.Context, o Options) error { _, _, err := Stop(ctx, o, "whereabouts", removing); return err },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			err := call(context.Background(), Options{Source: markedPlugin(t), BinDir: "opt/cni/bin"})
+			assert.ErrorContains(t, err, "want an absolute path")
+
+			bin := t.TempDir()
+			held, err := os.Open(bin)
+			require.NoError(t, err)
+			defer held.Close()
+			require.NoError(t, syscall.Flock(int(held.Fd()), syscall.LOCK_EX))
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			err = call(ctx, Options{Source: markedPlugin(t), BinDir: bin})
+			assert.ErrorContains(t, err, "wait for another installer's lock")
+			assert.Empty(t, entries(t, bin), "nothing written")
+		})
+	}
 }
