@@ -94,7 +94,12 @@ sim:
 # mutants (no behaviour to catch) are listed with a reason in
 # mutate/equivalent.txt. MUTATE_PASSES=own runs the second alone (no gremlins
 # needed). About an hour on 2 cores (docs/testing.md).
-MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/names shim/reconcile install install/standin
+MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/names shim/reconcile install
+# The stand-in's package gets the own pass only: a mutant runs against its
+# package's own tests, and most of Take and GiveBack is run by the model, a
+# package of its own (install/standin/model), so gremlins would call 248 of
+# its mutants not covered; its bugs are planted against both by behaviours.sh.
+MUTATE_OWN_PKGS    ?= install/standin
 MUTATE_WORKERS     ?= 2
 MUTATE_COEFFICIENT ?= 10
 MUTATE_MIN_TIMEOUT ?= 2m
@@ -107,3 +112,8 @@ mutate:
 		-workers $(MUTATE_WORKERS) -timeout-coefficient $(MUTATE_COEFFICIENT) -min-timeout $(MUTATE_MIN_TIMEOUT) \
 		-efficacy $(MUTATE_EFFICACY) -coverage $(MUTATE_COVERAGE) \
 		-equivalent mutate/equivalent.txt $(MUTATE_OUT) $(MUTATE_PKGS)
+	case ,$(MUTATE_PASSES), in *,own,*) \
+	$(GO) run ./cmd/harvester-ipam-mutate -passes own \
+		-workers $(MUTATE_WORKERS) -timeout-coefficient $(MUTATE_COEFFICIENT) -min-timeout $(MUTATE_MIN_TIMEOUT) \
+		-efficacy $(MUTATE_EFFICACY) -coverage $(MUTATE_COVERAGE) \
+		-equivalent mutate/equivalent.txt $(MUTATE_OUT) $(MUTATE_OWN_PKGS);; esac
