@@ -65,6 +65,12 @@ type Removal struct {
 const (
 	removalAttempts = 3
 	removalPause    = time.Second
+	// forbiddenAttempts bounds the reads a 403 gets: helm uninstall deletes
+	// the installer's Role right after its DaemonSet, and its ServiceAccount
+	// last, but kube-apiserver accepts a token it authenticated within the
+	// last 10 s (its cache of successful token authentications), so an
+	// uninstall answers 403 for up to 10 s before it refuses the token (401).
+	forbiddenAttempts = 15
 )
 
 // Removing reads the DaemonSet to tell an uninstall from a restart, an
@@ -90,7 +96,11 @@ func (o *Owner) Removing(ctx context.Context, sleep func(time.Duration)) Removal
 			return Removal{true, fmt.Sprintf("the installer's service account is gone (its token is refused: %v)", err)}
 		}
 		last = err
-		if attempt == removalAttempts || ctx.Err() != nil {
+		limit := removalAttempts
+		if apierrors.IsForbidden(err) {
+			limit = forbiddenAttempts
+		}
+		if attempt >= limit || ctx.Err() != nil {
 			break
 		}
 		sleep(removalPause)

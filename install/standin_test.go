@@ -95,9 +95,15 @@ func TestStandInRefusesASourceWithoutTheMark(t *testing.T) {
 func TestStandInEntryPointsRefuseAndWait(t *testing.T) {
 	removing := func(context.Context) (bool, string) { return true, "uninstall" }
 	calls := map[string]func(ctx context.Context, o Options) error{
-		"StandIn":  func(ctx context.Context, o Options) error { _, err := StandIn(ctx, o, "whereabouts", false); return err },
+		"StandIn": func(ctx context.Context, o Options) error {
+			_, err := StandIn(ctx, o, "whereabouts", false)
+			return err
+		},
 		"GiveBack": func(ctx context.Context, o Options) error { return GiveBack(ctx, o, "whereabouts") },
-		"Stop":     func(ctx context.Context, o Options) error { _, _, err := Stop(ctx, o, "whereabouts", removing); return err },
+		"Stop": func(ctx context.Context, o Options) error {
+			_, _, err := Stop(ctx, o, "whereabouts", removing)
+			return err
+		},
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {

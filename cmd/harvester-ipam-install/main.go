@@ -199,9 +199,10 @@ func onStop(ctx context.Context, opt install.Options, name string, ds *install.O
 		logf("terminating; harvester-ipam keeps standing in at %s (no --daemonset to tell an uninstall from a restart; --give-back gives it back)", at)
 		return
 	}
-	// The pod's grace period is 30 s: a few seconds to read, the rest to give back.
+	// The pod's grace period is 30 s: up to 18 s to read (an uninstall may
+	// answer 403 for 10 s, install.Owner.Removing), the rest to give back.
 	removing := func(context.Context) (bool, string) {
-		rctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+		rctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
 		defer cancel()
 		r := ds.Removing(rctx, time.Sleep)
 		if r.Uninstall {

@@ -417,6 +417,23 @@ func TestKubelet(t *testing.T) {
 
 	t.Run("HelmUninstall", func(t *testing.T) {
 		pools := k.allocs(t)
+		// The installer's log, open before its pod goes (the kubelet removes
+		// it with the pod): what its stop read and did.
+		logs, _ := filepath.Glob(filepath.Join(k.nd.VarLog, "pods", "kube-system_harvester-ipam-*", "install", "*.log"))
+		var open []*os.File
+		for _, l := range logs {
+			if f, err := os.Open(l); err == nil {
+				open = append(open, f)
+				defer f.Close()
+			}
+		}
+		defer func() {
+			for _, f := range open {
+				b, _ := io.ReadAll(f)
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("the installer's log (%s), last lines:\n%s", f.Name(), strings.Join(lines[max(0, len(lines)-8):], "\n"))
+			}
+		}()
 		out, err := k.helm(t, "uninstall", "harvester-ipam", "--namespace", "kube-system", "--wait", "--timeout", "3m")
 		require.NoError(t, err, out)
 		// helm's --wait waits for the DaemonSet to go; its pod is then
