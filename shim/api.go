@@ -172,3 +172,9 @@ func ListAll[T any](ctx context.Context, limit int64, list func(context.Context,
 		page.Continue = next
 	}
 }
+
+// PoolList and ReservationList are whereabouts' lists, as informers take them.
+type (
+	PoolList        = whereaboutsv1alpha1.IPPoolList
+	ReservationList = whereaboutsv1alpha1.OverlappingRangeIPReservationList
+)
