@@ -8,7 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/client/clientset/versioned/fake"
+	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/generated/clientset/versioned/fake"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"

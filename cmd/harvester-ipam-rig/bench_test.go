@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
-	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/client/clientset/versioned/fake"
+	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/generated/clientset/versioned/fake"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/testcni"
