@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -52,13 +51,19 @@ type Early struct {
 // is not an error here: the run at ExecPlugin then execs it as invoke does
 // and reports what fails.
 func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
+	return StartIn(ctx, name, command, nil, stderr)
+}
+
+// StartIn is Start in the environment env (nil: this process's own): its
+// CNI_PATH, and every variable the delegate inherits.
+func StartIn(ctx context.Context, name, command string, env []string, stderr io.Writer) *Early {
 	e := &Early{stderr: stderr}
-	paths := filepath.SplitList(os.Getenv("CNI_PATH"))
+	paths := filepath.SplitList(Getenv(env, "CNI_PATH"))
 	path, err := Find(name, paths)
 	if err != nil {
 		return e
 	}
-	env := (&invoke.DelegateArgs{Command: command}).AsEnv()
+	env = commandEnv(env, command)
 	cmd := exec.CommandContext(ctx, path)
 	cmd.Env = guarded(env)
 	cmd.Stdout, cmd.Stderr = &e.out, &e.errOut

@@ -1,0 +1,63 @@
+package delegate
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// In an environment of its own (a node agent's request), a delegate is found
+// on that environment's CNI_PATH and inherits its variables, not the
+// process's; with none, it runs exactly as invoke's Delegate* run it.
+func TestADelegateRunsInTheEnvironmentItIsGiven(t *testing.T) {
+	own := plugin(t, "whereabouts", "echo '"+result+"'") // the process's CNI_PATH, CNI_CONTAINERID c1
+	theirs := t.TempDir()
+	script := "#!/bin/sh\necho \"$CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME\" > " + theirs + "/started\ncat > /dev/null\necho '" + result + "'\n"
+	require.NoError(t, os.WriteFile(filepath.Join(theirs, "whereabouts"), []byte(script), 0o755))
+	env := []string{"PATH=" + os.Getenv("PATH"), "CNI_PATH=" + theirs, "CNI_CONTAINERID=c2", "CNI_IFNAME=lhnet1", "CNI_COMMAND=DEL"}
+	ctx := context.Background()
+	conf := []byte(`{"cniVersion":"1.0.0","name":"n"}`)
+
+	_, err := Add(ctx, "whereabouts", conf, Plain(nil), env)
+	require.NoError(t, err)
+	assert.Equal(t, "ADD c2 lhnet1\n", read(t, filepath.Join(theirs, "started")))
+	assert.Equal(t, "(none)", read(t, filepath.Join(own, "started")))
+
+	require.NoError(t, Run(ctx, "whereabouts", "GC", conf, Plain(nil), env))
+	assert.Equal(t, "GC c2 lhnet1\n", read(t, filepath.Join(theirs, "started")))
+
+	e := StartIn(ctx, "whereabouts", "ADD", env, nil)
+	require.True(t, e.Started())
+	_, err = Add(ctx, "whereabouts", conf, e, env)
+	require.NoError(t, err)
+	assert.False(t, e.Started(), "the started process ran the ADD")
+	assert.Equal(t, "ADD c2 lhnet1\n", read(t, filepath.Join(theirs, "started")))
+
+	// No environment: the process's, as invoke.DelegateAdd.
+	_, err = Add(ctx, "whereabouts", conf, Plain(nil), nil)
+	require.NoError(t, err)
+	assert.Equal(t, "ADD c1\n", read(t, filepath.Join(own, "started")))
+}
+
+// The environment a delegate gets is invoke's: each variable once, the
+// later value winning, CNI_COMMAND set.
+func TestCommandEnvIsInvokes(t *testing.T) {
+	t.Setenv("CNI_COMMAND", "VERSION")
+	t.Setenv("CNI_CONTAINERID", "c1")
+	got := commandEnv(nil, "ADD")
+	want := (&invoke.DelegateArgs{Command: "ADD"}).AsEnv()
+	sort.Strings(got)
+	sort.Strings(want)
+	assert.Equal(t, want, got)
+
+	assert.Equal(t, []string{"B=2", "NOEQUALS", "A=3", "CNI_COMMAND=DEL"}, commandEnv([]string{"A=1", "B=2", "NOEQUALS", "A=3", "CNI_COMMAND=ADD"}, "DEL"))
+	assert.Equal(t, "3", Getenv([]string{"A=1", "A=3"}, "A"))
+	assert.Equal(t, "", Getenv([]string{}, "HOME"), "an empty environment is not the process's")
+	assert.Equal(t, os.Getenv("HOME"), Getenv(nil, "HOME"))
+}
