@@ -46,6 +46,9 @@ func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
 	if s.stopping.Load() {
 		return decline("stopping", "stopping")
 	}
+	if h := s.health.Load(); h.reason != "" {
+		return decline("unhealthy", "%s", h.reason)
+	}
 	if req.Env[wire.EnvGuard] != "" {
 		return decline("guard", "started as a delegate of harvester-ipam (%s is set)", wire.EnvGuard)
 	}

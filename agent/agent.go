@@ -88,6 +88,7 @@ type Server struct {
 	env      []string
 	slots    chan struct{}
 	stopping atomic.Bool
+	health   atomic.Pointer[health]
 	seq      atomic.Uint64
 	conns    sync.WaitGroup
 }
@@ -117,13 +118,15 @@ func New(o Options) (*Server, error) {
 	if env == nil {
 		env = os.Environ()
 	}
-	return &Server{
+	s := &Server{
 		o:      o,
 		log:    log.New(w, "", log.LstdFlags|log.Lmicroseconds),
 		loader: conf.Loader{Quiet: true},
 		env:    baseEnv(env),
 		slots:  make(chan struct{}, o.MaxInFlight),
-	}, nil
+	}
+	s.health.Store(notChecked)
+	return s, nil
 }
 
 // baseEnv is env without any CNI variable or the delegate guard: each

@@ -120,6 +120,7 @@ func (r *rig) start(o Options) {
 	t := r.t
 	srv, err := New(o)
 	require.NoError(t, err)
+	require.NoError(t, srv.Check(context.Background()))
 	l, err := Listen(filepath.Join(shortDir(t), "run", "agent.sock"))
 	require.NoError(t, err)
 	go func() { _ = srv.Serve(l) }()
@@ -325,6 +326,37 @@ func TestABusyAgentDeclines(t *testing.T) {
 	assert.Equal(t, client.Served, (<-done).Outcome)
 }
 
+// Until the agent has read the pools as itself, and whenever it cannot,
+// it declines: the plugin works with whereabouts' credentials meanwhile.
+func TestAnAgentThatCannotReachThePoolsDeclines(t *testing.T) {
+	r := newRig(t)
+	srv, err := New(r.srv.o)
+	require.NoError(t, err)
+	l, err := Listen(filepath.Join(shortDir(t), "agent.sock"))
+	require.NoError(t, err)
+	defer l.Close()
+	go func() { _ = srv.Serve(l) }()
+	res := probe(t, l.Path())
+	assert.Equal(t, "node agent declined: not yet connected to the API server", res.Reason)
+
+	forbidden := fmt.Errorf(`overlappingrangeipreservations.whereabouts.cni.cncf.io is forbidden: User "system:serviceaccount:kube-system:harvester-ipam-agent" cannot list resource`)
+	r.api.Hook = func(c *fake.Call) error {
+		if c.Resource == fake.Reservations {
+			return forbidden
+		}
+		return nil
+	}
+	assert.ErrorContains(t, srv.Check(context.Background()), "namespace kube-system: "+forbidden.Error())
+	res = probe(t, l.Path())
+	assert.Equal(t, client.Fallback, res.Outcome)
+	assert.Contains(t, res.Reason, "node agent declined: cannot reach the pools as itself: namespace kube-system: overlappingrangeipreservations")
+	assert.Contains(t, r.log.String(), "declining every request")
+
+	r.api.Hook = nil
+	require.NoError(t, srv.Check(context.Background()))
+	assert.Equal(t, client.Served, probe(t, l.Path()).Outcome)
+}
+
 // A probe is admitted while the agent serves, and does nothing.
 func TestAProbeDoesNothing(t *testing.T) {
 	r := newRig(t)
@@ -355,6 +387,7 @@ func TestAClientThatLeavesBeforeGoGetsNothingWritten(t *testing.T) {
 	// clients connect while the agent accepts nothing yet.
 	srv, err := New(r.srv.o)
 	require.NoError(t, err)
+	require.NoError(t, srv.Check(context.Background()))
 	l, err := Listen(filepath.Join(shortDir(t), "agent.sock"))
 	require.NoError(t, err)
 	defer l.Close()

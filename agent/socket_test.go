@@ -30,6 +30,7 @@ func serving(t *testing.T, r *rig, l *Listener) *Server {
 	t.Helper()
 	srv, err := New(r.srv.o)
 	require.NoError(t, err)
+	require.NoError(t, srv.Check(context.Background()))
 	go func() { _ = srv.Serve(l) }()
 	return srv
 }
