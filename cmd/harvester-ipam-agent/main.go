@@ -34,6 +34,7 @@ import (
 	"github.com/harvester/harvester-ipam/agent"
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/shim"
 )
 
@@ -43,6 +44,7 @@ var Version = "dev"
 type options struct {
 	socket      string
 	nodeFile    string
+	checkpoints string
 	namespaces  string
 	kubeconfig  string
 	node        string
@@ -63,6 +65,7 @@ func main() {
 	fs := flag.NewFlagSet("harvester-ipam-agent", flag.ContinueOnError)
 	fs.StringVar(&o.socket, "socket", wire.DefaultSocket, "the unix socket to serve (its directory is made root's only)")
 	fs.StringVar(&o.nodeFile, "node-file", wire.NodeFile, "where to tell the plugin the socket's path; empty tells nothing (the plugin then looks at "+wire.DefaultSocket+")")
+	fs.StringVar(&o.checkpoints, "checkpoint-dir", conf.DefaultCheckpointDir, "the plugin's checkpoint directory, made root's only (0700) if it is not; empty leaves it")
 	fs.StringVar(&o.namespaces, "namespace", "kube-system", "the pool namespaces to serve, comma-separated (where whereabouts' kubeconfig keeps its IPPools); a config of another is left to the plugin")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own identity; empty uses the in-cluster service account (never whereabouts')")
 	fs.StringVar(&o.node, "node", os.Getenv("NODE_NAME"), "the node's name, for the Lease identity of each request; empty: the host name")
@@ -107,6 +110,16 @@ func run(o options) error {
 	}
 	if o.node == "" {
 		o.node, _ = os.Hostname()
+	}
+	if o.checkpoints != "" {
+		// The agent writes the checkpoints the plugin writes; a directory a
+		// hostPath volume made is 0755.
+		if err := os.MkdirAll(o.checkpoints, 0o700); err != nil {
+			return fmt.Errorf("checkpoint directory: %w", err)
+		}
+		if err := os.Chmod(o.checkpoints, 0o700); err != nil {
+			return fmt.Errorf("checkpoint directory: %w", err)
+		}
 	}
 	rc, err := restConfig(o.kubeconfig)
 	if err != nil {

@@ -73,7 +73,9 @@ current-context: a
 `), 0o600))
 	sock := filepath.Join(dir, "run", "agent.sock")
 	nodeFile := filepath.Join(dir, "net.d", "harvester-ipam.d", "agent.conf")
-	cmd := exec.Command(bin, "--kubeconfig", kc, "--socket", sock, "--node-file", nodeFile, "--metrics-addr", "")
+	checkpoints := filepath.Join(dir, "checkpoints")
+	require.NoError(t, os.MkdirAll(checkpoints, 0o755)) // as a hostPath volume makes it
+	cmd := exec.Command(bin, "--kubeconfig", kc, "--socket", sock, "--node-file", nodeFile, "--metrics-addr", "", "--checkpoint-dir", checkpoints)
 	var log strings.Builder
 	cmd.Stderr = &log
 	require.NoError(t, cmd.Start())
@@ -88,6 +90,10 @@ current-context: a
 	st, err := os.Stat(nodeFile)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o644), st.Mode().Perm())
+
+	st, err = os.Stat(checkpoints)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), st.Mode().Perm(), "the checkpoint directory, root's only")
 
 	out, code := runBin(t, bin, "probe", "--socket", sock)
 	assert.Equal(t, 1, code)
