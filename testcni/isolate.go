@@ -19,9 +19,10 @@ const isolatedEnv = "HARVESTER_IPAM_RIG_ISOLATED"
 // Isolate re-executes the current program in a new network and mount
 // namespace and exits with its status; in that child it returns nil after
 // making the namespaces usable (loopback up, private /run/netns,
-// /var/lib/cni and /run/harvester-ipam). Call it first thing in TestMain or main. Everything the rig
-// starts lives and dies with that child: the kernel frees the bridge, the
-// veths and the sandboxes' namespaces when it exits, even after a crash.
+// /var/lib/cni and /run/harvester-ipam). Call it first thing in TestMain or
+// main. Everything the rig starts lives and dies with that child: the
+// kernel frees the bridge, the veths and the sandboxes' namespaces when it
+// exits, even after a crash.
 func Isolate() error {
 	if os.Getenv(isolatedEnv) == "1" {
 		return setupIsolated()
