@@ -32,6 +32,7 @@ import (
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/shim"
 )
 
@@ -317,6 +318,9 @@ func (s *Server) run(ctx context.Context, j *job) (ans wire.Answer) {
 		Stderr:   stderr,
 		Timeout:  s.o.VerbTimeout,
 		Env:      j.env,
+		// A delegate dies with the agent: a client that sees the agent gone
+		// does the verb again, and must not race what the agent started.
+		Exec: delegate.Orphanless(stderr),
 	}
 	if s.o.Allocator != nil {
 		p.Allocator = s.o.Allocator

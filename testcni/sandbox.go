@@ -56,6 +56,10 @@ type Network struct {
 	// returns success without touching the pool (writeSwallowingWhereabouts):
 	// whereabouts' own DEL on a storage failure, had on demand.
 	SwallowDel bool
+	// Agent, when set, is the node agent harvester-ipam hands each verb to,
+	// as a node's plugin finds the agent of its node; without one the
+	// plugin never reaches an agent.
+	Agent *Agent
 
 	rig *Rig
 }
@@ -284,6 +288,7 @@ func (s *Sandbox) cnitool(ctx context.Context, verb string) ([]byte, error) {
 	cmd.Env = append(os.Environ(),
 		"NETCONFPATH="+s.Net.rig.NetConfDir, "CNI_PATH="+s.Net.cniPath(),
 		"CNI_IFNAME="+s.IfName, "CNI_ARGS="+s.CNIArgs())
+	cmd.Env = append(cmd.Env, s.Net.agentEnv()...)
 	cmd.Env = append(cmd.Env, s.Env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -72,9 +72,14 @@ type Client struct {
 }
 
 // New is a client of the socket Locate finds, from this process's
-// environment and the node's file.
+// environment and the node's file, waiting wire.EnvAckTimeout for the
+// acknowledgement when that is set.
 func New() *Client {
-	return &Client{Socket: Locate(os.Getenv, wire.NodeFile)}
+	c := &Client{Socket: Locate(os.Getenv, wire.NodeFile)}
+	if d, err := time.ParseDuration(os.Getenv(wire.EnvAckTimeout)); err == nil && d > 0 {
+		c.AckTimeout = d
+	}
+	return c
 }
 
 // Locate finds the agent's socket: the variable wire.EnvSocket when set

@@ -248,3 +248,16 @@ func TestLocate(t *testing.T) {
 		})
 	}
 }
+
+func TestNewReadsTheEnvironment(t *testing.T) {
+	t.Setenv(wire.EnvSocket, "/tmp/x.sock")
+	t.Setenv(wire.EnvAckTimeout, "2s")
+	c := New()
+	if c.Socket != "/tmp/x.sock" || c.AckTimeout != 2*time.Second {
+		t.Fatalf("got %+v", c)
+	}
+	t.Setenv(wire.EnvAckTimeout, "soon")
+	if c := New(); c.AckTimeout != 0 {
+		t.Fatalf("a bad duration: %+v, want the default", c)
+	}
+}

@@ -93,6 +93,10 @@ const (
 	DefaultSocket = "/run/harvester-ipam/agent.sock"
 	// NoAgent as EnvSocket turns the agent off.
 	NoAgent = "none"
+	// EnvAckTimeout, when set, is how long the plugin waits for the agent's
+	// acknowledgement (a Go duration; the default is 100 ms): for tests on a
+	// loaded machine.
+	EnvAckTimeout = "HARVESTER_IPAM_AGENT_ACK_TIMEOUT"
 )
 
 // NodeConf is NodeFile's content.

@@ -3,9 +3,14 @@ package delegate
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/stretchr/testify/assert"
@@ -60,4 +65,38 @@ func TestCommandEnvIsInvokes(t *testing.T) {
 	assert.Equal(t, "3", Getenv([]string{"A=1", "A=3"}, "A"))
 	assert.Equal(t, "", Getenv([]string{}, "HOME"), "an empty environment is not the process's")
 	assert.Equal(t, os.Getenv("HOME"), Getenv(nil, "HOME"))
+}
+
+// orphanHelperEnv makes this test binary run a delegate with Orphanless and
+// wait (TestOrphanlessHelper), for TestAnOrphanlessDelegateDiesWithItsParent.
+const orphanHelperEnv = "HARVESTER_IPAM_ORPHAN_HELPER"
+
+func TestOrphanlessHelper(t *testing.T) {
+	dir := os.Getenv(orphanHelperEnv)
+	if dir == "" {
+		return // a helper process only
+	}
+	env := []string{"PATH=" + os.Getenv("PATH"), "CNI_PATH=" + dir}
+	_ = Run(context.Background(), "whereabouts", "ADD", []byte(`{}`), Orphanless(nil), env)
+}
+
+// A node agent killed midway leaves no delegate going on with the verb.
+func TestAnOrphanlessDelegateDiesWithItsParent(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\necho $$ > " + dir + "/pid.tmp\nmv " + dir + "/pid.tmp " + dir + "/pid\nexec sleep 60\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "whereabouts"), []byte(script), 0o755))
+	self, err := os.Executable()
+	require.NoError(t, err)
+	helper := exec.Command(self, "-test.run=^TestOrphanlessHelper$", "-test.count=1")
+	helper.Env = append(os.Environ(), orphanHelperEnv+"="+dir)
+	require.NoError(t, helper.Start())
+	waitFor(t, filepath.Join(dir, "pid"))
+	pid, err := strconv.Atoi(strings.TrimSpace(read(t, filepath.Join(dir, "pid"))))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, 0), "the delegate runs")
+
+	require.NoError(t, helper.Process.Kill())
+	_ = helper.Wait()
+	assert.Eventually(t, func() bool { return syscall.Kill(pid, 0) != nil }, 10*time.Second, 10*time.Millisecond,
+		"the delegate %d outlived the process that ran it", pid)
 }
