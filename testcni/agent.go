@@ -206,3 +206,40 @@ func (n *Network) agentEnv() []string {
 	}
 	return []string{wire.EnvSocket + "=" + n.Agent.Socket, wire.EnvAckTimeout + "=" + AgentAckTimeout.String()}
 }
+
+// AgentKillerDir is a CNI bin dir where harvester-ipam stands in for
+// whereabouts version, as the stand-in's, but whose real whereabouts, the
+// first time one of its ADDs succeeds, kills the process that ran it
+// (SIGKILL) before that process can answer: a node agent killed right after
+// whereabouts allocated, the worst state a lost ADD leaves. Every later run
+// is whereabouts' own.
+func (r *Rig) AgentKillerDir(version string) (string, error) {
+	real := r.Tools["whereabouts-"+version]
+	if real == "" {
+		return "", fmt.Errorf("no whereabouts %s in the rig's tools", version)
+	}
+	dir, err := os.MkdirTemp(r.Dir, "killer-")
+	if err != nil {
+		return "", err
+	}
+	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"]}
+	script := fmt.Sprintf(`#!/bin/sh
+out=$(%q)
+rc=$?
+if [ "$CNI_COMMAND" = ADD ] && [ $rc = 0 ] && mkdir %q 2>/dev/null; then
+	kill -KILL $PPID
+	sleep 5
+fi
+printf '%%s\n' "$out"
+exit $rc
+`, real, filepath.Join(dir, "killed"))
+	wrapper := filepath.Join(dir, "whereabouts-killer")
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "bin")
+	if _, err := standInDir(bin, links, filepath.Join(r.bin, "harvester-ipam"), wrapper, false); err != nil {
+		return "", err
+	}
+	return bin, nil
+}

@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,7 +108,8 @@ func TestAnAgentKilledInAStormFailsNoADD(t *testing.T) {
 		if a == nil {
 			a = startAgent(t, e.Tenant)
 		}
-		n := e.network(t, testcni.Network{Agent: a})
+		log := filepath.Join(t.TempDir(), "whereabouts.log")
+		n := e.network(t, testcni.Network{Agent: a, LogFile: log, LogLevel: "debug"})
 		const storm = 12
 		pods := make([]testcni.Pod, storm)
 		live := make([]*testcni.Sandbox, storm)
@@ -133,5 +137,39 @@ func TestAnAgentKilledInAStormFailsNoADD(t *testing.T) {
 			assert.NoError(t, err, "ADD of %s", pods[i].Ref())
 		}
 		verify(t, n, live, pods...)
+		b, err := os.ReadFile(log)
+		require.NoError(t, err)
+		// The plugin's debug log says why the agent did not serve a verb.
+		lost := strings.Count(string(b), "node agent: read its answer: ")
+		t.Logf("%d of %d ADDs were under way in the agent when it was killed", lost, storm)
+		assert.Positive(t, lost, "the kill met ADDs the agent had taken: what this test is about")
+	})
+}
+
+// An ADD the agent took and lost after whereabouts allocated for it (the
+// agent killed before its answer): the plugin releases what the attachment
+// holds, then allocates as ever. The pod ends with exactly one address, the
+// one its ADD returned, and one reservation, on every version: v0.7.0
+// never hands back an existing entry, and would give it a second.
+func TestALostAddLeavesThePodOneAddress(t *testing.T) {
+	onEachAllocator(t, func(t *testing.T, e *env) {
+		a := e.Agent
+		if a == nil {
+			a = startAgent(t, e.Tenant)
+		}
+		bin, err := rig.AgentKillerDir(e.WB)
+		require.NoError(t, err)
+		log := filepath.Join(t.TempDir(), "whereabouts.log")
+		n := e.network(t, testcni.Network{Agent: a, BinDir: bin, LogFile: log, LogLevel: "debug"})
+		pod := e.Pod("instance-manager-lost")
+		s := add(t, n, pod)
+		b, err := os.ReadFile(log)
+		require.NoError(t, err)
+		require.Contains(t, string(b), "node agent: read its answer: ", "the agent was killed after it took the ADD")
+		verify(t, n, []*testcni.Sandbox{s}, pod)
+		assert.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1)
+		assert.Len(t, oripsOf(t, n, pod.Ref()), 1)
+		require.NoError(t, s.Del(ctx(t)))
+		verify(t, n, nil, pod)
 	})
 }
