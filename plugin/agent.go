@@ -98,9 +98,10 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 	if err != nil {
 		return nil // nothing can have been allocated by it; ADD says why
 	}
+	reason := p.fallback
 	log := p.logger(cfg, "ADD", args.ContainerID)
 	defer log.close()
-	log.Verbosef("the node agent took this ADD and did not answer (%s): releasing what %s/%s holds, then allocating here", p.fallback, args.ContainerID, args.IfName)
+	log.Verbosef("the node agent took this ADD and did not answer (%s): releasing what %s/%s holds, then allocating here", reason, args.ContainerID, args.IfName)
 	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
 	store, err := p.store(cfg.Kubeconfig())

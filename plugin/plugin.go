@@ -175,6 +175,7 @@ func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
 	}
 	if p.fallback != "" {
 		l.Debugf("%s; doing it here", p.fallback)
+		p.fallback = "" // said once, in the verb's first log
 	}
 	return l
 }

@@ -139,7 +139,8 @@ func TestAnAgentKilledInAStormFailsNoADD(t *testing.T) {
 		verify(t, n, live, pods...)
 		b, err := os.ReadFile(log)
 		require.NoError(t, err)
-		// The plugin's debug log says why the agent did not serve a verb.
+		// The plugin's debug log says why the agent did not serve a verb,
+		// once a verb: "... harvester-ipam ADD <container>: node agent: ...".
 		lost := strings.Count(string(b), "node agent: read its answer: ")
 		t.Logf("%d of %d ADDs were under way in the agent when it was killed", lost, storm)
 		assert.Positive(t, lost, "the kill met ADDs the agent had taken: what this test is about")
