@@ -42,13 +42,13 @@ type Early struct {
 	// orphanless kills the plugins it runs with the process that runs them.
 	orphanless bool
 	name       string   // the plugin Start looked up,
-	paths  []string // on these directories,
-	path   string   // and found here
-	env    []string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	out    bytes.Buffer
-	errOut bytes.Buffer
+	paths      []string // on these directories,
+	path       string   // and found here
+	env        []string
+	cmd        *exec.Cmd
+	stdin      io.WriteCloser
+	out        bytes.Buffer
+	errOut     bytes.Buffer
 }
 
 // Start starts the plugin named name, found on CNI_PATH by Find, for a
