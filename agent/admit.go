@@ -3,6 +3,8 @@ package agent
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 )
 
 // specVersions are the CNI versions the plugin answers (its skel's
@@ -92,6 +95,18 @@ func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
 	if req.Command == wire.Add {
 		if _, err := conf.ParseArgs(j.args.Args); err != nil {
 			return decline("config", "CNI_ARGS: %s", errText(err))
+		}
+	}
+	if !slices.Contains(s.o.CheckpointDirs, cfg.Options.CheckpointDir) {
+		return decline("checkpoint", "checkpoint directory %s is not the agent's (%s)", cfg.Options.CheckpointDir, strings.Join(s.o.CheckpointDirs, ", "))
+	}
+	// A verb that runs the delegate runs it from the agent's view of the
+	// request's CNI_PATH: the same binaries, when the node's bin dirs are
+	// mounted at their paths; a delegate the agent does not see is left to
+	// the plugin.
+	if (req.Command == wire.Add && s.o.Allocator == nil) || req.Command == wire.GC || req.Command == wire.Status {
+		if _, err := delegate.Find(cfg.Options.Delegate, filepath.SplitList(j.args.Path)); err != nil {
+			return decline("delegate", "delegate %s: %s", cfg.Options.Delegate, errText(err))
 		}
 	}
 	ns, err := s.namespaceOf(cfg.Kubeconfig())

@@ -79,6 +79,10 @@ type Options struct {
 	// StoreOptions tune the store of each request (its Identity is set per
 	// request).
 	StoreOptions shim.Options
+	// CheckpointDirs are the checkpoint directories the agent writes (the
+	// ones mounted in its container); a config naming another is declined.
+	// Nil is conf.DefaultCheckpointDir.
+	CheckpointDirs []string
 }
 
 // Server serves the plugin's verbs on a Listener.
@@ -110,6 +114,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.VerbTimeout <= 0 {
 		o.VerbTimeout = plugin.DefaultTimeout
+	}
+	if o.CheckpointDirs == nil {
+		o.CheckpointDirs = []string{conf.DefaultCheckpointDir}
 	}
 	w := o.Log
 	if w == nil {

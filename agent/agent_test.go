@@ -102,7 +102,7 @@ func newRig(t *testing.T, objs ...any) *rig {
 	r.reg = prometheus.NewRegistry()
 	r.metrics = NewMetrics(r.reg)
 	r.start(Options{API: r.api, Namespaces: []string{"kube-system"}, Node: "n1", Allocator: r.alloc,
-		Log: &r.log, Metrics: r.metrics, StoreOptions: opts})
+		Log: &r.log, Metrics: r.metrics, StoreOptions: opts, CheckpointDirs: []string{r.cpDir}})
 	return r
 }
 
@@ -285,6 +285,19 @@ func TestTheAgentDeclinesWhatItDoesNotServe(t *testing.T) {
 				Pools: []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}}))
 		}, "namespace", "the checkpoint names pool namespace tenant-a"},
 		{"what the allocator declines", wire.Add, nil, nil, func(r *rig) { r.alloc.decline = "range_start beyond the range" }, "allocator", "range_start beyond the range"},
+		{"a checkpoint directory not the agent's", wire.Add, nil, func(r *rig) []byte {
+			return []byte(strings.Replace(string(r.config("0.3.1", "")), r.cpDir, r.dir+"/elsewhere", 1))
+		}, nil, "checkpoint", "checkpoint directory " + "/tmp/"},
+		{"a delegate the agent does not see", wire.Add, func(r *rig) map[string]string {
+			e := env("c1", "lhnet1")
+			e[wire.EnvPath] = r.dir + "/no-bin"
+			return e
+		}, nil, func(r *rig) { r.srv.o.Allocator = nil }, "delegate", "delegate whereabouts: failed to find plugin"},
+		{"a GC whose delegate the agent does not see", wire.GC, func(r *rig) map[string]string {
+			e := env("", "")
+			e[wire.EnvPath] = r.dir + "/no-bin"
+			return e
+		}, func(r *rig) []byte { return r.config("1.1.0", "") }, nil, "delegate", "delegate whereabouts: failed to find plugin"},
 		{"a stopping agent", wire.Add, nil, nil, func(r *rig) { r.srv.stopping.Store(true) }, "stopping", "stopping"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -81,7 +81,7 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 	a := &Agent{Tenant: t, Socket: filepath.Join(dir, "run", "agent.sock"), Log: filepath.Join(dir, o.Name+".log"),
 		Metrics: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, bin: bin}
 	a.args = append([]string{"--kubeconfig", kubeconfig, "--namespace", t.PoolNamespace, "--socket", a.Socket,
-		"--node-file", "", "--checkpoint-dir", "", "--metrics-addr", a.Metrics, "--summary-interval", "0",
+		"--node-file", "", "--metrics-addr", a.Metrics, "--summary-interval", "0",
 		"--node", t.Node(o.Name)}, o.Args...)
 	if err := a.Start(ctx); err != nil {
 		return nil, err

@@ -65,7 +65,7 @@ func main() {
 	fs := flag.NewFlagSet("harvester-ipam-agent", flag.ContinueOnError)
 	fs.StringVar(&o.socket, "socket", wire.DefaultSocket, "the unix socket to serve (its directory is made root's only)")
 	fs.StringVar(&o.nodeFile, "node-file", wire.NodeFile, "where to tell the plugin the socket's path; empty tells nothing (the plugin then looks at "+wire.DefaultSocket+")")
-	fs.StringVar(&o.checkpoints, "checkpoint-dir", conf.DefaultCheckpointDir, "the plugin's checkpoint directory, made root's only (0700) if it is not; empty leaves it")
+	fs.StringVar(&o.checkpoints, "checkpoint-dir", conf.DefaultCheckpointDir, "the plugin's checkpoint directory (the one the agent has): made root's only (0700) if it is not; a config naming another is left to the plugin")
 	fs.StringVar(&o.namespaces, "namespace", "kube-system", "the pool namespaces to serve, comma-separated (where whereabouts' kubeconfig keeps its IPPools); a config of another is left to the plugin")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own identity; empty uses the in-cluster service account (never whereabouts')")
 	fs.StringVar(&o.node, "node", os.Getenv("NODE_NAME"), "the node's name, for the Lease identity of each request; empty: the host name")
@@ -132,8 +132,13 @@ func run(o options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := agent.NewMetrics(reg)
+	var checkpointDirs []string
+	if o.checkpoints != "" {
+		checkpointDirs = []string{filepath.Clean(o.checkpoints)}
+	}
 	srv, err := agent.New(agent.Options{
 		API: api, Namespaces: namespaces, Node: o.node, Metrics: metrics, MaxInFlight: o.maxInFlight,
+		CheckpointDirs: checkpointDirs,
 		// Allocator: nil until whereabouts' allocator runs in the agent:
 		// ADD runs the whereabouts binary of the request's CNI_PATH.
 	})
