@@ -79,6 +79,9 @@ type Options struct {
 	// StoreOptions tune the store of each request (its Identity is set per
 	// request).
 	StoreOptions shim.Options
+	// LogRequests logs a line for each request: what, its outcome, and how
+	// long it took.
+	LogRequests bool
 	// CheckpointDirs are the checkpoint directories the agent writes (the
 	// ones mounted in its container); a config naming another is declined.
 	// Nil is conf.DefaultCheckpointDir.
@@ -214,34 +217,33 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.badRequest(c, err)
 		return
 	}
-	cmd := req.Command
+	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start) }
 
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
-		s.decline(c, cmd, "busy", fmt.Sprintf("busy: %d requests in flight", cap(s.slots)))
+		s.decline(c, done, "busy", fmt.Sprintf("busy: %d requests in flight", cap(s.slots)))
 		return
 	}
 	j, reason, detail := s.admit(req)
 	if reason != "" {
-		s.decline(c, cmd, reason, detail)
+		s.decline(c, done, reason, detail)
 		return
 	}
 	if err := wire.Write(c, wire.Serve()); err != nil {
-		s.o.Metrics.count(cmd, outcomeAbandoned, "")
+		done(outcomeAbandoned, "", "the client left before the acknowledgement")
 		return
 	}
 	body, err := wire.ReadFrame(c)
 	if err != nil || wire.Decode(body, wire.TypeGo, &wire.GoAhead{}) != nil {
 		// The client gave up (no go-ahead in its time) and works alone:
 		// nothing was written for it, and nothing will be.
-		s.o.Metrics.count(cmd, outcomeAbandoned, "")
+		done(outcomeAbandoned, "", "no go-ahead: the client works alone")
 		return
 	}
-
 	if peerGone(c) {
-		s.o.Metrics.count(cmd, outcomeAbandoned, "")
+		done(outcomeAbandoned, "", "the client left after its go-ahead")
 		return
 	}
 	// The verb is ours now. A client that goes away cancels it: whatever
@@ -258,16 +260,35 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	gone := ctx.Err() != nil
 	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if err := wire.Write(c, ans); err != nil || gone {
-		s.o.Metrics.count(cmd, outcomeLost, "")
-		s.log.Printf("%s %s: the client went away before the answer", cmd, j.args.ContainerID)
+		s.log.Printf("%s %s/%s: the client went away before the answer", req.Command, j.args.ContainerID, j.args.IfName)
+		done(outcomeLost, "", "")
 		return
 	}
-	outcome := outcomeServed
 	if ans.Error != nil {
-		outcome = outcomeFailed
+		done(outcomeFailed, "", ans.Error.Msg)
+		return
 	}
-	s.o.Metrics.count(cmd, outcome, "")
-	s.o.Metrics.observe(cmd, outcome, time.Since(start))
+	done(outcomeServed, "", "")
+}
+
+// record counts a request's outcome and, with Options.LogRequests, logs it.
+func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time) {
+	took := time.Since(start)
+	s.o.Metrics.count(req.Command, outcome, reason)
+	if outcome == outcomeServed || outcome == outcomeFailed {
+		s.o.Metrics.observe(req.Command, outcome, took)
+	}
+	if !s.o.LogRequests {
+		return
+	}
+	what := req.Command
+	if id := req.Env[wire.EnvContainerID]; id != "" {
+		what += " " + id + "/" + req.Env[wire.EnvIfName]
+	}
+	if detail != "" {
+		detail = ": " + detail
+	}
+	s.log.Printf("%s: %s in %s%s", what, outcome, took.Round(10*time.Microsecond), detail)
 }
 
 // badRequest answers a request that does not read: a decline that carries
@@ -289,8 +310,8 @@ func (s *Server) badRequest(c *net.UnixConn, err error) {
 	_ = wire.Write(c, ack)
 }
 
-func (s *Server) decline(c *net.UnixConn, cmd, reason, detail string) {
-	s.o.Metrics.count(cmd, outcomeDeclined, reason)
+func (s *Server) decline(c *net.UnixConn, done func(outcome, reason, detail string), reason, detail string) {
+	done(outcomeDeclined, reason, detail)
 	_ = wire.Write(c, wire.Decline(detail))
 }
 

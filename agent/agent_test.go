@@ -102,7 +102,7 @@ func newRig(t *testing.T, objs ...any) *rig {
 	r.reg = prometheus.NewRegistry()
 	r.metrics = NewMetrics(r.reg)
 	r.start(Options{API: r.api, Namespaces: []string{"kube-system"}, Node: "n1", Allocator: r.alloc,
-		Log: &r.log, Metrics: r.metrics, StoreOptions: opts, CheckpointDirs: []string{r.cpDir}})
+		Log: &r.log, Metrics: r.metrics, StoreOptions: opts, CheckpointDirs: []string{r.cpDir}, LogRequests: true})
 	return r
 }
 
@@ -231,6 +231,8 @@ func TestTheAgentServesAddAndDel(t *testing.T) {
 	r.counted(wire.Add, outcomeServed, "", 1)
 	r.counted(wire.Del, outcomeServed, "", 1)
 	assert.Contains(t, r.metrics.Summary(), "2 served")
+	assert.Regexp(t, `ADD c1/lhnet1: served in [0-9.]+m?s\n`, r.log.String())
+	assert.Regexp(t, `DEL c1/lhnet1: served in [0-9.]+m?s\n`, r.log.String())
 	assert.Equal(t, "", r.metrics.Summary(), "a summary covers what happened since the last")
 }
 
@@ -317,6 +319,7 @@ func TestTheAgentDeclinesWhatItDoesNotServe(t *testing.T) {
 			assert.Equal(t, client.Fallback, res.Outcome)
 			assert.Contains(t, res.Reason, "node agent declined: "+tc.want)
 			assert.Equal(t, 1.0, r.count(tc.command, outcomeDeclined, tc.reason), "declined for %s", tc.reason)
+			assert.Contains(t, r.log.String(), ": declined in ", "logged")
 			assert.Len(t, r.pool(), 1, "nothing written")
 			assert.Equal(t, cps, r.checkpoints(), "nothing written")
 		})

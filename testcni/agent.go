@@ -82,7 +82,7 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 		Metrics: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, bin: bin}
 	a.args = append([]string{"--kubeconfig", kubeconfig, "--namespace", t.PoolNamespace, "--socket", a.Socket,
 		"--node-file", "", "--metrics-addr", a.Metrics, "--summary-interval", "0",
-		"--node", t.Node(o.Name)}, o.Args...)
+		"--node", t.Node(o.Name), "--log-requests"}, o.Args...)
 	if err := a.Start(ctx); err != nil {
 		return nil, err
 	}

@@ -53,6 +53,7 @@ type options struct {
 	summary     time.Duration
 	checkEvery  time.Duration
 	grace       time.Duration
+	logRequests bool
 	version     bool
 }
 
@@ -74,6 +75,7 @@ func main() {
 	fs.DurationVar(&o.summary, "summary-interval", time.Minute, "how often to log a line of what was served; 0 never")
 	fs.DurationVar(&o.checkEvery, "check-interval", 30*time.Second, "how often to check that the pools answer the agent")
 	fs.DurationVar(&o.grace, "grace", 25*time.Second, "how long a stop waits for the verbs under way")
+	fs.BoolVar(&o.logRequests, "log-requests", false, "log a line for each request: the verb, the attachment, the outcome, how long it took")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-agent [flags]\n       harvester-ipam-agent probe [--socket PATH] [--timeout D]\n\n"+
@@ -138,7 +140,7 @@ func run(o options) error {
 	}
 	srv, err := agent.New(agent.Options{
 		API: api, Namespaces: namespaces, Node: o.node, Metrics: metrics, MaxInFlight: o.maxInFlight,
-		CheckpointDirs: checkpointDirs,
+		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests,
 		// Allocator: nil until whereabouts' allocator runs in the agent:
 		// ADD runs the whereabouts binary of the request's CNI_PATH.
 	})

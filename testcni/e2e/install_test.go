@@ -154,7 +154,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 				assert.Equal(t, []string{"/usr/bin/harvester-ipam-agent"}, c.Command)
 				assert.Equal(t, []string{"--socket=/run/hi/a.sock", "--node-file=/var/lib/rancher/cni/net.d/harvester-ipam.d/agent.conf",
 					"--namespace=kube-system", "--checkpoint-dir=/var/lib/cni/harvester-ipam", "--metrics-addr=127.0.0.1:9422",
-					"--max-in-flight=256", "--grace=25s"}, c.Args)
+					"--max-in-flight=256", "--log-requests=true", "--grace=25s"}, c.Args)
 				assert.Equal(t, []string{"/usr/bin/harvester-ipam-agent", "probe", "--socket=/run/hi/a.sock"}, c.ReadinessProbe.Exec.Command)
 				assert.Equal(t, int64(0), *c.SecurityContext.RunAsUser)
 				assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
