@@ -112,7 +112,22 @@ func (c *Config) LogLevel() string {
 // Load parses a network config. It returns a Config whenever the JSON itself
 // parses, so that DEL can go on from the checkpoint when the whereabouts part
 // is unusable (the NAD is gone); the error then says why, as a CNI error.
-func Load(stdin []byte) (*Config, error) {
+func Load(stdin []byte) (*Config, error) { return Loader{}.Load(stdin) }
+
+// Loader parses network configs as Load does; the zero value is Load.
+type Loader struct {
+	// Quiet keeps every log_file and log_level, the NAD's and the flat
+	// file's, from whereabouts' loader, which at every load opens the log
+	// file (never closing it) and sets its process-wide log level: fine in a
+	// plugin that exits, a leak and a data race in a daemon that loads
+	// configs concurrently. The Config still carries them, merged as
+	// whereabouts merges them, for harvester-ipam's own log. The flat file
+	// the loader would read is handed to it as a copy without them.
+	Quiet bool
+}
+
+// Load parses a network config, as the package's Load.
+func (l Loader) Load(stdin []byte) (*Config, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(stdin, &top); err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrDecodingFailure, "network config is not valid JSON", err.Error())
@@ -185,18 +200,33 @@ func Load(stdin []byte) (*Config, error) {
 			}
 		}
 	}
+	var quiet *quietLog
+	if l.Quiet {
+		silenceWhereabouts.Do(func() { wblogging.SetLogStderr(false) })
+		q, err := quieten(loaderIPAM)
+		if err != nil {
+			return cfg, cnitypes.NewError(cnitypes.ErrInternal, "copy the whereabouts flat file without its log settings", err.Error())
+		}
+		defer q.close()
+		quiet, loaderIPAM = q, q.ipam
+	}
 	// whereabouts' loader insists on its own type name; it reads the fields, not the binary.
 	forLoader, err := withIPAMType(top, loaderIPAM, DefaultDelegate)
 	if err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for whereabouts' loader", err.Error())
 	}
-	// whereabouts' loader logs at debug level to stderr by default; our own
-	// logger says what matters, and the delegate logs for itself.
-	wblogging.SetLogStderr(false)
+	if !l.Quiet {
+		// whereabouts' loader logs at debug level to stderr by default; our own
+		// logger says what matters, and the delegate logs for itself.
+		wblogging.SetLogStderr(false)
+	}
 	// CNI_ARGS is parsed by ParseArgs; static IPs from it are the delegate's business.
 	wb, _, err := wbconfig.LoadIPAMConfig(forLoader, "")
 	if err != nil {
 		return cfg, whereaboutsError(err)
+	}
+	if quiet != nil {
+		quiet.restore(wb)
 	}
 	if nadLogFile != "" {
 		wb.LogFile = nadLogFile // the NAD's wins over the flat file's, as in whereabouts' merge
