@@ -188,7 +188,7 @@ type wbAllocator struct {
 
 func (a *wbAllocator) Declines(*conf.Config, *skel.CmdArgs) string { return a.decline }
 
-func (a *wbAllocator) Add(ctx context.Context, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
+func (a *wbAllocator) Add(ctx context.Context, _ *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
 	if a.block != nil {
 		select {
 		case <-a.block:
@@ -528,7 +528,7 @@ func TestAPanicIsAnsweredAndTheAgentGoesOn(t *testing.T) {
 
 type panicking struct{ *wbAllocator }
 
-func (panicking) Add(context.Context, *conf.Config, *skel.CmdArgs) (cnitypes.Result, error) {
+func (panicking) Add(context.Context, *shim.Store, *conf.Config, *skel.CmdArgs) (cnitypes.Result, error) {
 	panic("allocator bug")
 }
 

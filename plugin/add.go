@@ -86,7 +86,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 
 	var res cnitypes.Result
 	if p.Allocator != nil {
-		res, err = p.Allocator.Add(ctx, cfg, args)
+		res, err = p.Allocator.Add(ctx, store, cfg, args)
 	} else {
 		res, err = delegate.Add(ctx, cfg.Options.Delegate, cfg.Delegated, exec, p.Env)
 	}

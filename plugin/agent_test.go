@@ -21,6 +21,7 @@ import (
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim/fake"
 )
@@ -320,7 +321,7 @@ type allocatorStub struct {
 	calls []string
 }
 
-func (a *allocatorStub) Add(_ context.Context, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
+func (a *allocatorStub) Add(_ context.Context, _ *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
 	a.calls = append(a.calls, args.ContainerID+"/"+args.IfName+" "+cfg.Pools[0].Name)
 	if a.err != nil {
 		return nil, a.err

@@ -75,10 +75,10 @@ type Plugin struct {
 // sandboxes before it calls Add, and records the result's addresses after.
 type Allocator interface {
 	// Add allocates for args (CNI_CONTAINERID, CNI_IFNAME, CNI_ARGS) from
-	// cfg's pools. Its error is whereabouts' as its binary reports it: a
+	// cfg's pools, in store (the pools' namespace). Its error is whereabouts' as its binary reports it: a
 	// *types.Error, whose message the plugin prefixes with the delegate's
 	// name and explains when the range is full.
-	Add(ctx context.Context, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error)
+	Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error)
 }
 
 // DefaultTimeout stays within the runtime's own CNI timeout, and above

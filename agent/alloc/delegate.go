@@ -21,11 +21,9 @@ import (
 // would and returns its result.
 type Delegate struct {
 	Allocator *Allocator
-	// Stores reaches the pool namespace a kubeconfig names (the agent's
-	// warm client; only the kubeconfig's namespace is read).
-	Stores func(kubeconfig string) (*shim.Store, error)
 	// Load reads the config as whereabouts' loader does with CNI_ARGS (the
-	// pod, static IP and GATEWAY), without touching whereabouts' log.
+	// pod, static IP and GATEWAY), without touching whereabouts' log
+	// (conf.Loader{Quiet: true}.Whereabouts).
 	Load func(stdin []byte, cniArgs string) (*wbtypes.IPAMConfig, string, error)
 }
 
@@ -33,14 +31,10 @@ type Delegate struct {
 // its binary reports them (a *types.Error of code 999, "error at storage
 // engine: ..."), but for a store that did not answer, which is code 11 so
 // that the runtime retries.
-func (d Delegate) Add(ctx context.Context, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
+func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
 	wb, confVersion, err := d.Load(cfg.Delegated, args.Args)
 	if err != nil {
 		return nil, asCNI(err)
-	}
-	store, err := d.Stores(cfg.Kubeconfig())
-	if err != nil {
-		return nil, err
 	}
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
 	record := func(ip net.IP) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
@@ -84,4 +78,23 @@ func asCNI(err error) error {
 		return ce
 	}
 	return cnitypes.NewError(cnitypes.ErrInternal, err.Error(), "")
+}
+
+// Declines says why this allocator would not allocate exactly as the
+// whereabouts binary would ("" when it would): the agent then leaves the ADD
+// to the plugin, which runs whereabouts itself. It writes nothing.
+func (d Delegate) Declines(cfg *conf.Config, args *skel.CmdArgs) string {
+	wb, _, err := d.Load(cfg.Delegated, args.Args)
+	if err != nil {
+		return "whereabouts' loader: " + err.Error()
+	}
+	switch {
+	case wb.SleepForRace > 0:
+		return "sleep_for_race (whereabouts' own race test) is set"
+	case wb.NodeSliceSize != "":
+		return "node_slice_size"
+	case len(wb.IPRanges) == 0:
+		return "no range"
+	}
+	return ""
 }

@@ -28,10 +28,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	wbclient "github.com/k8snetworkplumbingwg/whereabouts/pkg/generated/clientset/versioned"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/harvester/harvester-ipam/agent"
+	"github.com/harvester/harvester-ipam/agent/alloc"
+	"github.com/harvester/harvester-ipam/agent/cache"
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
@@ -54,6 +61,7 @@ type options struct {
 	checkEvery  time.Duration
 	grace       time.Duration
 	logRequests bool
+	execWB      bool
 	version     bool
 }
 
@@ -76,6 +84,7 @@ func main() {
 	fs.DurationVar(&o.checkEvery, "check-interval", 30*time.Second, "how often to check that the pools answer the agent")
 	fs.DurationVar(&o.grace, "grace", 25*time.Second, "how long a stop waits for the verbs under way")
 	fs.BoolVar(&o.logRequests, "log-requests", false, "log a line for each request: the verb, the attachment, the outcome, how long it took")
+	fs.BoolVar(&o.execWB, "exec-whereabouts", false, "allocate by running the whereabouts binary of each request's CNI_PATH, under whereabouts' Lease, as the plugin does, instead of whereabouts' allocator in-process")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-agent [flags]\n       harvester-ipam-agent probe [--socket PATH] [--timeout D]\n\n"+
@@ -127,9 +136,25 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	api, err := shim.NewKubeAPI(rc)
+	kube, err := shim.NewKubeAPI(rc)
 	if err != nil {
 		return err
+	}
+	// The agent's copy of the pools and reservations it serves: ADD chooses
+	// its addresses on it, and looks in it for earlier sandboxes, as the
+	// plugin does in the API server's watch cache. Until the informers have
+	// listed, those reads go to the API server.
+	objs := cache.New()
+	api := cache.API{API: kube, Objects: objs}
+	if err := watchPools(ctx, rc, objs, namespaces); err != nil {
+		return err
+	}
+	var allocator agent.Allocator
+	if !o.execWB {
+		allocator = alloc.Delegate{
+			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation}),
+			Load:      conf.Loader{Quiet: true}.Whereabouts,
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -140,9 +165,7 @@ func run(o options) error {
 	}
 	srv, err := agent.New(agent.Options{
 		API: api, Namespaces: namespaces, Node: o.node, Metrics: metrics, MaxInFlight: o.maxInFlight,
-		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests,
-		// Allocator: nil until whereabouts' allocator runs in the agent:
-		// ADD runs the whereabouts binary of the request's CNI_PATH.
+		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests, Allocator: allocator,
 	})
 	if err != nil {
 		return err
@@ -298,4 +321,39 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// watchPools starts informers of the pools and reservations of each
+// namespace into objs, for as long as ctx lasts. It does not wait for them
+// to list: the agent serves meanwhile, reading from the API server.
+func watchPools(ctx context.Context, rc *rest.Config, objs *cache.Objects, namespaces []string) error {
+	wb, err := wbclient.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("whereabouts client: %w", err)
+	}
+	c := wb.WhereaboutsV1alpha1()
+	for _, ns := range namespaces {
+		pools := &toolscache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return c.IPPools(ns).List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return c.IPPools(ns).Watch(ctx, o)
+			},
+		}
+		reservations := &toolscache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return c.OverlappingRangeIPReservations(ns).List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return c.OverlappingRangeIPReservations(ns).Watch(ctx, o)
+			},
+		}
+		go func() {
+			if err := objs.Watch(ctx, pools, reservations); err != nil && ctx.Err() == nil {
+				fmt.Fprintf(os.Stderr, "%s informers of %s: %v\n", time.Now().Format(time.RFC3339), ns, err)
+			}
+		}()
+	}
+	return nil
 }
