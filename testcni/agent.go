@@ -36,6 +36,7 @@ type Agent struct {
 	Metrics string
 
 	args []string
+	env  []string
 	mu   sync.Mutex
 	proc *proc
 	dir  string
@@ -50,6 +51,11 @@ type AgentOptions struct {
 	Kubeconfig string
 	// Args are more flags of harvester-ipam-agent.
 	Args []string
+	// Env is more of its environment.
+	Env []string
+	// Crashpoints runs the agent built with the crashpoints tag: it kills
+	// itself at the allocator's step HARVESTER_IPAM_CRASH_AT (in Env) names.
+	Crashpoints bool
 }
 
 // StartAgent builds harvester-ipam-agent (once per rig) and starts it for
@@ -58,7 +64,7 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 	if t == nil {
 		t = r.Default
 	}
-	bin, err := r.agentBinary(ctx)
+	bin, err := r.agentBinary(ctx, o.Crashpoints)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +85,7 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 		return nil, err
 	}
 	a := &Agent{Tenant: t, Socket: filepath.Join(dir, "run", "agent.sock"), Log: filepath.Join(dir, o.Name+".log"),
-		Metrics: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, bin: bin}
+		Metrics: fmt.Sprintf("127.0.0.1:%d", port), dir: dir, bin: bin, env: append(os.Environ(), o.Env...)}
 	a.args = append([]string{"--kubeconfig", kubeconfig, "--namespace", t.PoolNamespace, "--socket", a.Socket,
 		"--node-file", "", "--metrics-addr", a.Metrics, "--summary-interval", "0",
 		"--node", t.Node(o.Name), "--log-requests"}, o.Args...)
@@ -92,7 +98,14 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 	return a, nil
 }
 
-func (r *Rig) agentBinary(ctx context.Context) (string, error) {
+func (r *Rig) agentBinary(ctx context.Context, crashpoints bool) (string, error) {
+	if crashpoints {
+		bin := filepath.Join(r.bin, "harvester-ipam-agent-crashpoints")
+		r.agentCrashOnce.Do(func() {
+			r.agentCrashErr = r.build(ctx, bin, "./cmd/harvester-ipam-agent", "-tags=crashpoints")
+		})
+		return bin, r.agentCrashErr
+	}
 	r.agentOnce.Do(func() {
 		bin := filepath.Join(r.bin, "harvester-ipam-agent")
 		r.agentErr = r.build(ctx, bin, "./cmd/harvester-ipam-agent")
@@ -108,7 +121,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if a.proc != nil && !a.proc.exited() {
 		return fmt.Errorf("agent %s runs already", a.Socket)
 	}
-	p, err := startProcWith(a.dir, strings.TrimSuffix(filepath.Base(a.Log), ".log"), a.bin, nil, os.Environ(), a.args...)
+	p, err := startProcWith(a.dir, strings.TrimSuffix(filepath.Base(a.Log), ".log"), a.bin, nil, a.env, a.args...)
 	if err != nil {
 		return err
 	}

@@ -92,6 +92,9 @@ type Rig struct {
 	// agentOnce builds harvester-ipam-agent on the first StartAgent.
 	agentOnce sync.Once
 	agentErr  error
+	// agentCrashOnce builds its crashpoints build on the first that wants it.
+	agentCrashOnce sync.Once
+	agentCrashErr  error
 
 	// machine is the network namespace of a cluster of the rig's own
 	// (StartCluster); nil for the rig's own cluster.

@@ -152,7 +152,7 @@ func run(o options) error {
 	var allocator agent.Allocator
 	if !o.execWB {
 		allocator = alloc.Delegate{
-			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation}),
+			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, AtStep: crashHook()}),
 			Load:      conf.Loader{Quiet: true}.Whereabouts,
 		}
 	}

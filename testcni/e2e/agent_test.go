@@ -147,30 +147,42 @@ func TestAnAgentKilledInAStormFailsNoADD(t *testing.T) {
 	})
 }
 
-// An ADD the agent took and lost after whereabouts allocated for it (the
-// agent killed before its answer): the plugin releases what the attachment
-// holds, then allocates as ever. The pod ends with exactly one address, the
-// one its ADD returned, and one reservation, on every version: v0.7.0
-// never hands back an existing entry, and would give it a second.
+// An ADD the agent took and lost after it allocated (the agent killed
+// before its answer): the plugin releases what the attachment holds, then
+// allocates as ever. The pod ends with exactly one address, the one its ADD
+// returned, and one reservation, on every version: v0.7.0 never hands back
+// an existing entry, and would give it a second. The agent is killed where
+// its allocator has written the entry, and where it has written the
+// reservation too; and, running the whereabouts binary instead
+// (--exec-whereabouts), right after that binary allocated.
 func TestALostAddLeavesThePodOneAddress(t *testing.T) {
 	onEachAllocator(t, func(t *testing.T, e *env) {
-		a := e.Agent
-		if a == nil {
-			a = startAgent(t, e.Tenant)
+		for _, kill := range []string{"alloc-after-patch", "alloc-after-reserve", "after whereabouts"} {
+			t.Run(kill, func(t *testing.T) {
+				var a *testcni.Agent
+				var bin string
+				if kill == "after whereabouts" {
+					a = startAgentWith(t, e.Tenant, testcni.AgentOptions{Name: "exec", Args: []string{"--exec-whereabouts"}})
+					var err error
+					bin, err = rig.AgentKillerDir(e.WB)
+					require.NoError(t, err)
+				} else {
+					a = startAgentWith(t, e.Tenant, testcni.AgentOptions{Name: kill, Crashpoints: true,
+						Env: []string{"HARVESTER_IPAM_CRASH_AT=" + kill, "HARVESTER_IPAM_CRASH_ONCE=" + filepath.Join(t.TempDir(), "crashed")}})
+				}
+				log := filepath.Join(t.TempDir(), "whereabouts.log")
+				n := e.network(t, testcni.Network{Agent: a, BinDir: bin, LogFile: log, LogLevel: "debug"})
+				pod := e.Pod("instance-manager-lost")
+				s := add(t, n, pod)
+				b, err := os.ReadFile(log)
+				require.NoError(t, err)
+				require.Contains(t, string(b), "node agent: read its answer: ", "the agent was killed after it took the ADD")
+				verify(t, n, []*testcni.Sandbox{s}, pod)
+				assert.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1)
+				assert.Len(t, oripsOf(t, n, pod.Ref()), 1)
+				require.NoError(t, s.Del(ctx(t)))
+				verify(t, n, nil, pod)
+			})
 		}
-		bin, err := rig.AgentKillerDir(e.WB)
-		require.NoError(t, err)
-		log := filepath.Join(t.TempDir(), "whereabouts.log")
-		n := e.network(t, testcni.Network{Agent: a, BinDir: bin, LogFile: log, LogLevel: "debug"})
-		pod := e.Pod("instance-manager-lost")
-		s := add(t, n, pod)
-		b, err := os.ReadFile(log)
-		require.NoError(t, err)
-		require.Contains(t, string(b), "node agent: read its answer: ", "the agent was killed after it took the ADD")
-		verify(t, n, []*testcni.Sandbox{s}, pod)
-		assert.Len(t, testcni.Of(mustAllocs(t, n), pod.Ref()), 1)
-		assert.Len(t, oripsOf(t, n, pod.Ref()), 1)
-		require.NoError(t, s.Del(ctx(t)))
-		verify(t, n, nil, pod)
 	})
 }

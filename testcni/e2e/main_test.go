@@ -151,7 +151,13 @@ func newEnvOn(t *testing.T, wb, path string) *env {
 // test; its log is shown when the test fails.
 func startAgent(t *testing.T, tn *testcni.Tenant) *testcni.Agent {
 	t.Helper()
-	a, err := rig.StartAgent(ctx(t), tn, testcni.AgentOptions{})
+	return startAgentWith(t, tn, testcni.AgentOptions{})
+}
+
+// startAgentWith starts a node agent of o for tn, killed when t ends.
+func startAgentWith(t *testing.T, tn *testcni.Tenant, o testcni.AgentOptions) *testcni.Agent {
+	t.Helper()
+	a, err := rig.StartAgent(ctx(t), tn, o)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
