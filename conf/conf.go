@@ -124,6 +124,11 @@ type Loader struct {
 	// whereabouts merges them, for harvester-ipam's own log. The flat file
 	// the loader would read is handed to it as a copy without them.
 	Quiet bool
+	// EnvArgs are the CNI_ARGS whereabouts' loader reads (static addresses
+	// in IP and GATEWAY, the pod's name and namespace), for a Config.IPAM as
+	// whereabouts' own binary reads it: what an allocator in a node agent
+	// needs. Empty, as the plugin loads, they are the delegate's business.
+	EnvArgs string
 }
 
 // Load parses a network config, as the package's Load.
@@ -220,8 +225,9 @@ func (l Loader) Load(stdin []byte) (*Config, error) {
 		// logger says what matters, and the delegate logs for itself.
 		wblogging.SetLogStderr(false)
 	}
-	// CNI_ARGS is parsed by ParseArgs; static IPs from it are the delegate's business.
-	wb, _, err := wbconfig.LoadIPAMConfig(forLoader, "")
+	// CNI_ARGS is parsed by ParseArgs; static IPs from it are the delegate's
+	// business, unless the loader is asked for them.
+	wb, _, err := wbconfig.LoadIPAMConfig(forLoader, l.EnvArgs)
 	if err != nil {
 		return cfg, whereaboutsError(err)
 	}

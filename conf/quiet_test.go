@@ -110,3 +110,25 @@ func TestQuietLoadsRunConcurrently(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// With EnvArgs, the IPAM config is whereabouts' binary's own reading: the
+// pod, and the static addresses CNI_ARGS names.
+func TestALoaderReadsCNIArgsWhenAsked(t *testing.T) {
+	flat := flatFile(t, `{"kubernetes":{"kubeconfig":"/k"}}`)
+	stdin := nad(`{"type":"harvester-ipam","range":"10.0.0.0/24","configuration_path":"` + flat + `"}`)
+	c, err := Loader{Quiet: true, EnvArgs: "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;IP=10.0.0.9/24;GATEWAY=10.0.0.1"}.Load(stdin)
+	require.NoError(t, err)
+	assert.Equal(t, "ns", c.IPAM.PodNamespace)
+	assert.Equal(t, "p", c.IPAM.PodName)
+	require.Len(t, c.IPAM.Addresses, 1)
+	assert.Equal(t, "10.0.0.9/24", c.IPAM.Addresses[0].Address.String())
+	assert.Equal(t, "10.0.0.1", c.IPAM.Addresses[0].Gateway.String())
+
+	plain, err := Load(stdin)
+	require.NoError(t, err)
+	assert.Empty(t, plain.IPAM.Addresses, "the plugin leaves CNI_ARGS to the delegate")
+	assert.Empty(t, plain.IPAM.PodName)
+
+	_, err = Loader{EnvArgs: "IP=bogus"}.Load(stdin)
+	assert.ErrorContains(t, err, "bogus")
+}
