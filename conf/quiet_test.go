@@ -1,6 +1,7 @@
 package conf
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,4 +110,31 @@ func TestQuietLoadsRunConcurrently(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// Whereabouts is the IPAM config as whereabouts' binary reads it: the pod,
+// the static addresses CNI_ARGS names, and the config's cniVersion.
+func TestALoaderReadsCNIArgsWhenAsked(t *testing.T) {
+	flat := flatFile(t, `{"kubernetes":{"kubeconfig":"/k"}}`)
+	stdin := nad(`{"type":"harvester-ipam","range":"10.0.0.0/24","configuration_path":"` + flat + `"}`)
+	wb, version, err := Loader{Quiet: true}.Whereabouts(stdin, "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;IP=10.0.0.9/24;GATEWAY=10.0.0.1")
+	require.NoError(t, err)
+	assert.Equal(t, "ns", wb.PodNamespace)
+	assert.Equal(t, "p", wb.PodName)
+	require.Len(t, wb.Addresses, 1)
+	assert.Equal(t, "10.0.0.9/24", wb.Addresses[0].Address.String())
+	assert.Equal(t, "10.0.0.1", wb.Addresses[0].Gateway.String())
+	var top struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	require.NoError(t, json.Unmarshal(stdin, &top))
+	assert.Equal(t, top.CNIVersion, version)
+
+	plain, err := Load(stdin)
+	require.NoError(t, err)
+	assert.Empty(t, plain.IPAM.Addresses, "the plugin leaves CNI_ARGS to the delegate")
+	assert.Empty(t, plain.IPAM.PodName)
+
+	_, _, err = Loader{}.Whereabouts(stdin, "IP=bogus")
+	assert.ErrorContains(t, err, "bogus")
 }
