@@ -68,7 +68,7 @@ bench: deps tools
 # Each fuzz target for FUZZTIME with one worker; an input that fails is
 # written to the package's testdata/fuzz/, where it stays as a regression.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths
+FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths ./agent/wire:FuzzReadRequest
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \

@@ -112,7 +112,22 @@ func (c *Config) LogLevel() string {
 // Load parses a network config. It returns a Config whenever the JSON itself
 // parses, so that DEL can go on from the checkpoint when the whereabouts part
 // is unusable (the NAD is gone); the error then says why, as a CNI error.
-func Load(stdin []byte) (*Config, error) {
+func Load(stdin []byte) (*Config, error) { return Loader{}.Load(stdin) }
+
+// Loader parses network configs as Load does; the zero value is Load.
+type Loader struct {
+	// Quiet keeps every log_file and log_level, the NAD's and the flat
+	// file's, from whereabouts' loader, which at every load opens the log
+	// file (never closing it) and sets its process-wide log level: fine in a
+	// plugin that exits, a leak and a data race in a daemon that loads
+	// configs concurrently. The Config still carries them, merged as
+	// whereabouts merges them, for harvester-ipam's own log. The flat file
+	// the loader would read is handed to it as a copy without them.
+	Quiet bool
+}
+
+// Load parses a network config, as the package's Load.
+func (l Loader) Load(stdin []byte) (*Config, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(stdin, &top); err != nil {
 		return nil, cnitypes.NewError(cnitypes.ErrDecodingFailure, "network config is not valid JSON", err.Error())
@@ -175,31 +190,10 @@ func Load(stdin []byte) (*Config, error) {
 	// a side effect, even for a config it then refuses: a NAD's path is kept
 	// from it and applied after, so only a valid config's log is ever opened,
 	// by our logger. The flat file's is root's own, and the loader's to open.
-	loaderIPAM := ipam
-	var nadLogFile string
-	if raw, ok := ipam["log_file"]; ok && json.Unmarshal(raw, &nadLogFile) == nil {
-		loaderIPAM = make(map[string]json.RawMessage, len(ipam))
-		for k, v := range ipam {
-			if k != "log_file" {
-				loaderIPAM[k] = v
-			}
-		}
-	}
-	// whereabouts' loader insists on its own type name; it reads the fields, not the binary.
-	forLoader, err := withIPAMType(top, loaderIPAM, DefaultDelegate)
-	if err != nil {
-		return nil, cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for whereabouts' loader", err.Error())
-	}
-	// whereabouts' loader logs at debug level to stderr by default; our own
-	// logger says what matters, and the delegate logs for itself.
-	wblogging.SetLogStderr(false)
 	// CNI_ARGS is parsed by ParseArgs; static IPs from it are the delegate's business.
-	wb, _, err := wbconfig.LoadIPAMConfig(forLoader, "")
+	wb, _, err := l.whereabouts(top, ipam, "")
 	if err != nil {
-		return cfg, whereaboutsError(err)
-	}
-	if nadLogFile != "" {
-		wb.LogFile = nadLogFile // the NAD's wins over the flat file's, as in whereabouts' merge
+		return cfg, err
 	}
 	// whereabouts parses excludes only when it allocates; refuse a bad one now.
 	for _, r := range wb.IPRanges {
@@ -225,6 +219,69 @@ func Load(stdin []byte) (*Config, error) {
 		cfg.Pools = append(cfg.Pools, Pool{Name: names.Pool(r.Range, wb.NetworkName), Range: r.Range})
 	}
 	return cfg, nil
+}
+
+// Whereabouts is the config as whereabouts' own loader reads it for a
+// CNI_ARGS of cniArgs (the pod, static IP and GATEWAY), and its cniVersion:
+// what the whereabouts binary allocates by. It reads the flat file as Load
+// does, and in a quiet loader touches whereabouts' log no more than Load.
+func (l Loader) Whereabouts(stdin []byte, cniArgs string) (*wbtypes.IPAMConfig, string, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &top); err != nil {
+		return nil, "", cnitypes.NewError(cnitypes.ErrDecodingFailure, "network config is not valid JSON", err.Error())
+	}
+	var ipam map[string]json.RawMessage
+	if raw, ok := top["ipam"]; !ok || isNull(raw) {
+		return nil, "", cnitypes.NewError(cnitypes.ErrInvalidNetworkConfig, "network config has no ipam object", `add "ipam": {"type": "harvester-ipam", "range": ...}`)
+	} else if err := json.Unmarshal(raw, &ipam); err != nil {
+		return nil, "", cnitypes.NewError(cnitypes.ErrDecodingFailure, "ipam must be a JSON object", err.Error())
+	}
+	return l.whereabouts(top, ipam, cniArgs)
+}
+
+// whereabouts runs whereabouts' loader on the config (top, its ipam object)
+// with cniArgs.
+func (l Loader) whereabouts(top, ipam map[string]json.RawMessage, cniArgs string) (*wbtypes.IPAMConfig, string, error) {
+	// whereabouts' loader opens (creates, mode 0644) the log_file it reads, as
+	// a side effect, even for a config it then refuses: a NAD's path is kept
+	// from it and applied after, so only a valid config's log is ever opened,
+	// by our logger. The flat file's is root's own, and the loader's to open.
+	loaderIPAM := ipam
+	var nadLogFile string
+	if raw, ok := ipam["log_file"]; ok && json.Unmarshal(raw, &nadLogFile) == nil {
+		loaderIPAM = without(ipam, "log_file")
+	}
+	var quiet *quietLog
+	if l.Quiet {
+		silenceWhereabouts.Do(func() { wblogging.SetLogStderr(false) })
+		q, err := quieten(loaderIPAM)
+		if err != nil {
+			return nil, "", cnitypes.NewError(cnitypes.ErrInternal, "copy the whereabouts flat file without its log settings", err.Error())
+		}
+		defer q.close()
+		quiet, loaderIPAM = q, q.ipam
+	}
+	// whereabouts' loader insists on its own type name; it reads the fields, not the binary.
+	forLoader, err := withIPAMType(top, loaderIPAM, DefaultDelegate)
+	if err != nil {
+		return nil, "", cnitypes.NewError(cnitypes.ErrInternal, "re-encode network config for whereabouts' loader", err.Error())
+	}
+	if !l.Quiet {
+		// whereabouts' loader logs at debug level to stderr by default; our own
+		// logger says what matters, and the delegate logs for itself.
+		wblogging.SetLogStderr(false)
+	}
+	wb, confVersion, err := wbconfig.LoadIPAMConfig(forLoader, cniArgs)
+	if err != nil {
+		return nil, "", whereaboutsError(err)
+	}
+	if quiet != nil {
+		quiet.restore(wb)
+	}
+	if nadLogFile != "" {
+		wb.LogFile = nadLogFile // the NAD's wins over the flat file's, as in whereabouts' merge
+	}
+	return wb, confVersion, nil
 }
 
 // RequirePools is the check of ADD and CHECK: a config that names no range is useless to them.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -16,14 +15,15 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 )
 
-// Add releases the allocations that earlier sandboxes of this pod hold in the
-// config's pools, then delegates ADD and returns the delegate's result.
-func (p *Plugin) Add(args *skel.CmdArgs) error {
+// add releases the allocations that earlier sandboxes of this pod hold in the
+// config's pools, then delegates ADD (or has p.Allocator allocate) and
+// returns the result.
+func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	if unmanagedAdd(args) != "" {
-		return p.handOnAdd(args)
+		return p.handOnAdd(ctx, args)
 	}
 	ph := newPhases()
-	cfg, err := loadForAttachment(args)
+	cfg, err := p.loadForAttachment(args)
 	if err != nil {
 		return err
 	}
@@ -33,13 +33,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	log := p.logger(cfg, "ADD", args.ContainerID)
 	defer log.close()
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
 	exec := p.Exec
-	if exec == nil {
+	if exec == nil && p.Allocator == nil {
 		// The delegate starts up while we work below; it reads its config,
 		// and so does anything, only when DelegateAdd writes it.
-		early := delegate.Start(ctx, cfg.Options.Delegate, "ADD", p.stderr())
+		early := delegate.StartIn(ctx, cfg.Options.Delegate, "ADD", p.Env, p.stderr())
 		defer early.Abandon()
 		exec = early
 	}
@@ -55,6 +55,11 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 
 	// Record the attachment before anything is allocated, so that a DEL after a
 	// crash anywhere below still knows its pools, even once the NAD is gone.
+	// A node agent's client that is gone has given up on this ADD: nothing is
+	// written yet, and nothing will be.
+	if err := ctx.Err(); err != nil {
+		return cnitypes.NewError(cnitypes.ErrTryAgainLater, "ADD abandoned before it wrote anything", err.Error())
+	}
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
 	rec := checkpoint.Record{
 		ContainerID: args.ContainerID, IfName: args.IfName, PodRef: pod.Ref(),
@@ -79,7 +84,12 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	p.at("add-after-reclaim")
 	ph.mark("reclaim")
 
-	res, err := invoke.DelegateAdd(ctx, cfg.Options.Delegate, cfg.Delegated, exec)
+	var res cnitypes.Result
+	if p.Allocator != nil {
+		res, err = p.Allocator.Add(ctx, store, cfg, args)
+	} else {
+		res, err = delegate.Add(ctx, cfg.Options.Delegate, cfg.Delegated, exec, p.Env)
+	}
 	if err != nil {
 		derr := delegateError(cfg.Options.Delegate, "ADD", err)
 		if ce, ok := derr.(*cnitypes.Error); ok && strings.Contains(err.Error(), rangeFull) {

@@ -19,8 +19,8 @@ import (
 // one allocation in every pool of the config and that they are the addresses
 // of prevResult. It does not delegate: whereabouts (v0.8.0 and before)
 // answers every CHECK with "not implemented".
-func (p *Plugin) Check(args *skel.CmdArgs) error {
-	cfg, err := loadForAttachment(args)
+func (p *Plugin) check(ctx context.Context, args *skel.CmdArgs) error {
+	cfg, err := p.loadForAttachment(args)
 	if err != nil {
 		return err
 	}
@@ -39,7 +39,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
 
 	var problems []string

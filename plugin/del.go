@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
@@ -37,12 +37,12 @@ type poolRef struct {
 // DEL never fails for want of a config it can fully read (an option of a
 // newer release after a downgrade, a field of the wrong type, the NAD gone):
 // it goes by what it can read of it and by the checkpoint.
-func (p *Plugin) Del(args *skel.CmdArgs) error {
+func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 	if err := validateAttachment(args); err != nil {
 		return err
 	}
 	ph := newPhases()
-	cfg, cfgErr := conf.Load(args.StdinData)
+	cfg, cfgErr := p.load(args.StdinData)
 	salvage := conf.SalvageConfig(args.StdinData)
 	if cfg == nil {
 		cfg = &conf.Config{Network: salvage.Network, Options: conf.Options{Delegate: conf.DefaultDelegate, CheckpointDir: salvage.CheckpointDir}}
@@ -55,13 +55,13 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	usable := cfgErr == nil && len(cfg.Pools) > 0
 
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
 
 	if usable && cfg.NodeSliceSize != "" {
 		// ADD refuses node slices, so nothing of this attachment is ours; what
 		// whereabouts allocated before harvester-ipam was named is its own.
-		if err := invoke.DelegateDel(ctx, cfg.Options.Delegate, cfg.Delegated, p.exec()); err != nil {
+		if err := delegate.Run(ctx, cfg.Options.Delegate, "DEL", cfg.Delegated, p.exec(), p.Env); err != nil {
 			return delegateError(cfg.Options.Delegate, "DEL", err)
 		}
 		return nil

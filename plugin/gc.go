@@ -6,12 +6,12 @@ import (
 	"net"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/shim"
 )
 
@@ -24,8 +24,8 @@ import (
 // It reaches the store with the config's kubeconfig, not the one a record
 // names (an upgrade may have moved it), and one record that cannot be
 // released stops none of the others.
-func (p *Plugin) GC(args *skel.CmdArgs) error {
-	cfg, cfgErr := conf.Load(args.StdinData)
+func (p *Plugin) gc(ctx context.Context, args *skel.CmdArgs) error {
+	cfg, cfgErr := p.load(args.StdinData)
 	if cfg == nil {
 		return cfgErr
 	}
@@ -52,7 +52,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	for _, err := range errs {
 		log.Errorf("skipping: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
 
 	var failures []string
@@ -69,7 +69,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		}
 	}
 
-	if err := invoke.DelegateGC(ctx, cfg.Options.Delegate, cfg.Delegated, p.exec()); err != nil {
+	if err := delegate.Run(ctx, cfg.Options.Delegate, "GC", cfg.Delegated, p.exec(), p.Env); err != nil {
 		failures = append(failures, errText(delegateError(cfg.Options.Delegate, "GC", err)))
 	}
 	if len(failures) > 0 {

@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 )
 
 // Standing in for whereabouts at its name, harvester-ipam receives every
@@ -52,10 +52,10 @@ func unmanagedAdd(args *skel.CmdArgs) string {
 }
 
 // handOnAdd runs the real whereabouts' ADD on the config as it came.
-func (p *Plugin) handOnAdd(args *skel.CmdArgs) error {
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout())
+func (p *Plugin) handOnAdd(ctx context.Context, args *skel.CmdArgs) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
-	res, err := invoke.DelegateAdd(ctx, conf.DefaultDelegate, args.StdinData, p.exec())
+	res, err := delegate.Add(ctx, conf.DefaultDelegate, args.StdinData, p.exec(), p.Env)
 	if err != nil {
 		return delegateError(conf.DefaultDelegate, "ADD", err)
 	}

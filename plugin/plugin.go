@@ -19,6 +19,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
+	"github.com/harvester/harvester-ipam/agent/client"
+	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
@@ -49,20 +51,89 @@ type Plugin struct {
 	// ("add-after-checkpoint", "del-after-reservations", ...): test builds
 	// and the simulation crash the plugin there. Nil in production.
 	AtStep func(step string)
+
+	// Env is the environment the verb runs in: the runtime's CNI_*
+	// variables and what delegates inherit. Nil is the process's own; a node
+	// agent sets each request's.
+	Env []string
+	// Load reads a network config; nil is conf.Load.
+	Load func(stdin []byte) (*conf.Config, error)
+	// Allocator allocates ADD's addresses; nil hands the allocation to the
+	// delegate binary (the real whereabouts), started early.
+	Allocator Allocator
+	// Agent is the node agent each verb is offered to first (Funcs); nil
+	// does every verb here.
+	Agent *client.Client
+
+	// fallback says why the node agent did not serve this verb, for the log.
+	fallback string
+}
+
+// Allocator allocates the addresses of an ADD in place of the delegate
+// binary, as whereabouts would: the same pool entries and reservations, the
+// same result. The plugin has written the checkpoint and released earlier
+// sandboxes before it calls Add, and records the result's addresses after.
+type Allocator interface {
+	// Add allocates for args (CNI_CONTAINERID, CNI_IFNAME, CNI_ARGS) from
+	// cfg's pools, in store (the pools' namespace). Its error is whereabouts' as its binary reports it: a
+	// *types.Error, whose message the plugin prefixes with the delegate's
+	// name and explains when the range is full.
+	Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error)
 }
 
 // DefaultTimeout stays within the runtime's own CNI timeout, and above
 // whereabouts' (2 minutes for ADD), whose work is part of ours.
 const DefaultTimeout = 150 * time.Second
 
-// Funcs wires the verbs for skel. A harvester-ipam started as its own
-// delegate fails every verb at once: starting itself again would never end.
+// Funcs wires the verbs for skel, each offered to the node agent first
+// (p.Agent). A harvester-ipam started as its own delegate fails every verb
+// at once: starting itself again would never end.
 func (p *Plugin) Funcs() skel.CNIFuncs {
 	if os.Getenv(delegate.GuardEnv) != "" {
 		refuse := func(*skel.CmdArgs) error { return delegate.SelfError() }
 		return skel.CNIFuncs{Add: refuse, Del: refuse, Check: refuse, Status: refuse, GC: refuse}
 	}
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
+	return skel.CNIFuncs{
+		Add:    p.through(wire.Add),
+		Del:    p.through(wire.Del),
+		Check:  p.through(wire.Check),
+		Status: p.through(wire.Status),
+		GC:     p.through(wire.GC),
+	}
+}
+
+// Add, Del, Check, Status and GC run one verb here, as the runtime's exec of
+// the plugin does.
+func (p *Plugin) Add(args *skel.CmdArgs) error    { return p.add(context.Background(), args) }
+func (p *Plugin) Del(args *skel.CmdArgs) error    { return p.del(context.Background(), args) }
+func (p *Plugin) Check(args *skel.CmdArgs) error  { return p.check(context.Background(), args) }
+func (p *Plugin) Status(args *skel.CmdArgs) error { return p.status(context.Background(), args) }
+func (p *Plugin) GC(args *skel.CmdArgs) error     { return p.gc(context.Background(), args) }
+
+// Run runs one verb (wire.Add, wire.Del, ...) here, bound to ctx: a node
+// agent runs each request so, and cancels ctx when its client is gone.
+func (p *Plugin) Run(ctx context.Context, command string, args *skel.CmdArgs) error {
+	switch command {
+	case wire.Add:
+		return p.add(ctx, args)
+	case wire.Del:
+		return p.del(ctx, args)
+	case wire.Check:
+		return p.check(ctx, args)
+	case wire.Status:
+		return p.status(ctx, args)
+	case wire.GC:
+		return p.gc(ctx, args)
+	}
+	return cnitypes.NewError(cnitypes.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND %q", command), "")
+}
+
+// load reads a network config with p.Load.
+func (p *Plugin) load(stdin []byte) (*conf.Config, error) {
+	if p.Load != nil {
+		return p.Load(stdin)
+	}
+	return conf.Load(stdin)
 }
 
 // exec runs the delegates of DEL, GC and STATUS: p.Exec, or the binary
@@ -96,10 +167,17 @@ func (p *Plugin) stderr() io.Writer {
 }
 
 func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
+	var l *logger
 	if cfg == nil {
-		return newLogger("", "", p.stderr(), verb, containerID)
+		l = newLogger("", "", p.stderr(), verb, containerID)
+	} else {
+		l = newLogger(cfg.LogFile(), cfg.LogLevel(), p.stderr(), verb, containerID)
 	}
-	return newLogger(cfg.LogFile(), cfg.LogLevel(), p.stderr(), verb, containerID)
+	if p.fallback != "" {
+		l.Debugf("%s; doing it here", p.fallback)
+		p.fallback = "" // said once, in the verb's first log
+	}
+	return l
 }
 
 // store reaches the IPPool store a kubeconfig names.
@@ -121,8 +199,8 @@ func (p *Plugin) store(path string) (*shim.Store, error) {
 // loadForAttachment is the config of ADD and CHECK: usable, with ranges and
 // no node slices, for an attachment whose IDs a checkpoint path can be built
 // from.
-func loadForAttachment(args *skel.CmdArgs) (*conf.Config, error) {
-	cfg, err := conf.Load(args.StdinData)
+func (p *Plugin) loadForAttachment(args *skel.CmdArgs) (*conf.Config, error) {
+	cfg, err := p.load(args.StdinData)
 	if err != nil {
 		return nil, err
 	}

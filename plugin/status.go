@@ -6,11 +6,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
-	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
 )
 
 // The CNI spec (1.1.0) STATUS codes; the library has no names for them.
@@ -25,11 +24,11 @@ const statusTimeout = 5 * time.Second
 // directory can be written and the API server answers for the pools; then
 // the delegate's STATUS decides. Not ready is error 50 (no ADD can succeed);
 // never 51, since a missing IPAM store takes no address from a running pod.
-func (p *Plugin) Status(args *skel.CmdArgs) error {
+func (p *Plugin) status(ctx context.Context, args *skel.CmdArgs) error {
 	notReady := func(msg, details string) error {
 		return cnitypes.NewError(errPluginNotAvailable, msg, details)
 	}
-	cfg, err := conf.Load(args.StdinData)
+	cfg, err := p.load(args.StdinData)
 	if err != nil {
 		return notReady("harvester-ipam config is not usable: "+errText(err), "fix the NAD's ipam object or the whereabouts flat file")
 	}
@@ -43,12 +42,12 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	if err := os.MkdirAll(cfg.Options.CheckpointDir, 0o700); err != nil {
 		return notReady(fmt.Sprintf("checkpoint directory %s: %v", cfg.Options.CheckpointDir, err), "it must be writable by root")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	if err := store.Ping(ctx); err != nil {
 		return notReady(fmt.Sprintf("IPPool store unreachable: %v", err), "the Kubernetes API server in the whereabouts kubeconfig must answer")
 	}
-	if err := invoke.DelegateStatus(ctx, cfg.Options.Delegate, cfg.Delegated, p.exec()); err != nil {
+	if err := delegate.Run(ctx, cfg.Options.Delegate, "STATUS", cfg.Delegated, p.exec(), p.Env); err != nil {
 		return delegateError(cfg.Options.Delegate, "STATUS", err)
 	}
 	return nil

@@ -32,6 +32,8 @@ type API interface {
 	// PatchPool applies a guarded JSON patch: it fails with 422 when the pool
 	// changed since the resourceVersion the patch tests.
 	PatchPool(ctx context.Context, namespace, name string, patch Patch) (*Pool, error)
+	// CreatePool creates a pool: AlreadyExists when one has its name.
+	CreatePool(ctx context.Context, namespace string, pool *Pool) (*Pool, error)
 	// DeletePool deletes only the pool the preconditions name: 409 when its
 	// UID or resourceVersion differ.
 	DeletePool(ctx context.Context, namespace, name string, pre Preconditions) error
@@ -39,6 +41,9 @@ type API interface {
 	GetReservation(ctx context.Context, namespace, name string) (*Reservation, error)
 	ListReservations(ctx context.Context, namespace string, page Page) ([]Reservation, string, error)
 	PatchReservation(ctx context.Context, namespace, name string, patch Patch) (*Reservation, error)
+	// CreateReservation creates a reservation: AlreadyExists when one has
+	// its name (the address is reserved).
+	CreateReservation(ctx context.Context, namespace string, o *Reservation) (*Reservation, error)
 	// DeleteReservation deletes only the object the preconditions name: 409
 	// when its UID or resourceVersion differ.
 	DeleteReservation(ctx context.Context, namespace, name string, pre Preconditions) error
@@ -167,3 +172,9 @@ func ListAll[T any](ctx context.Context, limit int64, list func(context.Context,
 		page.Continue = next
 	}
 }
+
+// PoolList and ReservationList are whereabouts' lists, as informers take them.
+type (
+	PoolList        = whereaboutsv1alpha1.IPPoolList
+	ReservationList = whereaboutsv1alpha1.OverlappingRangeIPReservationList
+)

@@ -78,6 +78,14 @@ func (k *kubeAPI) PatchPool(ctx context.Context, ns, name string, patch Patch) (
 	return k.wb.IPPools(ns).Patch(ctx, name, types.JSONPatchType, body, metav1.PatchOptions{})
 }
 
+func (k *kubeAPI) CreatePool(ctx context.Context, ns string, p *Pool) (*Pool, error) {
+	return k.wb.IPPools(ns).Create(ctx, p, metav1.CreateOptions{})
+}
+
+func (k *kubeAPI) CreateReservation(ctx context.Context, ns string, o *Reservation) (*Reservation, error) {
+	return k.wb.OverlappingRangeIPReservations(ns).Create(ctx, o, metav1.CreateOptions{})
+}
+
 func (k *kubeAPI) DeletePool(ctx context.Context, ns, name string, pre Preconditions) error {
 	uid, rv := pre.UID, pre.ResourceVersion
 	return k.wb.IPPools(ns).Delete(ctx, name,

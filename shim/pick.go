@@ -99,6 +99,36 @@ func containsIP(ips []net.IP, ip net.IP) bool {
 	return false
 }
 
+// LostAttachment picks what an ADD of the attachment (containerID, ifName)
+// may have allocated when it was lost midway (a node agent that took it and
+// died): what FindAttachment finds, and also the container's entries without
+// an ifname at no address in others, the addresses the sandbox's other
+// attachments to this pool recorded. whereabouts v0.7.0 writes no ifname,
+// and such an ADD may die after whereabouts wrote its entry, before the
+// address was recorded. When unsure (another attachment of the sandbox to
+// this pool recorded no address: its entry cannot be told from this one's),
+// those entries are left, as FindAttachment leaves them.
+func LostAttachment(containerID, ifName string, ips, others []net.IP, unsure bool) Picker {
+	return func(p *Pool) []string {
+		f := FindAttachment(p, containerID, ifName, ips)
+		if !f.Ambiguous || unsure {
+			return f.Offsets
+		}
+		first, _, err := net.ParseCIDR(p.Spec.Range)
+		if err != nil {
+			return f.Offsets
+		}
+		out := f.Offsets
+		for off, a := range p.Spec.Allocations {
+			if a.ContainerID == containerID && a.IfName == "" && !atOneOf(first, off, ips) && !atOneOf(first, off, others) {
+				out = append(out, off)
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+}
+
 // Attachment picks what FindAttachment finds.
 func Attachment(containerID, ifName string, ips []net.IP) Picker {
 	return func(p *Pool) []string { return FindAttachment(p, containerID, ifName, ips).Offsets }

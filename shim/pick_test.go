@@ -66,6 +66,43 @@ func TestFindAttachment(t *testing.T) {
 	}
 }
 
+func TestLostAttachment(t *testing.T) {
+	legacy := fake.NewPool("p", "10.0.0.0/24", map[string]alloc{ // whereabouts v0.7.0: no ifnames
+		"1": {ContainerID: "c", PodRef: "ns/p"},
+		"2": {ContainerID: "c", PodRef: "ns/p"},
+		"3": {ContainerID: "d", PodRef: "ns/q"},
+	})
+	named := fake.NewPool("p", "10.0.0.0/24", map[string]alloc{
+		"1": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet1"},
+		"2": {ContainerID: "c", PodRef: "ns/p", IfName: "lhnet2"},
+	})
+	ips := func(s ...string) []net.IP {
+		var out []net.IP
+		for _, x := range s {
+			out = append(out, net.ParseIP(x))
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name        string
+		p           *shim.Pool
+		ips, others []net.IP
+		unsure      bool
+		want        []string
+	}{
+		{"by ifname, as FindAttachment", named, nil, nil, false, []string{"1"}},
+		{"unnamed, nothing else recorded: every unnamed entry of the container", legacy, nil, nil, false, []string{"1", "2"}},
+		{"unnamed, the sibling's address recorded: the rest", legacy, nil, ips("10.0.0.2"), false, []string{"1"}},
+		{"unnamed, at its own recorded address: that one, as FindAttachment", legacy, ips("10.0.0.1"), nil, false, []string{"1"}},
+		{"unnamed, a sibling that recorded nothing: none", legacy, nil, nil, true, nil},
+		{"a bad range: by ifname only", fake.NewPool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "lhnet1"}, "2": {ContainerID: "c"}}), nil, nil, false, []string{"1"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, shim.LostAttachment("c", "lhnet1", tt.ips, tt.others, tt.unsure)(tt.p))
+		})
+	}
+}
+
 func TestEarlierSandboxes(t *testing.T) {
 	p := storageNetwork()[0].(*shim.Pool)
 	assert.Equal(t, []string{"4", "5", "6"}, shim.EarlierSandboxes("longhorn-system/im-a", "current")(p))

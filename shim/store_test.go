@@ -437,7 +437,7 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 			_, err := api.UpdatePool(ns, p)
 			require.NoError(t, err)
 			api.Remove(fake.Reservations, ns, "192.168.50.4")
-			_, err = api.CreateReservation(ns, fake.NewReservation("192.168.50.4", "longhorn-system/im-a"))
+			_, err = api.CreateReservation(context.Background(), ns, fake.NewReservation("192.168.50.4", "longhorn-system/im-a"))
 			require.NoError(t, err)
 		},
 		wantKept: true, wantDelete: 1,
@@ -445,7 +445,7 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 		name: "recreated for another pod under the delete: not ours any more",
 		underDel: func(t *testing.T, api *fake.API) {
 			api.Remove(fake.Reservations, ns, "192.168.50.4")
-			_, err := api.CreateReservation(ns, fake.NewReservation("192.168.50.4", "longhorn-system/im-z"))
+			_, err := api.CreateReservation(context.Background(), ns, fake.NewReservation("192.168.50.4", "longhorn-system/im-z"))
 			require.NoError(t, err)
 		},
 		wantKept: true, wantDelete: 1,

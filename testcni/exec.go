@@ -22,7 +22,7 @@ type Run struct {
 // network's CNI_PATH is set, so the plugin finds its delegate.
 func (r *Rig) Plugin(ctx context.Context, n *Network, env []string, stdin []byte) (Run, error) {
 	cmd := exec.CommandContext(ctx, r.PluginBinary())
-	cmd.Env = append(append(os.Environ(), "CNI_PATH="+n.cniPath()), env...)
+	cmd.Env = append(append(append(os.Environ(), "CNI_PATH="+n.cniPath()), n.agentEnv()...), env...)
 	cmd.Stdin = bytes.NewReader(stdin)
 	return run(cmd)
 }

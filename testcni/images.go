@@ -124,9 +124,9 @@ func (r *Rig) ChartImage(ctx context.Context, tag string) (Image, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return Image{}, err
 		}
-		// One go build for the three: their links run side by side.
+		// One go build for the four: their links run side by side.
 		if err := r.build(ctx, dir+"/", "./cmd/harvester-ipam", "-buildvcs=false", "-ldflags=-s -w -X main.Version="+tag,
-			"./cmd/harvester-ipam-install", "./cmd/harvester-ipam-reconciler"); err != nil {
+			"./cmd/harvester-ipam-agent", "./cmd/harvester-ipam-install", "./cmd/harvester-ipam-reconciler"); err != nil {
 			return Image{}, err
 		}
 		out := filepath.Join(filepath.Dir(r.bin), "images", "harvester-ipam-"+tag+".oci.tar")

@@ -18,10 +18,11 @@ const isolatedEnv = "HARVESTER_IPAM_RIG_ISOLATED"
 
 // Isolate re-executes the current program in a new network and mount
 // namespace and exits with its status; in that child it returns nil after
-// making the namespaces usable (loopback up, private /run/netns and
-// /var/lib/cni). Call it first thing in TestMain or main. Everything the rig
-// starts lives and dies with that child: the kernel frees the bridge, the
-// veths and the sandboxes' namespaces when it exits, even after a crash.
+// making the namespaces usable (loopback up, private /run/netns,
+// /var/lib/cni and /run/harvester-ipam). Call it first thing in TestMain or
+// main. Everything the rig starts lives and dies with that child: the
+// kernel frees the bridge, the veths and the sandboxes' namespaces when it
+// exits, even after a crash.
 func Isolate() error {
 	if os.Getenv(isolatedEnv) == "1" {
 		return setupIsolated()
@@ -68,7 +69,9 @@ func setupIsolated() error {
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	for _, dir := range []string{"/run/netns", "/var/lib/cni"} {
+	// /run/harvester-ipam is where a node agent's socket is by default: no
+	// rig may reach the host's, nor another rig's.
+	for _, dir := range []string{"/run/netns", "/var/lib/cni", "/run/harvester-ipam"} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", dir, err)
 		}

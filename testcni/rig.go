@@ -89,6 +89,12 @@ type Rig struct {
 	bin      string            // the harvester-ipam binaries built for this rig
 	cniPaths map[string]string // whereabouts version -> CNI_PATH
 	crashBin string            // dir with the crashpoints build of harvester-ipam
+	// agentOnce builds harvester-ipam-agent on the first StartAgent.
+	agentOnce sync.Once
+	agentErr  error
+	// agentCrashOnce builds its crashpoints build on the first that wants it.
+	agentCrashOnce sync.Once
+	agentCrashErr  error
 
 	// machine is the network namespace of a cluster of the rig's own
 	// (StartCluster); nil for the rig's own cluster.
@@ -98,6 +104,7 @@ type Rig struct {
 	controllers []*proc
 
 	mu       sync.Mutex
+	agents   []*Agent        // node agents, killed with the rig
 	netns    map[string]bool // sandboxes' namespaces still to delete
 	parts    []*WhereaboutsParts
 	clusters []*Rig // clusters of its own, closed with it
@@ -317,9 +324,13 @@ func (r *Rig) Close() {
 		_ = exec.Command("ip", "netns", "del", ns).Run()
 	}
 	r.netns = map[string]bool{}
-	parts, clusters := r.parts, r.clusters
-	r.parts, r.clusters = nil, nil
+	parts, clusters, agents := r.parts, r.clusters, r.agents
+	r.parts, r.clusters, r.agents = nil, nil, nil
 	r.mu.Unlock()
+	for _, a := range agents {
+		_ = a.Resume()
+		a.Kill()
+	}
 	for _, c := range clusters {
 		c.Close()
 	}

@@ -56,6 +56,14 @@ type Network struct {
 	// returns success without touching the pool (writeSwallowingWhereabouts):
 	// whereabouts' own DEL on a storage failure, had on demand.
 	SwallowDel bool
+	// BinDir, when set, is the network's CNI bin dir in place of the one the
+	// rig made for its IPAM and version (a test's own, such as
+	// Rig.AgentKillerDir's).
+	BinDir string
+	// Agent, when set, is the node agent harvester-ipam hands each verb to,
+	// as a node's plugin finds the agent of its node; without one the
+	// plugin never reaches an agent.
+	Agent *Agent
 
 	rig *Rig
 }
@@ -123,6 +131,9 @@ func (n *Network) Type() string {
 
 // binDir is the CNI bin dir of the network's plugins.
 func (n *Network) binDir() string {
+	if n.BinDir != "" {
+		return n.BinDir
+	}
 	key := n.Whereabouts
 	if n.IPAM == StandIn {
 		key += standInKey
@@ -284,6 +295,7 @@ func (s *Sandbox) cnitool(ctx context.Context, verb string) ([]byte, error) {
 	cmd.Env = append(os.Environ(),
 		"NETCONFPATH="+s.Net.rig.NetConfDir, "CNI_PATH="+s.Net.cniPath(),
 		"CNI_IFNAME="+s.IfName, "CNI_ARGS="+s.CNIArgs())
+	cmd.Env = append(cmd.Env, s.Net.agentEnv()...)
 	cmd.Env = append(cmd.Env, s.Env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

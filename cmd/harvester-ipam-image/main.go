@@ -1,6 +1,7 @@
 // Command harvester-ipam-image builds the chart's image without a container
-// engine: it builds harvester-ipam, harvester-ipam-install and
-// harvester-ipam-reconciler as static binaries and packs them into
+// engine: it builds harvester-ipam, harvester-ipam-agent,
+// harvester-ipam-install and harvester-ipam-reconciler as static binaries
+// and packs them into
 // /usr/bin of a one-layer image archive (install/image) that `docker load`
 // and `ctr images import` accept. Run from the repository (make image):
 //
@@ -27,7 +28,7 @@ import (
 )
 
 // Commands are the image's binaries, each built from ./cmd/<name>.
-var Commands = []string{"harvester-ipam", "harvester-ipam-install", "harvester-ipam-reconciler"}
+var Commands = []string{"harvester-ipam", "harvester-ipam-agent", "harvester-ipam-install", "harvester-ipam-reconciler"}
 
 func main() {
 	var (

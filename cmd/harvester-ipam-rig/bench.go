@@ -48,6 +48,8 @@ type side struct {
 	// of one section share sandboxes (container IDs), and one sandbox's
 	// attachments have interfaces of their own.
 	ifname string
+	// env is more of the plugin's environment (its node agent's socket).
+	env []string
 }
 
 func (b *bencher) sides(rngH, rngW string) (h, w side) {
@@ -94,6 +96,7 @@ func (b *bencher) exec(ctx context.Context, run func(context.Context, string, []
 	}
 	env := []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + b.netns, "CNI_IFNAME=" + ifname,
 		"CNI_PATH=" + s.path, "CNI_ARGS=IgnoreUnknown=true;K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=" + pod}
+	env = append(env, s.env...)
 	m, err := run(ctx, s.bin, env, s.conf(b.rig.FlatFile))
 	if err == nil && m.Exit != 0 {
 		err = fmt.Errorf("%s %s %s: exit %d: %s %s", s.name, verb, id, m.Exit, m.Stdout, lastLine(m.Stderr))
@@ -143,6 +146,11 @@ func bench(ctx context.Context, rig *testcni.Rig) error {
 	}
 	if run("node") {
 		if err := b.node(ctx); err != nil {
+			return err
+		}
+	}
+	if run("agent") {
+		if err := b.agentLatency(ctx, n); err != nil {
 			return err
 		}
 	}

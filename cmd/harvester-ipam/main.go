@@ -6,6 +6,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/plugin"
 )
 
@@ -14,6 +15,8 @@ var Version = "dev"
 
 func main() {
 	p := plugin.New()
+	// Each verb goes to the node agent first, when one serves this node.
+	p.Agent = client.New()
 	skel.PluginMainFuncs(p.Funcs(),
 		version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"),
 		"harvester-ipam "+Version+": reclaims a pod's stale whereabouts allocations, then delegates")

@@ -317,6 +317,38 @@ func (d Dir) ForgetPool(containerID, namespace, pool string) (int, error) {
 	return removed, nil
 }
 
+// OfContainer returns the records of a container's attachments; those that
+// do not read are returned as errors beside them.
+func (d Dir) OfContainer(containerID string) ([]Record, []error) {
+	if ValidateContainerID(containerID) != nil {
+		return nil, nil // no file can be named after it: nothing recorded
+	}
+	paths, err := filepath.Glob(filepath.Join(string(d), containerID+":*.json"))
+	if err != nil {
+		return nil, []error{err}
+	}
+	var recs []Record
+	var errs []error
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("read checkpoint %s: %w", p, err))
+			}
+			continue
+		}
+		r, err := Decode(data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("checkpoint %s: %w", p, err))
+			continue
+		}
+		if r.ContainerID == containerID {
+			recs = append(recs, r)
+		}
+	}
+	return recs, errs
+}
+
 // List returns every record in the directory. Files that do not parse are
 // returned as errors beside the records, so that one bad file hides nothing.
 func (d Dir) List() ([]Record, []error) {

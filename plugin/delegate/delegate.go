@@ -16,10 +16,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
@@ -37,14 +39,16 @@ type Early struct {
 
 	// stderr receives the plugin's stderr, as invoke's RawExec passes it on.
 	stderr io.Writer
-	name   string   // the plugin Start looked up,
-	paths  []string // on these directories,
-	path   string   // and found here
-	env    []string
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	out    bytes.Buffer
-	errOut bytes.Buffer
+	// orphanless kills the plugins it runs with the process that runs them.
+	orphanless bool
+	name       string   // the plugin Start looked up,
+	paths      []string // on these directories,
+	path       string   // and found here
+	env        []string
+	cmd        *exec.Cmd
+	stdin      io.WriteCloser
+	out        bytes.Buffer
+	errOut     bytes.Buffer
 }
 
 // Start starts the plugin named name, found on CNI_PATH by Find, for a
@@ -52,13 +56,19 @@ type Early struct {
 // is not an error here: the run at ExecPlugin then execs it as invoke does
 // and reports what fails.
 func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
+	return StartIn(ctx, name, command, nil, stderr)
+}
+
+// StartIn is Start in the environment env (nil: this process's own): its
+// CNI_PATH, and every variable the delegate inherits.
+func StartIn(ctx context.Context, name, command string, env []string, stderr io.Writer) *Early {
 	e := &Early{stderr: stderr}
-	paths := filepath.SplitList(os.Getenv("CNI_PATH"))
+	paths := filepath.SplitList(Getenv(env, "CNI_PATH"))
 	path, err := Find(name, paths)
 	if err != nil {
 		return e
 	}
-	env := (&invoke.DelegateArgs{Command: command}).AsEnv()
+	env = commandEnv(env, command)
 	cmd := exec.CommandContext(ctx, path)
 	cmd.Env = guarded(env)
 	cmd.Stdout, cmd.Stderr = &e.out, &e.errOut
@@ -77,6 +87,11 @@ func Start(ctx context.Context, name, command string, stderr io.Writer) *Early {
 // Plain is an Early with no process started: it finds delegates with Find
 // and runs them as invoke does.
 func Plain(stderr io.Writer) *Early { return &Early{stderr: stderr} }
+
+// Orphanless is Plain whose plugins die with the process that runs them
+// (PR_SET_PDEATHSIG): a node agent killed midway must leave no delegate
+// going on with a verb that its client, seeing the agent gone, does again.
+func Orphanless(stderr io.Writer) *Early { return &Early{stderr: stderr, orphanless: true} }
 
 // Started says whether a process waits for its config.
 func (e *Early) Started() bool { return e.cmd != nil }
@@ -99,6 +114,9 @@ func (e *Early) Abandon() {
 func (e *Early) ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error) {
 	if e.cmd == nil || pluginPath != e.path || !sameEnv(environ, e.env) {
 		e.Abandon()
+		if e.orphanless {
+			return runOrphanless(ctx, pluginPath, stdinData, guarded(environ), e.stderr)
+		}
 		return (&invoke.RawExec{Stderr: e.stderr}).ExecPlugin(ctx, pluginPath, stdinData, guarded(environ))
 	}
 	cmd := e.cmd
@@ -159,4 +177,30 @@ func pluginErr(err error, stdout, stderr []byte) error {
 		emsg.Msg = fmt.Sprintf("netplugin failed but error parsing its diagnostic message %q: %v", string(stdout), perr)
 	}
 	return &emsg
+}
+
+// runOrphanless runs a plugin as invoke's RawExec does (its stderr passed
+// on, its failure read as RawExec reads it, a "text file busy" retried each
+// second up to five times), killed when the thread that started it dies.
+func runOrphanless(ctx context.Context, path string, stdin []byte, env []string, stderr io.Writer) ([]byte, error) {
+	for attempt := 0; ; attempt++ {
+		var out, errOut bytes.Buffer
+		c := exec.CommandContext(ctx, path)
+		c.Env = env
+		c.Stdin = bytes.NewReader(stdin)
+		c.Stdout, c.Stderr = &out, &errOut
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		err := c.Run()
+		if err != nil && strings.Contains(err.Error(), "text file busy") && attempt < 5 {
+			time.Sleep(time.Second)
+			continue
+		}
+		if err != nil {
+			return nil, pluginErr(err, out.Bytes(), errOut.Bytes())
+		}
+		if stderr != nil && errOut.Len() > 0 {
+			_, _ = errOut.WriteTo(stderr)
+		}
+		return out.Bytes(), nil
+	}
 }

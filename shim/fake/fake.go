@@ -355,7 +355,7 @@ func (a *API) deleteAt(k key, cur metaObject, pre shim.Preconditions) error {
 }
 
 // CreatePool creates a pool, as whereabouts does on its first ADD in a range.
-func (a *API) CreatePool(ns string, p *shim.Pool) (*shim.Pool, error) {
+func (a *API) CreatePool(_ context.Context, ns string, p *shim.Pool) (*shim.Pool, error) {
 	var out *shim.Pool
 	k := key{Pools, ns, p.Name}
 	err := a.do(Call{Verb: "create", Resource: Pools, Namespace: ns, Name: p.Name}, func() error {
@@ -456,7 +456,7 @@ func (a *API) DeleteReservation(_ context.Context, ns, name string, pre shim.Pre
 }
 
 // CreateReservation creates a reservation, as whereabouts does.
-func (a *API) CreateReservation(ns string, o *shim.Reservation) (*shim.Reservation, error) {
+func (a *API) CreateReservation(_ context.Context, ns string, o *shim.Reservation) (*shim.Reservation, error) {
 	var out *shim.Reservation
 	k := key{Reservations, ns, o.Name}
 	err := a.do(Call{Verb: "create", Resource: Reservations, Namespace: ns, Name: o.Name}, func() error {

@@ -44,7 +44,7 @@ func TestTheFakeServesAsTheAPIServerDoes(t *testing.T) {
 	fresh, err := api.GetPool(ctx, "ns", "p", shim.Fresh)
 	require.NoError(t, err)
 	assert.Empty(t, fresh.Spec.Allocations)
-	_, err = api.CreateReservation("ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.9"}})
+	_, err = api.CreateReservation(context.Background(), "ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.9"}})
 	require.NoError(t, err)
 	_, err = api.GetPool(ctx, "ns", "p", shim.Cache)
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func TestTheFakeServesAsTheAPIServerDoes(t *testing.T) {
 	api.CacheLag, api.StaleRead = nil, nil
 
 	// A delete with stale preconditions is 409; with current ones it applies.
-	o, err := api.CreateReservation("ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.1"}})
+	o, err := api.CreateReservation(context.Background(), "ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.1"}})
 	require.NoError(t, err)
 	err = api.DeleteReservation(ctx, "ns", o.Name, shim.Preconditions{UID: o.UID, ResourceVersion: "1"})
 	assert.True(t, apierrors.IsConflict(err), "%v", err)
@@ -64,7 +64,7 @@ func TestTheFakeServesAsTheAPIServerDoes(t *testing.T) {
 
 	// A lost response: applied, and the caller told it timed out.
 	api.Hook = func(c *fake.Call) error { c.LoseResponse = c.Verb == "create"; return nil }
-	_, err = api.CreateReservation("ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.2"}})
+	_, err = api.CreateReservation(context.Background(), "ns", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.2"}})
 	assert.True(t, apierrors.IsTimeout(err), "%v", err)
 	_, err = api.GetReservation(ctx, "ns", "10.0.0.2")
 	assert.NoError(t, err, "it happened all the same")

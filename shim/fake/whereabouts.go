@@ -103,7 +103,7 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 		}
 		p, err := w.API.GetPool(ctx, w.Namespace, poolName, shim.Fresh)
 		if apierrors.IsNotFound(err) {
-			_, err = w.API.CreatePool(w.Namespace, &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: poolName},
+			_, err = w.API.CreatePool(context.Background(), w.Namespace, &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: poolName},
 				Spec: whereaboutsv1alpha1.IPPoolSpec{Range: r.Range, Allocations: map[string]whereaboutsv1alpha1.IPAllocation{}}})
 			if err != nil && !apierrors.IsAlreadyExists(err) {
 				return nil, fmt.Errorf("k8s create error: %w", err)
@@ -192,7 +192,7 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 		} else {
 			spec.ContainerID = r.ContainerID
 		}
-		_, err := w.API.CreateReservation(w.Namespace, &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: names.Reservation(chosen, r.NetworkName)}, Spec: spec})
+		_, err := w.API.CreateReservation(context.Background(), w.Namespace, &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: names.Reservation(chosen, r.NetworkName)}, Spec: spec})
 		if err != nil {
 			// whereabouts does not undo the pool write: the entry stays.
 			return nil, fmt.Errorf("error performing UpdateOverlappingRangeAllocation: %w", err)

@@ -124,9 +124,9 @@ func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(p, b, os.FileMode(h.Mode)))
 	}
-	assert.Equal(t, []string{"usr/", "usr/bin/", "usr/bin/harvester-ipam", "usr/bin/harvester-ipam-install", "usr/bin/harvester-ipam-reconciler"}, names)
+	assert.Equal(t, []string{"usr/", "usr/bin/", "usr/bin/harvester-ipam", "usr/bin/harvester-ipam-agent", "usr/bin/harvester-ipam-install", "usr/bin/harvester-ipam-reconciler"}, names)
 	bin := filepath.Join(root, "usr", "bin")
-	for _, c := range []string{"harvester-ipam", "harvester-ipam-install", "harvester-ipam-reconciler"} {
+	for _, c := range []string{"harvester-ipam", "harvester-ipam-agent", "harvester-ipam-install", "harvester-ipam-reconciler"} {
 		// Static: no program interpreter (the plugin runs on the host, outside the image).
 		f, err := elf.Open(filepath.Join(bin, c))
 		require.NoError(t, err)
@@ -147,6 +147,7 @@ func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 	for c, usage := range map[string]string{
 		"harvester-ipam-install":    "-cni-bin-dir string",
 		"harvester-ipam-reconciler": "usage: harvester-ipam-reconciler [inspect] [flags]",
+		"harvester-ipam-agent":      "usage: harvester-ipam-agent [flags]",
 	} {
 		out, err := exec.Command(filepath.Join(bin, c), "-h").CombinedOutput()
 		assert.Contains(t, string(out), usage, "%s -h: %v", c, err)

@@ -99,7 +99,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 	}{
 		{
 			name: "defaults", namespace: "kube-system",
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.Equal(t, "rancher/harvester-ipam:v0.1.0", ds.Spec.Template.Spec.Containers[0].Image)
@@ -109,7 +109,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "reconciler as a deployment, dry run", namespace: "harvester-system",
 			set:  []string{"reconciler.mode=deployment", "reconciler.dryRun=true", "reconciler.grace=30m", "image.tag=v9.9.9"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "Deployment": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				d := typed[appsv1.Deployment](t, objs, "Deployment")
 				c := d.Spec.Template.Spec.Containers[0]
@@ -121,7 +121,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "deleting orphaned pools", namespace: "kube-system",
 			set:  []string{"reconciler.deleteOrphanedPools=true"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				assert.Contains(t, string(mustJSON(t, objs, "CronJob")), `"--delete-orphaned-pools"`)
 				for _, o := range objs {
@@ -134,8 +134,63 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 			},
 		},
 		{
+			name: "the node agent", namespace: "harvester-system",
+			set:  []string{"agent.socketPath=/run/hi/a.sock", "hostPaths.cniConfDir=/var/lib/rancher/cni/net.d"},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				var ds *appsv1.DaemonSet
+				for _, o := range objs {
+					if o.GetKind() == "DaemonSet" && o.GetName() == "harvester-ipam-agent" {
+						ds = typed[appsv1.DaemonSet](t, []unstructured.Unstructured{o}, "DaemonSet")
+					}
+				}
+				require.NotNil(t, ds, "the agent's DaemonSet")
+				spec := ds.Spec.Template.Spec
+				assert.Equal(t, "harvester-ipam-agent", spec.ServiceAccountName, "an identity of its own")
+				assert.True(t, spec.HostNetwork)
+				assert.Equal(t, int32(0), ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.IntVal, "a new agent starts beside the old one")
+				require.Len(t, spec.Containers, 1)
+				c := spec.Containers[0]
+				assert.Equal(t, []string{"/usr/bin/harvester-ipam-agent"}, c.Command)
+				assert.Equal(t, []string{"--socket=/run/hi/a.sock", "--node-file=/var/lib/rancher/cni/net.d/harvester-ipam.d/agent.conf",
+					"--namespace=kube-system", "--checkpoint-dir=/var/lib/cni/harvester-ipam", "--metrics-addr=127.0.0.1:9422",
+					"--max-in-flight=256", "--log-requests=true", "--grace=25s"}, c.Args)
+				assert.Equal(t, []string{"/usr/bin/harvester-ipam-agent", "probe", "--socket=/run/hi/a.sock"}, c.ReadinessProbe.Exec.Command)
+				assert.Equal(t, int64(0), *c.SecurityContext.RunAsUser)
+				assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
+				assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
+				// Every host path at its own path, read-only but what it writes.
+				hostPaths := map[string]string{}
+				for _, v := range spec.Volumes {
+					hostPaths[v.Name] = v.HostPath.Path
+				}
+				mounts := map[string]string{}
+				for _, m := range c.VolumeMounts {
+					assert.Equal(t, hostPaths[m.Name], m.MountPath, "%s at its host path", m.Name)
+					mounts[m.MountPath] = map[bool]string{true: "ro", false: "rw"}[m.ReadOnly]
+				}
+				assert.Equal(t, map[string]string{"/run/hi": "rw", "/var/lib/rancher/cni/net.d": "ro", "/var/lib/rancher/cni/net.d/harvester-ipam.d": "rw",
+					"/var/lib/cni/harvester-ipam": "rw", "/opt/cni/bin": "ro"}, mounts)
+				for _, o := range objs {
+					if o.GetKind() == "Role" && o.GetName() == "harvester-ipam-agent" {
+						assert.Equal(t, "kube-system", o.GetNamespace(), "beside the pools")
+					}
+				}
+			},
+		},
+		{
+			name: "no node agent", namespace: "kube-system",
+			set:  []string{"agent.enabled=false"},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				for _, o := range objs {
+					assert.NotContains(t, o.GetName(), "agent", "%s %s", o.GetKind(), o.GetName())
+				}
+			},
+		},
+		{
 			name: "installer only", namespace: "kube-system",
-			set:  []string{"reconciler.enabled=false", "rbac.plugin=false"},
+			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "agent.enabled=false"},
 			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				// Standing in, the installer reads its own DaemonSet when it
@@ -150,7 +205,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		},
 		{
 			name: "installer only, not standing in", namespace: "kube-system",
-			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "standIn.enabled=false"},
+			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "standIn.enabled=false", "agent.enabled=false"},
 			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
@@ -162,7 +217,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 			name: "other host paths and pool namespace", namespace: "kube-system",
 			set: []string{"hostPaths.cniBinDir=/var/lib/rancher/rke2/data/cni/bin", "hostPaths.cniConfDir=/var/lib/rancher/cni/net.d",
 				"whereabouts.poolNamespace=whereabouts-pools", "whereabouts.serviceAccount.name=wb", "whereabouts.serviceAccount.namespace=whereabouts-system"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				paths := map[string]string{}
@@ -241,6 +296,7 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 	plugin := "system:serviceaccount:kube-system:" + wbSA
 	reconciler := "system:serviceaccount:" + ns + ":" + release + "-harvester-ipam-reconciler"
 	installer := "system:serviceaccount:" + ns + ":" + release + "-harvester-ipam-installer"
+	agent := "system:serviceaccount:" + ns + ":" + release + "-harvester-ipam-agent"
 	type q struct{ user, verb, group, resource, namespace string }
 	wb, core := "whereabouts.cni.cncf.io", ""
 	allowed := []q{
@@ -266,6 +322,16 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
 		// When it stops, the installer reads its own DaemonSet (an uninstall or a restart?).
 		{installer, "get", "apps", "daemonsets", ns},
+		// The node agent, as itself: pools and reservations (read, watched,
+		// written by guarded patches, created), whereabouts' Lease.
+		{agent, "get", wb, "ippools", "kube-system"}, {agent, "list", wb, "ippools", "kube-system"},
+		{agent, "watch", wb, "ippools", "kube-system"}, {agent, "create", wb, "ippools", "kube-system"},
+		{agent, "patch", wb, "ippools", "kube-system"},
+		{agent, "get", wb, "overlappingrangeipreservations", "kube-system"}, {agent, "list", wb, "overlappingrangeipreservations", "kube-system"},
+		{agent, "watch", wb, "overlappingrangeipreservations", "kube-system"}, {agent, "create", wb, "overlappingrangeipreservations", "kube-system"},
+		{agent, "patch", wb, "overlappingrangeipreservations", "kube-system"}, {agent, "delete", wb, "overlappingrangeipreservations", "kube-system"},
+		{agent, "get", "coordination.k8s.io", "leases", "kube-system"}, {agent, "update", "coordination.k8s.io", "leases", "kube-system"},
+		{agent, "create", "coordination.k8s.io", "leases", "kube-system"},
 	}
 	denied := []q{
 		{plugin, "create", wb, "ippools", "kube-system"}, {plugin, "delete", wb, "ippools", "kube-system"},
@@ -284,6 +350,10 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{installer, "list", core, "secrets", ns},
 		{installer, "list", "apps", "daemonsets", ns}, {installer, "delete", "apps", "daemonsets", ns},
 		{installer, "get", "apps", "daemonsets", "kube-system"},
+		{agent, "delete", wb, "ippools", "kube-system"}, {agent, "update", wb, "ippools", "kube-system"},
+		{agent, "get", wb, "ippools", "default"}, {agent, "delete", "coordination.k8s.io", "leases", "kube-system"},
+		{agent, "list", core, "pods", ""}, {agent, "get", core, "secrets", "kube-system"}, {agent, "get", "apps", "daemonsets", ns},
+		{installer, "patch", wb, "ippools", "kube-system"}, // the agent's rights are its own
 	}
 	can := func(x q) bool {
 		user := strings.Split(x.user, ":")

@@ -139,6 +139,25 @@ func newKubeletNode(t *testing.T, name, whereabouts string, webhook bool) *kubel
 	return k
 }
 
+// agentServed is what the chart's node agent on the node logged it served
+// ("ADD <container>/<ifname>: served in ..."), from its container's log.
+func (k *kubeletNode) agentServed(t *testing.T) string {
+	t.Helper()
+	logs, _ := filepath.Glob(filepath.Join(k.nd.VarLog, "pods", "kube-system_harvester-ipam-agent-*", "agent", "*.log"))
+	require.NotEmpty(t, logs, "the node agent's container log")
+	var served []string
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, ": served in ") {
+				served = append(served, line)
+			}
+		}
+	}
+	return strings.Join(served, "\n")
+}
+
 // helm runs the rig's helm against the cluster.
 func (k *kubeletNode) helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
@@ -279,6 +298,11 @@ func TestKubelet(t *testing.T) {
 		assert.Empty(t, alone, "every next sandbox served by harvester-ipam")
 		t.Logf("next sandboxes served by harvester-ipam: %d", len(by))
 		k.holdsOne(t, next)
+		// The chart's node agent served them: its log says so, a line a verb.
+		served := k.agentServed(t)
+		for _, id := range next {
+			assert.Contains(t, served, "ADD "+id+"/lhnet1", "the node agent served the ADD of sandbox %s", id)
+		}
 		live = next
 	})
 

@@ -48,6 +48,49 @@ type env struct {
 	*testcni.Tenant
 	// WB is the whereabouts version harvester-ipam delegates to.
 	WB string
+	// Agent, when set, is the tenant's node agent: e.network's networks
+	// hand every verb to it.
+	Agent *testcni.Agent
+}
+
+// The ways a test's verbs are served, for onEach and inTurn: by the plugin
+// alone, or through a node agent of the tenant's (which does what the
+// plugin would, in-process, and leaves it every verb it does not take).
+const (
+	execPath  = "exec"
+	agentPath = "agent"
+)
+
+// pathsEnv chooses the paths onEach and inTurn run each test on: a comma-
+// separated list of execPath and agentPath ("exec" unless set), so that
+// every scenario written for the plugin runs through the agent too, as a
+// matrix: HARVESTER_IPAM_E2E_PATHS=exec,agent go test ./testcni/e2e.
+const pathsEnv = "HARVESTER_IPAM_E2E_PATHS"
+
+func paths(t *testing.T) []string {
+	v := os.Getenv(pathsEnv)
+	if v == "" {
+		return []string{execPath}
+	}
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case execPath, agentPath:
+			out = append(out, p)
+		default:
+			t.Fatalf("%s=%q: %q is neither %s nor %s", pathsEnv, v, p, execPath, agentPath)
+		}
+	}
+	return out
+}
+
+// subtest names a test's run on a version and a path: the plugin alone
+// keeps the names of before.
+func subtest(wb, path string) string {
+	if path == agentPath {
+		return "whereabouts " + wb + " via the agent"
+	}
+	return "whereabouts " + wb
 }
 
 // onEachDelegate runs f once per whereabouts version, side by side with each
@@ -66,11 +109,13 @@ func onEachAllocator(t *testing.T, f func(t *testing.T, e *env)) {
 
 func onEach(t *testing.T, versions []string, f func(t *testing.T, e *env)) {
 	t.Parallel()
-	for _, v := range versions {
-		t.Run("whereabouts "+v, func(t *testing.T) {
-			t.Parallel()
-			f(t, newEnv(t, v))
-		})
+	for _, path := range paths(t) {
+		for _, v := range versions {
+			t.Run(subtest(v, path), func(t *testing.T) {
+				t.Parallel()
+				f(t, newEnvOn(t, v, path))
+			})
+		}
 	}
 }
 
@@ -78,18 +123,50 @@ func onEach(t *testing.T, versions []string, f func(t *testing.T, e *env)) {
 // after the other, while no other test runs: for tests that stop the API
 // server.
 func inTurn(t *testing.T, f func(t *testing.T, e *env)) {
-	for _, v := range testcni.Allocators {
-		t.Run("whereabouts "+v, func(t *testing.T) { f(t, newEnv(t, v)) })
+	for _, path := range paths(t) {
+		for _, v := range testcni.Allocators {
+			t.Run(subtest(v, path), func(t *testing.T) { f(t, newEnvOn(t, v, path)) })
+		}
 	}
 }
 
-func newEnv(t *testing.T, wb string) *env {
+func newEnv(t *testing.T, wb string) *env { return newEnvOn(t, wb, execPath) }
+
+// newEnvOn is an env whose verbs are served on path: with agentPath, a node
+// agent of the tenant's runs for the test.
+func newEnvOn(t *testing.T, wb, path string) *env {
 	t.Helper()
 	name := fmt.Sprintf("t%d-%s", tenants.Add(1), strings.ReplaceAll(strings.TrimPrefix(wb, "v"), ".", ""))
 	tn, err := rig.NewTenant(ctx(t), name)
 	require.NoError(t, err)
 	t.Cleanup(tn.Remove)
-	return &env{Tenant: tn, WB: wb}
+	e := &env{Tenant: tn, WB: wb}
+	if path == agentPath {
+		e.Agent = startAgent(t, tn)
+	}
+	return e
+}
+
+// startAgent starts a node agent for a tenant's pools, stopped with the
+// test; its log is shown when the test fails.
+func startAgent(t *testing.T, tn *testcni.Tenant) *testcni.Agent {
+	t.Helper()
+	return startAgentWith(t, tn, testcni.AgentOptions{})
+}
+
+// startAgentWith starts a node agent of o for tn, killed when t ends.
+func startAgentWith(t *testing.T, tn *testcni.Tenant, o testcni.AgentOptions) *testcni.Agent {
+	t.Helper()
+	a, err := rig.StartAgent(ctx(t), tn, o)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the node agent's log (%s), last lines:\n%s", a.Log, a.LogTail())
+		}
+		_ = a.Resume()
+		a.Kill()
+	})
+	return a
 }
 
 // network adds a network of this env's tenant and delegate, with a /24 of
@@ -101,6 +178,9 @@ func (e *env) network(t *testing.T, n testcni.Network) *testcni.Network {
 	}
 	if n.Whereabouts == "" {
 		n.Whereabouts = e.WB
+	}
+	if n.Agent == nil {
+		n.Agent = e.Agent
 	}
 	return network(t, n)
 }

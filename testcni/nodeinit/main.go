@@ -1,7 +1,8 @@
 // Command nodeinit is PID 1 of one of the rig's nodes: a PID and mount
 // namespace of its own (the network namespace is the rig's, or its cluster's
 // machine), in which it mounts what a booted node has fresh (/proc, the
-// cgroup hierarchies, tmpfs on /run/containerd and /run/netns), lays the
+// cgroup hierarchies, tmpfs on /run/containerd, /run/netns and
+// /run/harvester-ipam, where the node agent's socket is), lays the
 // node's own disk over the machine's /etc, /opt and /var/log where asked
 // (so that /etc/cni/net.d and /opt/cni/bin are the node's, and nothing of
 // the host is written), binds the node's own /var/lib/cni, and runs
@@ -160,7 +161,8 @@ func boot(spec Spec) error {
 			return fmt.Errorf("lay %s over %s: %w", o.Upper, o.Target, err)
 		}
 	}
-	for _, dir := range []string{"/run/containerd", "/run/netns"} {
+	// /run/harvester-ipam holds the node agent's socket: each node its own.
+	for _, dir := range []string{"/run/containerd", "/run/netns", "/run/harvester-ipam"} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}

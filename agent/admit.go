@@ -1,0 +1,167 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+
+	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
+)
+
+// specVersions are the CNI versions the plugin answers (its skel's
+// PluginSupports): a config of another one is the plugin's to refuse.
+var specVersions = map[string]bool{"0.3.1": true, "0.4.0": true, "1.0.0": true, "1.1.0": true}
+
+// ipamKeys are the ipam fields whereabouts reads (pkg/types IPAMConfig,
+// v0.7.0 to v0.9.4), spelled as it documents them, and harvester-ipam's
+// own. The agent declines a config with any other: a field it does not know
+// may mean something it would not honour. etcd's are left out: whereabouts
+// keeps its pools in Kubernetes only.
+var ipamKeys = map[string]bool{
+	"type": true, conf.OptionsKey: true,
+	"addresses": true, "configuration_path": true, "datastore": true, "dns": true,
+	"enable_overlapping_ranges": true, "exclude": true, "gateway": true, "ipRanges": true,
+	"kubernetes": true, "leader_lease_duration": true, "leader_renew_deadline": true,
+	"leader_retry_period": true, "log_file": true, "log_level": true, "network_name": true,
+	"range": true, "range_end": true, "range_start": true, "reconciler_cron_expression": true,
+	"routes": true, "sleep_for_race": true,
+	// read, and declined below with a reason of its own
+	"node_slice_size": true,
+}
+
+// admit decides whether the agent serves req. It reads the config, the
+// kubeconfig's namespace and, for DEL, the checkpoint; it writes nothing.
+// A decline is a short reason (the metrics' label) and what to log and
+// tell the client.
+func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
+	decline := func(reason, format string, a ...any) (*job, string, string) {
+		return nil, reason, fmt.Sprintf(format, a...)
+	}
+	if s.stopping.Load() {
+		return decline("stopping", "stopping")
+	}
+	if h := s.health.Load(); h.reason != "" {
+		return decline("unhealthy", "%s", h.reason)
+	}
+	if req.Env[wire.EnvGuard] != "" {
+		return decline("guard", "started as a delegate of harvester-ipam (%s is set)", wire.EnvGuard)
+	}
+	j = &job{req: req, args: &skel.CmdArgs{
+		ContainerID:   req.Env[wire.EnvContainerID],
+		Netns:         req.Env[wire.EnvNetns],
+		IfName:        req.Env[wire.EnvIfName],
+		Args:          req.Env[wire.EnvArgs],
+		Path:          req.Env[wire.EnvPath],
+		NetnsOverride: req.Env[wire.EnvNetnsOverride],
+		StdinData:     req.Config,
+	}}
+	if req.Command == wire.Probe {
+		return j, "", ""
+	}
+	j.env = append([]string(nil), s.env...)
+	for _, k := range wire.EnvKeys {
+		if v, ok := req.Env[k]; ok && k != wire.EnvGuard {
+			j.env = append(j.env, k+"="+v)
+		}
+	}
+
+	if key := unknownIPAMKey(req.Config); key != "" {
+		return decline("field", "ipam field %q is unknown to this agent", key)
+	}
+	cfg, err := s.loader.Load(req.Config)
+	if err != nil {
+		// The plugin says exactly what is wrong, or goes on as it can (a DEL
+		// of a NAD that is gone: by its checkpoint).
+		return decline("config", "config: %s", errText(err))
+	}
+	if !specVersions[cfg.CNIVersion] {
+		return decline("version", "cniVersion %q", cfg.CNIVersion)
+	}
+	if cfg.NodeSliceSize != "" {
+		return decline("node_slice_size", "node_slice_size")
+	}
+	if len(cfg.Pools) == 0 {
+		return decline("config", "config names no range")
+	}
+	if req.Command == wire.Add {
+		if _, err := conf.ParseArgs(j.args.Args); err != nil {
+			return decline("config", "CNI_ARGS: %s", errText(err))
+		}
+	}
+	if !slices.Contains(s.o.CheckpointDirs, cfg.Options.CheckpointDir) {
+		return decline("checkpoint", "checkpoint directory %s is not the agent's (%s)", cfg.Options.CheckpointDir, strings.Join(s.o.CheckpointDirs, ", "))
+	}
+	// A verb that runs the delegate runs it from the agent's view of the
+	// request's CNI_PATH: the same binaries, when the node's bin dirs are
+	// mounted at their paths; a delegate the agent does not see is left to
+	// the plugin.
+	if (req.Command == wire.Add && s.o.Allocator == nil) || req.Command == wire.GC || req.Command == wire.Status {
+		if _, err := delegate.Find(cfg.Options.Delegate, filepath.SplitList(j.args.Path)); err != nil {
+			return decline("delegate", "delegate %s: %s", cfg.Options.Delegate, errText(err))
+		}
+	}
+	ns, err := s.namespaceOf(cfg.Kubeconfig())
+	if err != nil {
+		return decline("kubeconfig", "kubeconfig: %s", errText(err))
+	}
+	if !s.serves(ns) {
+		return decline("namespace", "pool namespace %s is not served here (this agent serves %s)", ns, strings.Join(s.o.Namespaces, ", "))
+	}
+	if req.Command == wire.Del {
+		// DEL also releases what the checkpoint names, maybe elsewhere.
+		rec, ok, err := checkpoint.Dir(cfg.Options.CheckpointDir).Read(j.args.ContainerID, j.args.IfName)
+		if err != nil {
+			return decline("checkpoint", "checkpoint: %v", err)
+		}
+		if ok && rec.Namespace != "" && !s.serves(rec.Namespace) {
+			return decline("namespace", "the checkpoint names pool namespace %s, not served here", rec.Namespace)
+		}
+	}
+	if req.Command == wire.Add && s.o.Allocator != nil {
+		if why := s.o.Allocator.Declines(cfg, j.args); why != "" {
+			return decline("allocator", "%s", why)
+		}
+	}
+	return j, "", ""
+}
+
+// unknownIPAMKey is the first ipam field of a config that the agent does not
+// know, "" when there is none (or no ipam object: Load says what is wrong).
+func unknownIPAMKey(config []byte) string {
+	var c struct {
+		IPAM map[string]json.RawMessage `json:"ipam"`
+	}
+	if json.Unmarshal(config, &c) != nil {
+		return ""
+	}
+	var unknown []string
+	for k := range c.IPAM {
+		if !ipamKeys[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return ""
+	}
+	sort.Strings(unknown)
+	return unknown[0]
+}
+
+// errText is a CNI error's message with its details, or any error's text.
+func errText(err error) string {
+	if ce, ok := err.(*cnitypes.Error); ok && ce.Details != "" {
+		return ce.Msg + ": " + ce.Details
+	} else if ok {
+		return ce.Msg
+	}
+	return err.Error()
+}

@@ -1,0 +1,439 @@
+// Package agent is harvester-ipam's node agent: a daemon on each node that
+// serves the plugin's verbs over a unix socket (agent/wire), in-process, with
+// a warm client of the API server, so that a verb costs no process start of
+// whereabouts, no client set-up and no kubeconfig read.
+//
+// It runs the plugin's own verbs (plugin.Plugin.Run), each in the
+// environment its request carried. ADD allocates with Options.Allocator,
+// or, without one, by running the real whereabouts binary as the plugin
+// does. The agent is never a single point of failure: whatever it declines
+// or cannot take in time, the plugin does itself (agent/client), and it
+// writes nothing before the client's go-ahead.
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+
+	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin"
+	"github.com/harvester/harvester-ipam/plugin/delegate"
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// Allocator is what allocates ADD's addresses in the agent, in place of
+// the whereabouts binary: plugin.Allocator, and a say in admission.
+type Allocator interface {
+	plugin.Allocator
+	// Declines says why the allocator would not answer this ADD exactly as
+	// whereabouts would ("" when it would): the agent then declines it, and
+	// the plugin runs whereabouts itself. It runs before the client's
+	// go-ahead, so it must write nothing.
+	Declines(cfg *conf.Config, args *skel.CmdArgs) string
+}
+
+// Options configure a Server.
+type Options struct {
+	// API is the agent's own client of the API server, shared by every
+	// request.
+	API shim.API
+	// Namespaces are the pool namespaces the agent serves (the Role it holds
+	// there); a config whose pools live elsewhere is declined.
+	Namespaces []string
+	// Node names the node, for the Lease identity of each request.
+	Node string
+	// Allocator allocates ADD's addresses; nil runs the whereabouts binary
+	// the request's CNI_PATH holds, as the plugin does.
+	Allocator Allocator
+	// Log receives the agent's own log; nil is stderr.
+	Log io.Writer
+	// Metrics counts requests; nil counts nothing.
+	Metrics *Metrics
+	// MaxInFlight bounds the requests served at once; beyond it the agent
+	// declines (the plugin then works alone). Zero is 256.
+	MaxInFlight int
+	// HandshakeTimeout bounds each step of the handshake on the agent's
+	// side (reading the request and the go-ahead, writing the ack and the
+	// answer). Zero is 5 s.
+	HandshakeTimeout time.Duration
+	// VerbTimeout bounds one verb; zero is plugin.DefaultTimeout.
+	VerbTimeout time.Duration
+	// Env is the environment the request's CNI variables are added to for
+	// the delegates; nil is the agent's own, without CNI variables.
+	Env []string
+	// StoreOptions tune the store of each request (its Identity is set per
+	// request).
+	StoreOptions shim.Options
+	// LogRequests logs a line for each request: what, its outcome, and how
+	// long it took.
+	LogRequests bool
+	// CheckpointDirs are the checkpoint directories the agent writes (the
+	// ones mounted in its container); a config naming another is declined.
+	// Nil is conf.DefaultCheckpointDir.
+	CheckpointDirs []string
+}
+
+// Server serves the plugin's verbs on a Listener.
+type Server struct {
+	o        Options
+	log      *log.Logger
+	loader   conf.Loader
+	env      []string
+	slots    chan struct{}
+	stopping atomic.Bool
+	health   atomic.Pointer[health]
+	seq      atomic.Uint64
+	conns    sync.WaitGroup
+}
+
+// New is a server of o.
+func New(o Options) (*Server, error) {
+	if o.API == nil {
+		return nil, errors.New("agent: no API")
+	}
+	if len(o.Namespaces) == 0 {
+		return nil, errors.New("agent: no pool namespace to serve")
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 256
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 5 * time.Second
+	}
+	if o.VerbTimeout <= 0 {
+		o.VerbTimeout = plugin.DefaultTimeout
+	}
+	if o.CheckpointDirs == nil {
+		o.CheckpointDirs = []string{conf.DefaultCheckpointDir}
+	}
+	w := o.Log
+	if w == nil {
+		w = os.Stderr
+	}
+	env := o.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	s := &Server{
+		o:      o,
+		log:    log.New(w, "", log.LstdFlags|log.Lmicroseconds),
+		loader: conf.Loader{Quiet: true},
+		env:    baseEnv(env),
+		slots:  make(chan struct{}, o.MaxInFlight),
+	}
+	s.health.Store(notChecked)
+	return s, nil
+}
+
+// baseEnv is env without any CNI variable or the delegate guard: each
+// request brings its own.
+func baseEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "CNI_") || k == wire.EnvGuard {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// Serve accepts connections on l until it is closed.
+func (s *Server) Serve(l net.Listener) error {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			// EMFILE and the like: wait a little rather than spin.
+			s.log.Printf("accept: %v", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		uc, ok := c.(*net.UnixConn)
+		if !ok {
+			c.Close()
+			continue
+		}
+		s.conns.Add(1)
+		go func() {
+			defer s.conns.Done()
+			s.serveConn(uc)
+		}()
+	}
+}
+
+// Stop makes the server decline every request from now on (the plugin then
+// works alone) and waits until the verbs it took are done, or ctx ends.
+func (s *Server) Stop(ctx context.Context) error {
+	s.stopping.Store(true)
+	done := make(chan struct{})
+	go func() {
+		s.conns.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("verbs still running: %w", ctx.Err())
+	}
+}
+
+// serveConn serves one connection: one request.
+func (s *Server) serveConn(c *net.UnixConn) {
+	start := time.Now()
+	defer c.Close()
+	if uid, err := peerUID(c); err != nil || uid != 0 {
+		// Only root runs the plugin; anyone else is refused without a word.
+		s.o.Metrics.refused()
+		s.log.Printf("refused a connection from uid %d (%v): only root is served", uid, err)
+		return
+	}
+	_ = c.SetDeadline(start.Add(s.o.HandshakeTimeout))
+	req, err := wire.ReadRequest(c)
+	if err != nil {
+		s.badRequest(c, err)
+		return
+	}
+	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start) }
+
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		s.decline(c, done, "busy", fmt.Sprintf("busy: %d requests in flight", cap(s.slots)))
+		return
+	}
+	j, reason, detail := s.admit(req)
+	if reason != "" {
+		s.decline(c, done, reason, detail)
+		return
+	}
+	if err := wire.Write(c, wire.Serve()); err != nil {
+		done(outcomeAbandoned, "", "the client left before the acknowledgement")
+		return
+	}
+	body, err := wire.ReadFrame(c)
+	if err != nil || wire.Decode(body, wire.TypeGo, &wire.GoAhead{}) != nil {
+		// The client gave up (no go-ahead in its time) and works alone:
+		// nothing was written for it, and nothing will be.
+		done(outcomeAbandoned, "", "no go-ahead: the client works alone")
+		return
+	}
+	if peerGone(c) {
+		done(outcomeAbandoned, "", "the client left after its go-ahead")
+		return
+	}
+	// The verb is ours now. A client that goes away cancels it: whatever
+	// it has not written yet it never will.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_ = c.SetDeadline(time.Time{})
+	go func() {
+		var b [1]byte
+		_, _ = c.Read(b[:]) // the client sends nothing more: this returns when it goes
+		cancel()
+	}()
+	ans := s.run(ctx, j)
+	gone := ctx.Err() != nil
+	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
+	if err := wire.Write(c, ans); err != nil || gone {
+		s.log.Printf("%s %s/%s: the client went away before the answer", req.Command, j.args.ContainerID, j.args.IfName)
+		done(outcomeLost, "", "")
+		return
+	}
+	if ans.Error != nil {
+		done(outcomeFailed, "", ans.Error.Msg)
+		return
+	}
+	done(outcomeServed, "", "")
+}
+
+// record counts a request's outcome and, with Options.LogRequests, logs it.
+func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time) {
+	took := time.Since(start)
+	s.o.Metrics.count(req.Command, outcome, reason)
+	if outcome == outcomeServed || outcome == outcomeFailed {
+		s.o.Metrics.observe(req.Command, outcome, took)
+	}
+	if !s.o.LogRequests {
+		return
+	}
+	what := req.Command
+	if id := req.Env[wire.EnvContainerID]; id != "" {
+		what += " " + id + "/" + req.Env[wire.EnvIfName]
+	}
+	if detail != "" {
+		detail = ": " + detail
+	}
+	s.log.Printf("%s: %s in %s%s", what, outcome, took.Round(10*time.Microsecond), detail)
+}
+
+// badRequest answers a request that does not read: a decline that carries
+// the CNI error, when the connection still takes it.
+func (s *Server) badRequest(c *net.UnixConn, err error) {
+	if errors.Is(err, io.EOF) {
+		return // connected and left: nothing asked
+	}
+	var ve *wire.VersionError
+	if errors.As(err, &ve) {
+		s.o.Metrics.count("", outcomeDeclined, "version")
+		_ = wire.Write(c, wire.Decline(fmt.Sprintf("protocol version %d; this agent speaks %d", ve.Got, wire.Version)))
+		return
+	}
+	s.o.Metrics.count("", outcomeDeclined, "malformed")
+	s.log.Printf("a request that does not read: %v", err)
+	ack := wire.Decline("malformed request: " + err.Error())
+	ack.Error = &wire.Error{Code: cnitypes.ErrDecodingFailure, Msg: "node agent: the request does not read: " + err.Error()}
+	_ = wire.Write(c, ack)
+}
+
+func (s *Server) decline(c *net.UnixConn, done func(outcome, reason, detail string), reason, detail string) {
+	done(outcomeDeclined, reason, detail)
+	_ = wire.Write(c, wire.Decline(detail))
+}
+
+// job is an admitted request: the verb's arguments and environment.
+type job struct {
+	req  wire.Request
+	args *skel.CmdArgs
+	env  []string
+}
+
+// stderrLimit bounds the log a verb may hand back on the plugin's stderr.
+const stderrLimit = 64 << 10
+
+// run does the verb of j, as the plugin would, and makes its answer.
+func (s *Server) run(ctx context.Context, j *job) (ans wire.Answer) {
+	if j.req.Command == wire.Probe {
+		return wire.NewAnswer(nil, nil, nil)
+	}
+	var stdout bytes.Buffer
+	stderr := &capped{max: stderrLimit}
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Printf("%s %s: panic: %v\n%s", j.req.Command, j.args.ContainerID, r, debug.Stack())
+			ans = wire.NewAnswer(nil, stderr.Bytes(), &wire.Error{Code: cnitypes.ErrInternal,
+				Msg: fmt.Sprintf("node agent: %s failed: %v", j.req.Command, r)})
+		}
+	}()
+	p := &plugin.Plugin{
+		NewStore: s.newStore,
+		Load:     s.loader.Load,
+		Stdout:   &stdout,
+		Stderr:   stderr,
+		Timeout:  s.o.VerbTimeout,
+		Env:      j.env,
+		// A delegate dies with the agent: a client that sees the agent gone
+		// does the verb again, and must not race what the agent started.
+		Exec: delegate.Orphanless(stderr),
+	}
+	if s.o.Allocator != nil {
+		p.Allocator = s.o.Allocator
+	}
+	if err := p.Run(ctx, j.req.Command, j.args); err != nil {
+		return wire.NewAnswer(nil, stderr.Bytes(), cniError(err))
+	}
+	return wire.NewAnswer(stdout.Bytes(), stderr.Bytes(), nil)
+}
+
+// cniError is err as skel prints it: a CNI error as it is, any other as an
+// internal error with its text.
+func cniError(err error) *wire.Error {
+	var ce *cnitypes.Error
+	if errors.As(err, &ce) {
+		return &wire.Error{Code: ce.Code, Msg: ce.Msg, Details: ce.Details}
+	}
+	return &wire.Error{Code: cnitypes.ErrInternal, Msg: err.Error()}
+}
+
+// newStore is the store of a request: the agent's client, in the namespace
+// of the kubeconfig the config names (whereabouts'; only its namespace is
+// read, never its credentials), under a Lease identity of the request's
+// own, since two requests in one process must not take each other for the
+// holder of whereabouts' Lease.
+func (s *Server) newStore(kubeconfig string) (*shim.Store, error) {
+	ns, err := s.namespaceOf(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if !s.serves(ns) {
+		return nil, cnitypes.NewError(cnitypes.ErrTryAgainLater,
+			fmt.Sprintf("node agent: pool namespace %s is not served (it serves %s)", ns, strings.Join(s.o.Namespaces, ", ")),
+			"the kubeconfig changed under the request; the runtime retries")
+	}
+	o := s.o.StoreOptions
+	o.Identity = fmt.Sprintf("harvester-ipam-agent/%s/%d/%d", s.o.Node, os.Getpid(), s.seq.Add(1))
+	return shim.New(s.o.API, ns, o), nil
+}
+
+// namespaceOf is the pool namespace a whereabouts kubeconfig names, read
+// as the plugin reads it, without waiting on a file being rewritten: the
+// plugin, which waits, serves that case.
+func (s *Server) namespaceOf(kubeconfig string) (string, error) {
+	k, err := conf.LoadKubeconfig(kubeconfig, noSleep)
+	if err != nil {
+		return "", err
+	}
+	return k.Namespace, nil
+}
+
+// noSleep makes LoadKubeconfig give up on a half-written file at once.
+func noSleep(time.Duration) {}
+
+func (s *Server) serves(ns string) bool {
+	for _, n := range s.o.Namespaces {
+		if n == ns {
+			return true
+		}
+	}
+	return false
+}
+
+// capped keeps the first max bytes written to it.
+type capped struct {
+	buf bytes.Buffer
+	max int
+	mu  sync.Mutex
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if room := c.max - c.buf.Len(); room > 0 {
+		if len(p) > room {
+			c.buf.Write(p[:room])
+		} else {
+			c.buf.Write(p)
+		}
+	}
+	return len(p), nil
+}
+
+func (c *capped) Bytes() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.buf.Bytes())
+}

@@ -1,0 +1,418 @@
+package alloc_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
+	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/harvester/harvester-ipam/agent/alloc"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+const ns = "kube-system"
+
+func TestMain(m *testing.M) {
+	// whereabouts' allocator logs at debug level to stderr unless told not to;
+	// the agent tells it once at start.
+	wblogging.SetLogStderr(false)
+	os.Exit(m.Run())
+}
+
+// quick is a store clock whose waits end at once.
+type quick struct{}
+
+func (quick) Now() time.Time { return time.Now() }
+func (quick) Sleep(ctx context.Context, _ time.Duration) error {
+	return ctx.Err()
+}
+
+func store(api *fake.API) *shim.Store {
+	return shim.New(api, ns, shim.Options{Clock: quick{}, LeaseRetry: time.Millisecond})
+}
+
+// ipam is a whereabouts config of one range, as LoadIPAMConfig leaves it.
+func ipam(rng string, exclude ...string) *wbtypes.IPAMConfig {
+	_, n, err := net.ParseCIDR(rng)
+	if err != nil {
+		panic(err)
+	}
+	return &wbtypes.IPAMConfig{
+		PodName: "im-a", PodNamespace: "longhorn-system", OverlappingRanges: true,
+		IPRanges: []wbtypes.RangeConfiguration{{Range: n.String(), RangeStart: n.IP, OmitRanges: exclude}},
+	}
+}
+
+func forPod(c *wbtypes.IPAMConfig, pod string) *wbtypes.IPAMConfig {
+	cp := *c
+	cp.PodName = pod
+	return &cp
+}
+
+func req(api *fake.API, c *wbtypes.IPAMConfig, id string) alloc.Request {
+	return alloc.Request{Store: store(api), IPAM: c, ContainerID: id, IfName: "lhnet1"}
+}
+
+func TestAllocateWritesWhatWhereaboutsWrites(t *testing.T) {
+	api := fake.New()
+	a := alloc.New(alloc.Options{})
+	ips, err := a.Allocate(context.Background(), req(api, ipam("192.168.50.0/24", "192.168.50.1/32"), "c1"))
+	require.NoError(t, err)
+	require.Len(t, ips, 1)
+	assert.Equal(t, "192.168.50.2/24", ips[0].String(), "the lowest free address outside the excludes (.0 is the network, .1 excluded)")
+
+	p := api.Pool(ns, "192.168.50.0-24")
+	require.NotNil(t, p, "the pool is created on the range's first ADD")
+	assert.Equal(t, "192.168.50.0/24", p.Spec.Range)
+	assert.Equal(t, map[string]shim.IPAllocation{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, p.Spec.Allocations)
+
+	rs := api.AllReservations(ns)
+	require.Len(t, rs, 1)
+	assert.Equal(t, "192.168.50.2", rs[0].Name)
+	assert.Equal(t, shim.ReservationSpec{ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}, rs[0].Spec)
+}
+
+func TestAllocateNamedNetworkAndIPv6(t *testing.T) {
+	api := fake.New()
+	c := ipam("fd00:10::/64")
+	c.NetworkName = "blue"
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, c, "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "fd00:10::1/64", ips[0].String())
+	require.NotNil(t, api.Pool(ns, "blue-fd00-10---64"))
+	rs := api.AllReservations(ns)
+	require.Len(t, rs, 1)
+	assert.Equal(t, "blue-fd00-10--1", rs[0].Name)
+}
+
+func TestAllocateWithoutOverlappingRangesWritesNoReservation(t *testing.T) {
+	api := fake.New()
+	c := ipam("10.0.0.0/29")
+	c.OverlappingRanges = false
+	_, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, c, "c1"))
+	require.NoError(t, err)
+	assert.Empty(t, api.AllReservations(ns))
+	assert.Len(t, api.Pool(ns, "10.0.0.0-29").Spec.Allocations, 1)
+}
+
+// patches counts the pool patches the fake served.
+func patches(api *fake.API) *atomic.Int32 {
+	n := new(atomic.Int32)
+	prev := api.Hook
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" && c.Resource == fake.Pools {
+			n.Add(1)
+		}
+		if prev != nil {
+			return prev(c)
+		}
+		return nil
+	}
+	return n
+}
+
+// gate holds every pool patch until release is closed: ADDs that arrive
+// meanwhile queue behind the first.
+func gate(api *fake.API) (release func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	prev := api.Hook
+	api.Hook = func(c *fake.Call) error {
+		if prev != nil {
+			if err := prev(c); err != nil {
+				return err
+			}
+		}
+		if c.Verb == "patch" && c.Resource == fake.Pools {
+			<-ch
+		}
+		return nil
+	}
+	return func() { once.Do(func() { close(ch) }) }
+}
+
+func TestGroupCommitWritesWaitingADDsInOnePatch(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	n := patches(api)
+	release := gate(api)
+	a := alloc.New(alloc.Options{})
+	c := ipam("10.0.0.0/24")
+
+	const pods = 24
+	var wg sync.WaitGroup
+	got := make([]string, pods)
+	errs := make([]error, pods)
+	add := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ips, err := a.Allocate(context.Background(), req(api, forPod(c, fmt.Sprintf("im-%02d", i)), fmt.Sprintf("c%02d", i)))
+			errs[i] = err
+			if err == nil {
+				got[i] = ips[0].IP.String()
+			}
+		}()
+	}
+	// The first ADD's patch is held; the other 23 arrive and wait together.
+	add(0)
+	waitFor(t, func() bool { return n.Load() >= 1 })
+	for i := 1; i < pods; i++ {
+		add(i)
+	}
+	time.Sleep(50 * time.Millisecond)
+	release()
+	wg.Wait()
+
+	for i, err := range errs {
+		require.NoError(t, err, "ADD %d", i)
+	}
+	assertDistinct(t, got)
+	assert.Len(t, api.Pool(ns, "10.0.0.0-24").Spec.Allocations, pods)
+	assert.Len(t, api.AllReservations(ns), pods)
+	assert.Equal(t, int32(2), n.Load(), "one patch for the first ADD, one for the 23 that waited behind it")
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func assertDistinct(t *testing.T, ips []string) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, ip := range ips {
+		require.NotEmpty(t, ip)
+		require.False(t, seen[ip], "address %s given twice", ip)
+		seen[ip] = true
+	}
+}
+
+func TestAFullRangeFailsOnlyTheMembersPastCapacity(t *testing.T) {
+	api := fake.New()
+	// A /29 has .1 to .6; .1 is excluded: five addresses for seven pods.
+	api.Put(fake.NewPool("10.0.0.0-29", "10.0.0.0/29", map[string]shim.IPAllocation{}))
+	n := patches(api)
+	release := gate(api)
+	a := alloc.New(alloc.Options{})
+	c := ipam("10.0.0.0/29", "10.0.0.1/32")
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok []string
+	var failed []error
+	for i := range 7 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ips, err := a.Allocate(context.Background(), req(api, forPod(c, fmt.Sprintf("im-%d", i)), fmt.Sprintf("c%d", i)))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed = append(failed, err)
+				return
+			}
+			ok = append(ok, ips[0].IP.String())
+		}()
+	}
+	waitFor(t, func() bool { return n.Load() >= 1 })
+	time.Sleep(50 * time.Millisecond)
+	release()
+	wg.Wait()
+
+	sort.Strings(ok)
+	assert.Equal(t, []string{"10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"}, ok)
+	require.Len(t, failed, 2)
+	for _, err := range failed {
+		assert.Equal(t, "error at storage engine: Could not allocate IP in range: ip: 10.0.0.1 / - 10.0.0.6 / range: 10.0.0.0/29 / excludeRanges: [10.0.0.1/32]", err.Error(),
+			"whereabouts' own words, so that the plugin explains a full range the same way")
+	}
+}
+
+func TestAConflictingWriterIsReadFreshAndLosesNothing(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	w := &fake.Whereabouts{API: api, Version: fake.V093, Namespace: ns, Options: shim.Options{Clock: quick{}}}
+	// Before our first patch, whereabouts itself allocates in the same pool.
+	var once sync.Once
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" && c.Resource == fake.Pools {
+			once.Do(func() {
+				go func() {
+					_, err := w.Add(context.Background(), fake.Request{ContainerID: "wb", IfName: "net1", PodRef: "default/other", Range: "10.0.0.0/24"})
+					assert.NoError(t, err)
+				}()
+				waitFor(t, func() bool { return len(api.Pool(ns, "10.0.0.0-24").Spec.Allocations) == 1 })
+			})
+		}
+		return nil
+	}
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	p := api.Pool(ns, "10.0.0.0-24")
+	assert.Equal(t, map[string]shim.IPAllocation{
+		"1": {ContainerID: "wb", PodRef: "default/other", IfName: "net1"},
+		"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+	}, p.Spec.Allocations)
+	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
+}
+
+func TestAnAddressReservedByAnotherPodIsGivenUp(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),
+		// An overlapping range gave 10.0.0.1 to another pod.
+		fake.NewReservation("10.0.0.1", "default/elsewhere"))
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
+	assert.Equal(t, map[string]shim.IPAllocation{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}},
+		api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "the entry at .1 was removed again")
+	r, err := api.GetReservation(context.Background(), ns, "10.0.0.1")
+	require.NoError(t, err)
+	assert.Equal(t, "default/elsewhere", r.Spec.PodRef, "the other pod's reservation stays")
+}
+
+func TestTheCacheHintSkipsAReservedAddressBeforeWriting(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),
+		fake.NewReservation("10.0.0.1", "default/elsewhere"))
+	n := patches(api)
+	a := alloc.New(alloc.Options{Reserved: func(namespace, name string) *shim.Reservation {
+		r, _ := api.GetReservation(context.Background(), namespace, name)
+		return r
+	}})
+	ips, err := a.Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
+	assert.Equal(t, int32(1), n.Load(), "no entry written at .1 and removed again")
+}
+
+func TestThePodsOwnReservationIsKept(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),
+		fake.NewReservation("10.0.0.1", "longhorn-system/im-a"))
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1", ips[0].IP.String(), "whereabouts keeps a reservation of the same pod")
+	assert.NotNil(t, api.Lease(ns, "whereabouts"), "judged under whereabouts' Lease")
+}
+
+func TestAnEntryOfThePodOnThisInterfaceIsHandedOver(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{
+		"7": {ContainerID: "old", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+	}), fake.NewReservation("10.0.0.7", "longhorn-system/im-a"))
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "new"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.7", ips[0].IP.String())
+	assert.Equal(t, map[string]shim.IPAllocation{"7": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}},
+		api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "whereabouts v0.8.0+ rewrites the entry's id")
+}
+
+func TestAnADDRunAgainGetsItsAddressWithoutAWrite(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{
+		"4": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+	}))
+	n := patches(api)
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.4", ips[0].IP.String())
+	assert.Equal(t, int32(0), n.Load())
+	assert.Len(t, api.AllReservations(ns), 1, "its reservation is made if it was missing")
+}
+
+func TestAGoneClientIsDroppedBeforeTheWrite(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	n := patches(api)
+	release := gate(api)
+	a := alloc.New(alloc.Options{})
+	c := ipam("10.0.0.0/24")
+	done := make(chan error, 2)
+	go func() { _, err := a.Allocate(context.Background(), req(api, c, "first")); done <- err }()
+	waitFor(t, func() bool { return n.Load() >= 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _, err := a.Allocate(ctx, req(api, forPod(c, "im-gone"), "gone")); done <- err }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	release()
+	var errs []string
+	for range 2 {
+		if err := <-done; err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	require.Len(t, errs, 1)
+	assert.Contains(t, errs[0], "context canceled")
+	assert.Len(t, api.Pool(ns, "10.0.0.0-24").Spec.Allocations, 1, "nothing written for the ADD whose client went away")
+}
+
+func TestAStaleBaseIsReadAgainFresh(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	// Another writer fills .1 to .3; the watch cache still serves the empty pool.
+	for i := 1; i <= 3; i++ {
+		p := api.Pool(ns, "10.0.0.0-24")
+		p.Spec.Allocations[fmt.Sprint(i)] = shim.IPAllocation{ContainerID: fmt.Sprint("x", i), PodRef: "default/x", IfName: "net1"}
+		_, err := api.UpdatePool(ns, p)
+		require.NoError(t, err)
+	}
+	api.CacheLag = func() int { return 3 }
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.4", ips[0].IP.String())
+	assert.Len(t, api.Pool(ns, "10.0.0.0-24").Spec.Allocations, 4)
+}
+
+func TestMultiRangeAllocatesEachAndKeepsWhatAFailureLeaves(t *testing.T) {
+	api := fake.New()
+	c := ipam("10.0.0.0/24")
+	_, n6, _ := net.ParseCIDR("fd00::/126")
+	c.IPRanges = append(c.IPRanges, wbtypes.RangeConfiguration{Range: n6.String(), RangeStart: n6.IP})
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, c, "c1"))
+	require.NoError(t, err)
+	require.Len(t, ips, 2)
+	assert.Equal(t, "10.0.0.1/24", ips[0].String())
+	assert.Equal(t, "fd00::1/126", ips[1].String())
+
+	// whereabouts' fd00::/126 holds ::1 and ::2; one more pod fills it, the
+	// next fails in it after its IPv4 address was written (as whereabouts
+	// leaves it).
+	for i := range 2 {
+		_, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, forPod(c, fmt.Sprint("p", i)), fmt.Sprint("d", i)))
+		if i < 1 {
+			require.NoError(t, err)
+		} else {
+			require.Error(t, err)
+			assert.True(t, strings.HasPrefix(err.Error(), "error at storage engine: Could not allocate IP in range"), err.Error())
+		}
+	}
+	assert.Len(t, api.Pool(ns, "10.0.0.0-24").Spec.Allocations, 3)
+	assert.Len(t, api.Pool(ns, "fd00---126").Spec.Allocations, 2)
+}
+
+func TestNoPodNameIsWhereaboutsOwnRefusal(t *testing.T) {
+	c := ipam("10.0.0.0/24")
+	c.PodName = ""
+	_, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(fake.New(), c, "c1"))
+	require.EqualError(t, err, "error at storage engine: IPAM client initialization error: no pod name")
+}

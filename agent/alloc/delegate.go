@@ -1,0 +1,100 @@
+package alloc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
+
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// Delegate is the allocator in the place of the whereabouts binary in the
+// plugin's ADD (plugin.Allocator): the plugin has recorded the attachment
+// and released earlier sandboxes; Delegate allocates as whereabouts' ADD
+// would and returns its result.
+type Delegate struct {
+	Allocator *Allocator
+	// Load reads the config as whereabouts' loader does with CNI_ARGS (the
+	// pod, static IP and GATEWAY), without touching whereabouts' log
+	// (conf.Loader{Quiet: true}.Whereabouts).
+	Load func(stdin []byte, cniArgs string) (*wbtypes.IPAMConfig, string, error)
+}
+
+// Add allocates for args from cfg's ranges. Its errors are whereabouts' as
+// its binary reports them (a *types.Error of code 999, "error at storage
+// engine: ..."), but for a store that did not answer, which is code 11 so
+// that the runtime retries.
+func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
+	wb, confVersion, err := d.Load(cfg.Delegated, args.Args)
+	if err != nil {
+		return nil, asCNI(err)
+	}
+	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
+	record := func(ip net.IP) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
+	ips, err := d.Allocator.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record})
+	if err != nil {
+		return nil, asCNI(err)
+	}
+	return Result(wb, confVersion, ips)
+}
+
+// recordChosen adds ip to the attachment's checkpoint before it is written:
+// an old CRD prunes the entry's ifname, and DEL then knows the entry by the
+// address recorded.
+func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IP) error {
+	rec, ok, err := cp.Read(containerID, ifName)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("no checkpoint of %s/%s to record %s in", containerID, ifName, ip)
+	}
+	bits := 32
+	if ip.To4() == nil {
+		bits = 128
+	}
+	addr := (&net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}).String()
+	for _, have := range rec.IPs {
+		if have == addr {
+			return nil
+		}
+	}
+	rec.IPs = append(rec.IPs, addr)
+	return cp.Update(rec)
+}
+
+// asCNI is err as the whereabouts binary's process reports it: its own CNI
+// errors as they are, any other as code 999 (skel's ErrInternal).
+func asCNI(err error) error {
+	var ce *cnitypes.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	return cnitypes.NewError(cnitypes.ErrInternal, err.Error(), "")
+}
+
+// Declines says why this allocator would not allocate exactly as the
+// whereabouts binary would ("" when it would): the agent then leaves the ADD
+// to the plugin, which runs whereabouts itself. It writes nothing.
+func (d Delegate) Declines(cfg *conf.Config, args *skel.CmdArgs) string {
+	wb, _, err := d.Load(cfg.Delegated, args.Args)
+	if err != nil {
+		return "whereabouts' loader: " + err.Error()
+	}
+	switch {
+	case wb.SleepForRace > 0:
+		return "sleep_for_race (whereabouts' own race test) is set"
+	case wb.NodeSliceSize != "":
+		return "node_slice_size"
+	case len(wb.IPRanges) == 0:
+		return "no range"
+	}
+	return ""
+}

@@ -1,0 +1,340 @@
+package alloc
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/k8snetworkplumbingwg/whereabouts/pkg/allocate"
+	"github.com/k8snetworkplumbingwg/whereabouts/pkg/iphelpers"
+	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
+)
+
+// queueKey is one pool of one namespace: the unit of group commit.
+type queueKey struct{ namespace, pool string }
+
+// queue holds the members waiting for one pool. One worker at a time writes
+// for it; members that arrive while it writes wait for its next round and
+// go together.
+type queue struct {
+	mu      sync.Mutex
+	waiting []*member
+	busy    bool
+}
+
+// member is one ADD's claim on one range.
+type member struct {
+	ctx         context.Context
+	store       *shim.Store
+	rng         wbtypes.RangeConfiguration
+	pool        string
+	network     string
+	overlapping bool
+	containerID string
+	podRef      string
+	ifName      string
+	chosen      func(net.IP) error
+	// skip are addresses found reserved by another pod (an overlapping
+	// range): never chosen again by this member.
+	skip []net.IP
+	done chan outcome
+}
+
+// enqueue waits until m is allocated or has failed.
+func (a *Allocator) enqueue(m *member) outcome {
+	k := queueKey{m.store.Namespace(), m.pool}
+	a.mu.Lock()
+	q := a.queues[k]
+	if q == nil {
+		q = &queue{}
+		a.queues[k] = q
+	}
+	a.mu.Unlock()
+
+	q.mu.Lock()
+	q.waiting = append(q.waiting, m)
+	start := !q.busy
+	q.busy = true
+	q.mu.Unlock()
+	if start {
+		go a.work(q)
+	}
+	return <-m.done
+}
+
+// requeue puts m back for the next round (its address was taken elsewhere).
+func (a *Allocator) requeue(q *queue, m *member) {
+	q.mu.Lock()
+	q.waiting = append(q.waiting, m)
+	q.mu.Unlock()
+}
+
+// work writes rounds for q until no member waits.
+func (a *Allocator) work(q *queue) {
+	for {
+		q.mu.Lock()
+		batch := q.waiting
+		q.waiting = nil
+		if len(batch) == 0 {
+			q.busy = false
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		a.commit(q, batch)
+	}
+}
+
+// deliver ends a member's wait. Every member is delivered exactly once.
+func deliver(m *member, ip net.IPNet, err error) {
+	m.done <- outcome{ip: ip, err: err}
+}
+
+// live drops the members whose ADD gave up (its client went away, its
+// timeout passed) before anything is written for them.
+func live(batch []*member) []*member {
+	out := batch[:0]
+	for _, m := range batch {
+		if err := m.ctx.Err(); err != nil {
+			deliver(m, net.IPNet{}, fmt.Errorf("allocate in pool %s: %w", m.pool, err))
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// choice is what one round chose for a member.
+type choice struct {
+	m      *member
+	ip     net.IPNet
+	offset string
+	kind   kind
+}
+
+// kind is what a choice writes to the pool.
+type kind int
+
+const (
+	// added: a new entry at a free offset.
+	added kind = iota
+	// rewritten: the pod's entry on this interface taken over with the new
+	// container ID, as whereabouts v0.8.0 and later do.
+	rewritten
+	// held: the container's own entry already (an ADD run again): nothing to write.
+	held
+)
+
+// commit allocates batch in one pool: choose on the pool as last seen, write
+// every choice in one guarded patch, re-read fresh and choose again on a
+// conflict; then reserve each address.
+func (a *Allocator) commit(q *queue, batch []*member) {
+	store, pool, rng := batch[0].store, batch[0].pool, batch[0].rng.Range
+	ctx := context.Background() // the group's own; each member's is checked before each write
+	base, err := store.CachedPool(ctx, pool)
+	if err == nil && base == nil {
+		base, err = store.EnsurePool(ctx, pool, rng)
+	}
+	var chosen []choice
+	for round := 1; err == nil; round++ {
+		batch = live(batch)
+		if len(batch) == 0 {
+			return
+		}
+		var failed []failure
+		var later []*member
+		chosen, failed, later = a.choose(base, batch)
+		for _, f := range failed {
+			batch = without(batch, f.m)
+			deliver(f.m, net.IPNet{}, f.err)
+		}
+		for _, m := range later {
+			batch = without(batch, m)
+			a.requeue(q, m)
+		}
+		if len(chosen) == 0 {
+			return
+		}
+		var as []shim.Assignment
+		for _, c := range chosen {
+			if c.kind == held {
+				continue
+			}
+			as = append(as, shim.Assignment{Offset: c.offset, Rewrite: c.kind == rewritten,
+				Entry: shim.IPAllocation{ContainerID: c.m.containerID, PodRef: c.m.podRef, IfName: c.m.ifName}})
+		}
+		a.at("alloc-before-patch")
+		_, err = store.Assign(ctx, base, as)
+		if err == nil {
+			a.at("alloc-after-patch")
+			break
+		}
+		if !shim.IsConflict(err) || round >= a.o.Rounds {
+			break
+		}
+		// Someone else wrote the pool: read it fresh (never the cache again:
+		// it may still lag) and choose again.
+		if err = store.Pause(ctx, backoff(round)); err != nil {
+			break
+		}
+		base, err = store.EnsurePool(ctx, pool, rng)
+		chosen = nil
+	}
+	if err != nil {
+		for _, m := range batch {
+			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("allocate in pool %s/%s", store.Namespace(), pool), err))
+		}
+		return
+	}
+	a.reserve(q, chosen)
+}
+
+// backoff is the pause before round+1: short, since the group waits, and
+// jittered by nothing: the conflicting writer is already done.
+func backoff(round int) time.Duration {
+	d := time.Duration(round) * 5 * time.Millisecond
+	if d > 100*time.Millisecond {
+		d = 100 * time.Millisecond
+	}
+	return d
+}
+
+type failure struct {
+	m   *member
+	err error
+}
+
+// choose runs whereabouts' allocator for each member in turn on the pool's
+// entries plus what the members before it chose. A member whose range is
+// full fails alone; one whose checkpoint cannot record its address too. A
+// member that would take over an entry another member of this round adds
+// (two sandboxes of one pod at once, which the kubelet never makes) waits
+// for the next round.
+func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, failed []failure, later []*member) {
+	first, _, err := net.ParseCIDR(base.Spec.Range)
+	if err != nil {
+		for _, m := range batch {
+			failed = append(failed, failure{m, fmt.Errorf("pool %s has range %q: %w", base.Name, base.Spec.Range, err)})
+		}
+		return nil, failed, nil
+	}
+	list := reservations(base.Spec.Allocations, first)
+	for _, m := range batch {
+		c, err := a.chooseOne(base, first, list, m)
+		if err != nil {
+			failed = append(failed, failure{m, err})
+			continue
+		}
+		switch c.kind {
+		case added:
+			if m.chosen != nil {
+				if err := m.chosen(c.ip.IP); err != nil {
+					failed = append(failed, failure{m, fmt.Errorf("record %s before writing it: %w", c.ip.IP, err)})
+					continue
+				}
+			}
+			list = append(list, wbtypes.IPReservation{IP: c.ip.IP, ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName})
+		case rewritten:
+			if _, inBase := base.Spec.Allocations[c.offset]; !inBase {
+				later = append(later, m)
+				continue
+			}
+			for i := range list {
+				if list[i].IP.Equal(c.ip.IP) {
+					list[i].ContainerID = m.containerID
+				}
+			}
+		}
+		chosen = append(chosen, c)
+	}
+	return chosen, failed, later
+}
+
+// chooseOne runs whereabouts' allocator for m on list, which it leaves as
+// it was. Addresses m must skip, and those the cache shows reserved by
+// another pod, are placeholders for this member's choice only.
+func (a *Allocator) chooseOne(base *shim.Pool, first net.IP, list []wbtypes.IPReservation, m *member) (choice, error) {
+	var extra []wbtypes.IPReservation
+	for _, ip := range m.skip {
+		extra = append(extra, wbtypes.IPReservation{IP: ip, IsAllocated: true})
+	}
+	for {
+		try := append(append(make([]wbtypes.IPReservation, 0, len(list)+len(extra)+1), list...), extra...)
+		ipnet, updated, err := allocate.AssignIP(m.rng, try, m.containerID, m.podRef, m.ifName)
+		if err != nil {
+			return choice{}, rangeFull(err)
+		}
+		off, err := offsetOf(ipnet.IP, first)
+		if err != nil {
+			return choice{}, err
+		}
+		if len(updated) == len(try) {
+			// The pod's entry on this interface already: whereabouts hands it over.
+			k := rewritten
+			if e, ok := base.Spec.Allocations[off]; ok && e.ContainerID == m.containerID {
+				k = held
+			}
+			return choice{m: m, ip: ipnet, offset: off, kind: k}, nil
+		}
+		if m.overlapping && a.reservedElsewhere(base.Namespace, m, ipnet.IP) {
+			extra = append(extra, wbtypes.IPReservation{IP: ipnet.IP, IsAllocated: true})
+			continue
+		}
+		return choice{m: m, ip: ipnet, offset: off, kind: added}, nil
+	}
+}
+
+// reservedElsewhere says whether the cache shows ip reserved by another pod.
+func (a *Allocator) reservedElsewhere(namespace string, m *member, ip net.IP) bool {
+	if a.o.Reserved == nil {
+		return false
+	}
+	o := a.o.Reserved(namespace, names.Reservation(ip, m.network))
+	return o != nil && o.Spec.PodRef != m.podRef
+}
+
+// reservations is a pool's entries as whereabouts' allocator takes them.
+// Offsets that are not decimal numbers are skipped, as whereabouts does.
+func reservations(allocs map[string]shim.IPAllocation, first net.IP) []wbtypes.IPReservation {
+	out := make([]wbtypes.IPReservation, 0, len(allocs)+8)
+	offs := make([]string, 0, len(allocs))
+	for off := range allocs {
+		offs = append(offs, off)
+	}
+	sort.Strings(offs) // a fixed order: the same pool, the same choices
+	for _, off := range offs {
+		n, err := strconv.ParseInt(off, 10, 64)
+		if err != nil {
+			continue
+		}
+		a := allocs[off]
+		out = append(out, wbtypes.IPReservation{IP: iphelpers.IPAddOffset(first, uint64(n)), ContainerID: a.ContainerID, PodRef: a.PodRef, IfName: a.IfName})
+	}
+	return out
+}
+
+// offsetOf is the decimal offset whereabouts stores ip at.
+func offsetOf(ip, first net.IP) (string, error) {
+	n, err := iphelpers.IPGetOffset(ip, first)
+	if err != nil {
+		return "", err
+	}
+	return strconv.FormatUint(n, 10), nil
+}
+
+func without(batch []*member, m *member) []*member {
+	out := batch[:0]
+	for _, x := range batch {
+		if x != m {
+			out = append(out, x)
+		}
+	}
+	return out
+}

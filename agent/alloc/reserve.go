@@ -1,0 +1,103 @@
+package alloc
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
+)
+
+// reserveTimeout bounds the reservation of one written address. It runs on a
+// context of its own: once the entry is written, its reservation is made even
+// if the ADD's client went away, so that no entry is left without one.
+const reserveTimeout = 20 * time.Second
+
+// reserve creates the reservation of each written address, all at once. An
+// address another pod has reserved (an overlapping range allocated it) is
+// given up: its entry removed, and the member allocated again without it.
+func (a *Allocator) reserve(q *queue, chosen []choice) {
+	var wg sync.WaitGroup
+	for _, c := range chosen {
+		if !c.m.overlapping {
+			deliver(c.m, c.ip, nil)
+			continue
+		}
+		wg.Add(1)
+		go func(c choice) {
+			defer wg.Done()
+			a.reserveOne(q, c)
+		}(c)
+	}
+	wg.Wait()
+}
+
+func (a *Allocator) reserveOne(q *queue, c choice) {
+	m := c.m
+	ctx, cancel := context.WithTimeout(context.Background(), reserveTimeout)
+	defer cancel()
+	name := names.Reservation(c.ip.IP, m.network)
+	spec := shim.ReservationSpec{ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName}
+	existing, err := m.store.Reserve(ctx, name, spec)
+	a.at("alloc-after-reserve")
+	switch {
+	case err != nil:
+		// The entry stays, recorded: the runtime's DEL (or the reconciler)
+		// releases it, as after whereabouts' own failed ADD.
+		deliver(m, net.IPNet{}, storeError(fmt.Sprintf("reserve %s in %s", c.ip.IP, m.store.Namespace()), err))
+	case existing == nil:
+		deliver(m, c.ip, nil)
+	case existing.Spec.PodRef == m.podRef:
+		// The pod's own reservation (whereabouts keeps it as it is). A
+		// release of an earlier sandbox may be deleting it: judge under the
+		// Lease, where every release judges.
+		if err := a.keepOwn(ctx, m, name, spec); err != nil {
+			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("reserve %s in %s", c.ip.IP, m.store.Namespace()), err))
+			return
+		}
+		deliver(m, c.ip, nil)
+	default:
+		// Another pod's: the address is taken in an overlapping range.
+		if err := a.giveUp(ctx, c); err != nil {
+			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("give up %s, reserved by %s", c.ip.IP, existing.Spec.PodRef), err))
+			return
+		}
+		m.skip = append(m.skip, c.ip.IP)
+		a.requeue(q, m)
+	}
+}
+
+// keepOwn makes sure the pod's reservation of an address stays: under the
+// Lease, it is read again and created if a release deleted it meanwhile.
+func (a *Allocator) keepOwn(ctx context.Context, m *member, name string, spec shim.ReservationSpec) error {
+	return m.store.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
+		o, err := l.Reservation(ctx, name)
+		if err != nil {
+			return err
+		}
+		if o != nil {
+			if o.Spec.PodRef == m.podRef {
+				return nil
+			}
+			return fmt.Errorf("reservation %s/%s went to %s", m.store.Namespace(), name, o.Spec.PodRef)
+		}
+		existing, err := m.store.Reserve(ctx, name, spec)
+		if err == nil && existing != nil && existing.Spec.PodRef != m.podRef {
+			return fmt.Errorf("reservation %s/%s went to %s", m.store.Namespace(), name, existing.Spec.PodRef)
+		}
+		return err
+	})
+}
+
+// giveUp removes the member's entry at an address it could not reserve, if
+// the entry is still its own.
+func (a *Allocator) giveUp(ctx context.Context, c choice) error {
+	m := c.m
+	e := shim.Allocation{Pool: m.pool, Offset: c.offset, IP: c.ip.IP,
+		IPAllocation: shim.IPAllocation{ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName}}
+	_, err := m.store.RemoveAllocations(ctx, shim.Plan{Pool: m.pool, Network: m.network, Entries: []shim.Allocation{e}})
+	return err
+}

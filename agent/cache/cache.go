@@ -1,0 +1,186 @@
+// Package cache keeps the node agent's copy of whereabouts' pools and
+// reservations: what an informer last delivered, and what the agent's own
+// writes answered. It serves shim's reads from the watch cache (a pool to
+// choose addresses on, to look for earlier sandboxes in) without a request,
+// and every other read and every write goes to the API server as before.
+//
+// A copy may be behind: that is safe because nothing is decided from it
+// alone. A pool write tests the resourceVersion the copy had, and fails
+// (422) if it was stale, after which the writer reads fresh; a reservation
+// seen here is only a hint to skip an address; "nothing to release" is
+// decided, as in the plugin, from what the API server's own watch cache
+// would have said, which an informer's copy is no older than in the steady
+// state. Objects are shared, never copied per request: callers must not
+// change them.
+package cache
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+type key struct{ namespace, name string }
+
+// Objects is the agent's copy. The zero value is not usable: call New.
+type Objects struct {
+	mu           sync.RWMutex
+	pools        map[key]*shim.Pool
+	reservations map[key]*shim.Reservation
+}
+
+// New is an empty copy.
+func New() *Objects {
+	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}}
+}
+
+// Pool is the pool as last seen; nil when none was.
+func (o *Objects) Pool(namespace, name string) *shim.Pool {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.pools[key{namespace, name}]
+}
+
+// Reservation is the reservation as last seen; nil when none was.
+func (o *Objects) Reservation(namespace, name string) *shim.Reservation {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.reservations[key{namespace, name}]
+}
+
+// Len counts the pools and reservations held.
+func (o *Objects) Len() (pools, reservations int) {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return len(o.pools), len(o.reservations)
+}
+
+// SawPool keeps p unless a newer version of it is held: an informer's event
+// may arrive after the answer to the agent's own later write.
+func (o *Objects) SawPool(p *shim.Pool) {
+	if p == nil {
+		return
+	}
+	k := key{p.Namespace, p.Name}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if have := o.pools[k]; have == nil || !newer(have.ResourceVersion, p.ResourceVersion) {
+		o.pools[k] = p
+	}
+}
+
+// GonePool forgets a pool deleted at resourceVersion rv ("" when unknown),
+// unless what is held is newer.
+func (o *Objects) GonePool(namespace, name, rv string) {
+	k := key{namespace, name}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if have := o.pools[k]; have != nil && (rv == "" || !newer(have.ResourceVersion, rv)) {
+		delete(o.pools, k)
+	}
+}
+
+// SawReservation keeps r unless a newer version of it is held.
+func (o *Objects) SawReservation(r *shim.Reservation) {
+	if r == nil {
+		return
+	}
+	k := key{r.Namespace, r.Name}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if have := o.reservations[k]; have == nil || !newer(have.ResourceVersion, r.ResourceVersion) {
+		o.reservations[k] = r
+	}
+}
+
+// GoneReservation forgets a reservation deleted at rv ("" when unknown).
+func (o *Objects) GoneReservation(namespace, name, rv string) {
+	k := key{namespace, name}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if have := o.reservations[k]; have != nil && (rv == "" || !newer(have.ResourceVersion, rv)) {
+		delete(o.reservations, k)
+	}
+}
+
+// newer says whether resourceVersion a is newer than b. Kubernetes names
+// them as etcd revisions, which grow; when either is not a number, nothing
+// is known and the incoming one (b) wins: a stale copy costs one conflict.
+func newer(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	return errA == nil && errB == nil && x > y
+}
+
+// API is a shim.API whose reads from the watch cache are served from the
+// copy when it holds the pool, and whose writes' answers update the copy.
+type API struct {
+	shim.API
+	Objects *Objects
+}
+
+var _ shim.API = API{}
+
+// GetPool serves a read from the watch cache from the copy.
+func (a API) GetPool(ctx context.Context, namespace, name string, from shim.Source) (*shim.Pool, error) {
+	if from == shim.Cache {
+		if p := a.Objects.Pool(namespace, name); p != nil {
+			return p, nil
+		}
+	}
+	p, err := a.API.GetPool(ctx, namespace, name, from)
+	if err == nil && from == shim.Fresh {
+		a.Objects.SawPool(p)
+	}
+	return p, err
+}
+
+func (a API) PatchPool(ctx context.Context, namespace, name string, patch shim.Patch) (*shim.Pool, error) {
+	p, err := a.API.PatchPool(ctx, namespace, name, patch)
+	if err == nil {
+		a.Objects.SawPool(p)
+	}
+	return p, err
+}
+
+func (a API) CreatePool(ctx context.Context, namespace string, pool *shim.Pool) (*shim.Pool, error) {
+	p, err := a.API.CreatePool(ctx, namespace, pool)
+	if err == nil {
+		a.Objects.SawPool(p)
+	}
+	return p, err
+}
+
+func (a API) DeletePool(ctx context.Context, namespace, name string, pre shim.Preconditions) error {
+	err := a.API.DeletePool(ctx, namespace, name, pre)
+	if err == nil {
+		a.Objects.GonePool(namespace, name, pre.ResourceVersion)
+	}
+	return err
+}
+
+func (a API) CreateReservation(ctx context.Context, namespace string, o *shim.Reservation) (*shim.Reservation, error) {
+	r, err := a.API.CreateReservation(ctx, namespace, o)
+	if err == nil {
+		a.Objects.SawReservation(r)
+	}
+	return r, err
+}
+
+func (a API) PatchReservation(ctx context.Context, namespace, name string, patch shim.Patch) (*shim.Reservation, error) {
+	r, err := a.API.PatchReservation(ctx, namespace, name, patch)
+	if err == nil {
+		a.Objects.SawReservation(r)
+	}
+	return r, err
+}
+
+func (a API) DeleteReservation(ctx context.Context, namespace, name string, pre shim.Preconditions) error {
+	err := a.API.DeleteReservation(ctx, namespace, name, pre)
+	if err == nil {
+		a.Objects.GoneReservation(namespace, name, pre.ResourceVersion)
+	}
+	return err
+}

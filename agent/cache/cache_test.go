@@ -1,0 +1,147 @@
+package cache_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/harvester/harvester-ipam/agent/cache"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+const ns = "kube-system"
+
+func pool(rv string, allocs map[string]shim.IPAllocation) *shim.Pool {
+	p := fake.NewPool("10.0.0.0-24", "10.0.0.0/24", allocs)
+	p.ResourceVersion = rv
+	return p
+}
+
+func TestAnOlderVersionNeverReplacesANewerOne(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		have, got string
+		want      string
+	}{
+		{"newer arrives", "5", "7", "7"},
+		{"older arrives late", "7", "5", "7"},
+		{"the same again", "7", "7", "7"},
+		{"not numbers: the incoming wins", "abc", "5", "5"},
+		{"numbers compared as numbers", "9", "10", "10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := cache.New()
+			o.SawPool(pool(tc.have, nil))
+			o.SawPool(pool(tc.got, nil))
+			assert.Equal(t, tc.want, o.Pool(ns, "10.0.0.0-24").ResourceVersion)
+		})
+	}
+}
+
+func TestADeletionOlderThanWhatIsHeldIsIgnored(t *testing.T) {
+	o := cache.New()
+	o.SawPool(pool("9", nil))
+	o.GonePool(ns, "10.0.0.0-24", "8")
+	assert.NotNil(t, o.Pool(ns, "10.0.0.0-24"), "a deletion event of an older version")
+	o.GonePool(ns, "10.0.0.0-24", "9")
+	assert.Nil(t, o.Pool(ns, "10.0.0.0-24"))
+
+	r := fake.NewReservation("10.0.0.4", "default/a")
+	r.ResourceVersion = "3"
+	o.SawReservation(r)
+	o.GoneReservation(ns, "10.0.0.4", "")
+	assert.Nil(t, o.Reservation(ns, "10.0.0.4"), "a deletion of unknown version removes it")
+}
+
+func TestTheAPIServesCachedReadsAndRecordsWrites(t *testing.T) {
+	f := fake.New()
+	f.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	o := cache.New()
+	api := cache.API{API: f, Objects: o}
+	ctx := context.Background()
+
+	// Not held: the read goes to the server's watch cache, and is not kept
+	// (it may lag; only fresh reads and write answers are kept).
+	p, err := api.GetPool(ctx, ns, "10.0.0.0-24", shim.Cache)
+	require.NoError(t, err)
+	require.NotNil(t, p)
+	assert.Nil(t, o.Pool(ns, "10.0.0.0-24"))
+
+	// A fresh read is kept, and then served from the copy.
+	p, err = api.GetPool(ctx, ns, "10.0.0.0-24", shim.Fresh)
+	require.NoError(t, err)
+	calls := 0
+	f.Hook = func(*fake.Call) error { calls++; return nil }
+	got, err := api.GetPool(ctx, ns, "10.0.0.0-24", shim.Cache)
+	require.NoError(t, err)
+	assert.Same(t, o.Pool(ns, "10.0.0.0-24"), got)
+	assert.Equal(t, 0, calls, "served without a request")
+
+	// A patch's answer replaces it: the next ADD chooses on what was written.
+	written, err := api.PatchPool(ctx, ns, "10.0.0.0-24", shim.Guarded(p.ResourceVersion,
+		shim.PatchOp{Op: "add", Path: "/spec/allocations/1", Value: shim.IPAllocation{ContainerID: "c", PodRef: "d/p"}}))
+	require.NoError(t, err)
+	assert.Equal(t, written.ResourceVersion, o.Pool(ns, "10.0.0.0-24").ResourceVersion)
+
+	// Reservations created and deleted through it are seen at once.
+	r, err := api.CreateReservation(ctx, ns, fake.NewReservation("10.0.0.1", "d/p"))
+	require.NoError(t, err)
+	require.NotNil(t, o.Reservation(ns, "10.0.0.1"))
+	require.NoError(t, api.DeleteReservation(ctx, ns, "10.0.0.1", shim.Preconditions{UID: r.UID, ResourceVersion: r.ResourceVersion}))
+	assert.Nil(t, o.Reservation(ns, "10.0.0.1"))
+}
+
+// lw is a ListerWatcher over a fixed list and a fake watch.
+func lw(list runtime.Object, w *watch.FakeWatcher) toolscache.ListerWatcher {
+	return &toolscache.ListWatch{
+		ListFunc:  func(metav1.ListOptions) (runtime.Object, error) { return list, nil },
+		WatchFunc: func(metav1.ListOptions) (watch.Interface, error) { return w, nil },
+	}
+}
+
+func TestWatchFillsTheCopyFromInformers(t *testing.T) {
+	p := pool("4", map[string]shim.IPAllocation{"1": {ContainerID: "c", PodRef: "d/p"}})
+	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "whereabouts"}}
+	pools := &shim.PoolList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}, Items: []shim.Pool{*p}}
+	r := fake.NewReservation("10.0.0.1", "d/p")
+	r.ResourceVersion = "3"
+	res := &shim.ReservationList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}, Items: []shim.Reservation{*r}}
+	pw, rw := watch.NewFake(), watch.NewFake()
+
+	o := cache.New()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, o.Watch(ctx, lw(pools, pw), lw(res, rw)))
+
+	got := o.Pool(ns, "10.0.0.0-24")
+	require.NotNil(t, got)
+	assert.Empty(t, got.ManagedFields, "managedFields dropped")
+	require.NotNil(t, o.Reservation(ns, "10.0.0.1"))
+
+	next := pool("6", map[string]shim.IPAllocation{})
+	pw.Modify(next)
+	rw.Delete(r)
+	waitFor(t, func() bool {
+		p := o.Pool(ns, "10.0.0.0-24")
+		return p.ResourceVersion == "6" && o.Reservation(ns, "10.0.0.1") == nil
+	})
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

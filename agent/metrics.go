@@ -1,0 +1,95 @@
+package agent
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes of a request, the metrics' outcome label.
+const (
+	outcomeServed    = "served"    // done, and answered with its result
+	outcomeFailed    = "failed"    // done, and answered with its CNI error
+	outcomeDeclined  = "declined"  // not taken: the plugin did it alone
+	outcomeAbandoned = "abandoned" // acknowledged, and the client never said go
+	outcomeLost      = "lost"      // done, and the client was gone before the answer
+	outcomeRefused   = "refused"   // a peer that is not root
+)
+
+// Metrics counts the agent's requests: by command, outcome and (for a
+// decline) reason, and the time each served one took, from its connection
+// to its answer. Nil counts nothing.
+type Metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+
+	mu    sync.Mutex
+	since map[string]int // outcome [reason] -> count since the last Summary
+}
+
+// NewMetrics registers the agent's series in reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "harvester_ipam_agent_requests_total",
+			Help: "Requests to the node agent, by CNI command and outcome (served, failed, declined, abandoned, lost, refused), and for declines the reason.",
+		}, []string{"command", "outcome", "reason"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "harvester_ipam_agent_request_duration_seconds",
+			Help:    "Time from a request's connection to its answer, for requests the agent did (served or failed).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"command", "outcome"}),
+		since: map[string]int{},
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.duration)
+	}
+	return m
+}
+
+func (m *Metrics) count(command, outcome, reason string) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(command, outcome, reason).Inc()
+	key := outcome
+	if reason != "" {
+		key += " (" + reason + ")"
+	}
+	m.mu.Lock()
+	m.since[key]++
+	m.mu.Unlock()
+}
+
+func (m *Metrics) refused() { m.count("", outcomeRefused, "") }
+
+func (m *Metrics) observe(command, outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.duration.WithLabelValues(command, outcome).Observe(d.Seconds())
+}
+
+// Summary is one line of what happened since the last Summary ("" when
+// nothing did): for the log, where metrics are not scraped.
+func (m *Metrics) Summary() string {
+	if m == nil {
+		return ""
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.since) == 0 {
+		return ""
+	}
+	var parts []string
+	for k, n := range m.since {
+		parts = append(parts, fmt.Sprintf("%d %s", n, k))
+	}
+	sort.Strings(parts)
+	m.since = map[string]int{}
+	return strings.Join(parts, ", ")
+}

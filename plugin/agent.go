@@ -1,0 +1,164 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+
+	"github.com/harvester/harvester-ipam/agent/client"
+	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim"
+)
+
+// answerGrace is how much longer than a verb's timeout the plugin waits for
+// the node agent's answer: the agent's own timeout of the verb, which starts
+// a little later, then answers first.
+const answerGrace = 10 * time.Second
+
+// through is a verb offered to the node agent first: its answer when it
+// serves, the verb done here otherwise. An ADD the agent took and lost (the
+// connection broke after go) is done here too, after the attachment's
+// entries are released: see addAfterLost. A DEL, CHECK, GC or STATUS lost
+// is done again here as it is: each is idempotent.
+func (p *Plugin) through(command string) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		if p.Agent == nil {
+			return p.Run(context.Background(), command, args)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), p.timeout()+answerGrace)
+		res := p.Agent.Do(ctx, requestOf(command, args))
+		cancel()
+		if res.Outcome == client.Served {
+			return p.answer(res.Answer)
+		}
+		here := *p
+		here.fallback = res.Reason
+		if res.Outcome == client.Lost && command == wire.Add {
+			return here.addAfterLost(context.Background(), args)
+		}
+		return here.Run(context.Background(), command, args)
+	}
+}
+
+// requestOf is a verb as the agent takes it: the CNI environment as skel
+// read it, and the config.
+func requestOf(command string, args *skel.CmdArgs) wire.Request {
+	env := map[string]string{
+		wire.EnvContainerID: args.ContainerID,
+		wire.EnvNetns:       args.Netns,
+		wire.EnvIfName:      args.IfName,
+		wire.EnvArgs:        args.Args,
+		wire.EnvPath:        args.Path,
+	}
+	if args.NetnsOverride != "" {
+		env[wire.EnvNetnsOverride] = args.NetnsOverride
+	}
+	return wire.NewRequest(command, env, args.StdinData)
+}
+
+// answer gives the agent's answer as the plugin gives its own: the log on
+// stderr, the result on stdout or the CNI error.
+func (p *Plugin) answer(a wire.Answer) error {
+	if len(a.Stderr) > 0 {
+		_, _ = p.stderr().Write(a.Stderr)
+	}
+	if a.Error != nil {
+		return &cnitypes.Error{Code: a.Error.Code, Msg: a.Error.Msg, Details: a.Error.Details}
+	}
+	_, err := p.stdout().Write(a.Stdout)
+	return err
+}
+
+// addAfterLost is ADD after the node agent took it and the connection
+// broke before its answer: the agent may have allocated for this very
+// attachment (CNI_CONTAINERID, CNI_IFNAME). ADD's reclaim keeps the current
+// container's entries, and whereabouts v0.7.0 never hands back an existing
+// one, so a second address would be allocated beside the first; and
+// whereabouts' ADD (every version) fails after writing its pool entry when
+// its reservation is already there. So what the attachment holds in the
+// config's pools is released first, as DEL releases it, then ADD runs here
+// as ever.
+func (p *Plugin) addAfterLost(ctx context.Context, args *skel.CmdArgs) error {
+	if err := p.releaseLost(ctx, args); err != nil {
+		return err
+	}
+	return p.add(ctx, args)
+}
+
+func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
+	if unmanagedAdd(args) != "" {
+		return nil // handed on to whereabouts as it came, by the agent as here
+	}
+	cfg, err := p.loadForAttachment(args)
+	if err != nil {
+		return nil // nothing can have been allocated by it; ADD says why
+	}
+	reason := p.fallback
+	log := p.logger(cfg, "ADD", args.ContainerID)
+	defer log.close()
+	log.Verbosef("the node agent took this ADD and did not answer (%s): releasing what %s/%s holds, then allocating here", reason, args.ContainerID, args.IfName)
+	ctx, cancel := context.WithTimeout(ctx, p.timeout())
+	defer cancel()
+	store, err := p.store(cfg.Kubeconfig())
+	if err != nil {
+		return err
+	}
+	defer log.retried(store)
+	// The addresses this attachment recorded, and those the sandbox's other
+	// attachments to each pool did: an entry without an ifname is this
+	// one's only at an address of none of them.
+	recs, errs := checkpoint.Dir(cfg.Options.CheckpointDir).OfContainer(args.ContainerID)
+	for _, err := range errs {
+		log.Errorf("ignoring unreadable checkpoint: %v", err)
+	}
+	var recorded []net.IP
+	others := map[string][]net.IP{}
+	unsure := map[string]bool{}
+	for _, rec := range recs {
+		if rec.IfName == args.IfName {
+			recorded = append(recorded, parseIPs(rec.IPs)...)
+			continue
+		}
+		for _, pl := range rec.Pools {
+			if rec.Namespace != store.Namespace() {
+				continue
+			}
+			if len(rec.IPs) == 0 {
+				unsure[pl.Name] = true
+			}
+			others[pl.Name] = append(others[pl.Name], parseIPs(rec.IPs)...)
+		}
+	}
+	if len(errs) > 0 {
+		for _, pool := range cfg.Pools {
+			unsure[pool.Name] = true
+		}
+	}
+	for _, pool := range cfg.Pools {
+		pick := shim.LostAttachment(args.ContainerID, args.IfName, recorded, others[pool.Name], unsure[pool.Name])
+		plan, err := store.Plan(ctx, pool.Name, cfg.IPAM.NetworkName, pick)
+		if err != nil {
+			return storeError(fmt.Sprintf("read pool %s/%s", store.Namespace(), pool.Name), err)
+		}
+		if err := p.release(ctx, store, plan, "lost", fmt.Sprintf("ADD of %s/%s lost by the node agent", args.ContainerID, args.IfName), log); err != nil {
+			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, store.Namespace(), pool.Name), err)
+		}
+	}
+	return nil
+}
+
+// parseIPs are the addresses of a checkpoint's CIDRs.
+func parseIPs(cidrs []string) []net.IP {
+	var out []net.IP
+	for _, s := range cidrs {
+		if ip, _, err := net.ParseCIDR(s); err == nil {
+			out = append(out, ip)
+		}
+	}
+	return out
+}

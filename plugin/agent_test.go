@@ -1,0 +1,333 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/harvester/harvester-ipam/agent/client"
+	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
+	"github.com/harvester/harvester-ipam/shim/fake"
+)
+
+// agentStub plays a node agent on a socket of its own: ack decides on each
+// request; after go, serve does the verb and returns the answer to write,
+// or nil to close the connection without one (an agent killed midway).
+type agentStub struct {
+	ack   func(req wire.Request) wire.Ack
+	serve func(req wire.Request, conn net.Conn) *wire.Answer
+	// requests are those acknowledged, in order.
+	requests chan wire.Request
+}
+
+func (a *agentStub) start(t *testing.T) *client.Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	a.requests = make(chan wire.Request, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			a.handle(c)
+		}
+	}()
+	return &client.Client{Socket: sock, AckTimeout: 5 * time.Second}
+}
+
+func (a *agentStub) handle(c net.Conn) {
+	done := make(chan struct{})
+	// serve may end its goroutine (runtime.Goexit) as a killed agent would.
+	go func() {
+		defer close(done)
+		defer c.Close()
+		req, err := wire.ReadRequest(c)
+		if err != nil {
+			return
+		}
+		ack := wire.Serve()
+		if a.ack != nil {
+			ack = a.ack(req)
+		}
+		if wire.Write(c, ack) != nil || !ack.Serve {
+			return
+		}
+		body, err := wire.ReadFrame(c)
+		if err != nil || wire.Decode(body, wire.TypeGo, &wire.GoAhead{}) != nil {
+			return
+		}
+		a.requests <- req
+		if ans := a.serve(req, c); ans != nil {
+			_ = wire.Write(c, *ans)
+		}
+	}()
+	<-done
+}
+
+// through runs a verb as the plugin binary does: offered to p.Agent first.
+func through(p *Plugin, verb string, a *skel.CmdArgs) error {
+	f := p.Funcs()
+	switch verb {
+	case wire.Add:
+		return f.Add(a)
+	case wire.Del:
+		return f.Del(a)
+	case wire.Check:
+		return f.Check(a)
+	case wire.GC:
+		return f.GC(a)
+	}
+	return f.Status(a)
+}
+
+// A verb the agent serves is its answer, printed as the plugin prints its
+// own; nothing is done here.
+func TestAVerbTheAgentServesIsItsAnswer(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	stub := &agentStub{serve: func(req wire.Request, _ net.Conn) *wire.Answer {
+		switch req.Command {
+		case wire.Add:
+			a := wire.NewAnswer([]byte(`{"cniVersion":"0.3.1","ips":[{"address":"192.168.50.9/24"}]}`), []byte("agent log\n"), nil)
+			return &a
+		default:
+			a := wire.NewAnswer(nil, nil, &wire.Error{Code: 11, Msg: "try again", Details: "the API server is down"})
+			return &a
+		}
+	}}
+	r.p.Agent = stub.start(t)
+	a := args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))
+	a.NetnsOverride = "1"
+	require.NoError(t, through(r.p, wire.Add, a))
+	assert.Equal(t, `{"cniVersion":"0.3.1","ips":[{"address":"192.168.50.9/24"}]}`, r.out.String())
+	assert.Equal(t, "agent log\n", r.log.String())
+
+	req := <-stub.requests
+	assert.Equal(t, wire.Add, req.Command)
+	assert.Equal(t, map[string]string{"CNI_CONTAINERID": "new", "CNI_IFNAME": "lhnet1", "CNI_ARGS": podArgs,
+		"CNI_NETNS": "/var/run/netns/x", "CNI_PATH": "/opt/cni/bin", "CNI_NETNS_OVERRIDE": "1"}, req.Env)
+	assert.Equal(t, string(r.config("0.3.1", "")), string(req.Config))
+
+	err := through(r.p, wire.Del, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	assert.Equal(t, &cnitypes.Error{Code: 11, Msg: "try again", Details: "the API server is down"}, err)
+
+	assert.Empty(t, r.calls(), "nothing delegated here")
+	assert.Len(t, r.pool(), 3, "nothing released here")
+}
+
+// A verb the agent does not take is done here, as without an agent, and
+// the debug log says why.
+func TestAVerbTheAgentDoesNotTakeIsDoneHere(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		agent func(t *testing.T) *client.Client
+		why   string
+	}{
+		{"no agent", func(t *testing.T) *client.Client { return &client.Client{} }, "no node agent configured"},
+		{"no socket", func(t *testing.T) *client.Client {
+			return &client.Client{Socket: filepath.Join(t.TempDir(), "agent.sock")}
+		}, "no such file or directory"},
+		{"a decline", func(t *testing.T) *client.Client {
+			return (&agentStub{ack: func(wire.Request) wire.Ack { return wire.Decline("node_slice_size") }}).start(t)
+		}, "node agent declined: node_slice_size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			r.p.Agent = tc.agent(t)
+			require.NoError(t, through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", `,"log_level":"debug"`))))
+			assert.Equal(t, []string{"ADD whereabouts"}, r.calls())
+			assert.Contains(t, r.pool(), "2")
+			assert.Equal(t, "new", r.pool()["2"].ContainerID)
+			assert.Contains(t, r.log.String(), tc.why+"; doing it here")
+		})
+	}
+}
+
+// An ADD the agent took and lost, wherever it was lost: the pod ends with
+// exactly one address, the one this ADD returns, and one reservation. On
+// v0.7.0, which never hands back an existing entry, an ADD that did not
+// release the attachment first would leave it two.
+func TestALostAddLeavesThePodOneAddress(t *testing.T) {
+	for _, v := range []string{fake.V070, fake.V080, fake.V093} {
+		for _, step := range []string{"add-after-checkpoint", "add-after-reclaim", "add-after-delegate", "before-answer"} {
+			t.Run(v+" "+step, func(t *testing.T) {
+				r := newRig(t, crashLoopedPool()...)
+				r.wb.Version = v
+				// The agent: this plugin's verbs on the same store and
+				// whereabouts, killed at step.
+				stub := &agentStub{}
+				stub.serve = func(req wire.Request, conn net.Conn) *wire.Answer {
+					agent := *r.p
+					agent.Agent = nil
+					agent.Stdout, agent.Stderr = io.Discard, io.Discard
+					agent.AtStep = func(s string) {
+						if s == step {
+							conn.Close()
+							runtime.Goexit()
+						}
+					}
+					a := &skel.CmdArgs{ContainerID: req.Env[wire.EnvContainerID], IfName: req.Env[wire.EnvIfName],
+						Args: req.Env[wire.EnvArgs], Path: req.Env[wire.EnvPath], Netns: req.Env[wire.EnvNetns], StdinData: req.Config}
+					assert.NoError(t, agent.Run(context.Background(), req.Command, a))
+					return nil // lost before its answer
+				}
+				r.p.Agent = stub.start(t)
+				require.NoError(t, through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+
+				res, err := current.NewResultFromResult(mustResult(t, r.out.Bytes()))
+				require.NoError(t, err)
+				require.Len(t, res.IPs, 1)
+				got := res.IPs[0].Address.IP.String()
+				var mine []string
+				for off, a := range r.pool() {
+					if a.PodRef == "longhorn-system/im-a" {
+						mine = append(mine, off)
+						assert.Equal(t, alloc{ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: ifnameOf(v)}, a)
+					}
+				}
+				require.Len(t, mine, 1, "the pod's entries: %v", r.pool())
+				assert.Equal(t, got, fmt.Sprintf("192.168.50.%s", mine[0]))
+				assert.Equal(t, []string{got + "=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"}, r.orips())
+				assert.Contains(t, r.log.String(), "the node agent took this ADD and did not answer")
+			})
+		}
+	}
+}
+
+// A lost ADD of one interface never releases another interface's entry of
+// the same sandbox, even without ifnames (v0.7.0): the sibling's recorded
+// address tells them apart; a sibling that recorded none leaves the unnamed
+// entries alone.
+func TestALostAddKeepsTheSandboxsOtherInterface(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		siblingIPs []string
+		wantKept   []string // offsets of the pod's entries besides the new one
+	}{
+		{"a sibling that recorded its address", []string{"192.168.50.5/24"}, []string{"5"}},
+		{"a sibling that recorded nothing", nil, []string{"5", "6"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t,
+				ipamPool(map[string]alloc{
+					"5": {ContainerID: "new", PodRef: "longhorn-system/im-a"}, // lhnet2's, v0.7.0
+					"6": {ContainerID: "new", PodRef: "longhorn-system/im-a"}, // what the lost ADD of lhnet1 wrote
+				}),
+				fake.NewReservation("192.168.50.5", "longhorn-system/im-a"),
+				fake.NewReservation("192.168.50.6", "longhorn-system/im-a"))
+			r.wb.Version = fake.V070
+			require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "new", IfName: "lhnet2", Network: "storagenetwork",
+				PodRef: "longhorn-system/im-a", Kubeconfig: r.kubeconfig(), Namespace: "kube-system",
+				Pools: []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, IPs: tc.siblingIPs}))
+			stub := &agentStub{serve: func(wire.Request, net.Conn) *wire.Answer { return nil }}
+			r.p.Agent = stub.start(t)
+			require.NoError(t, through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+			got := mustIP(t, r.out.Bytes())
+			var kept []string
+			for off := range r.pool() {
+				if fmt.Sprintf("192.168.50.%s", off) != got {
+					kept = append(kept, off)
+				}
+			}
+			sort.Strings(kept)
+			assert.Equal(t, tc.wantKept, kept)
+		})
+	}
+}
+
+func mustIP(t *testing.T, out []byte) string {
+	t.Helper()
+	res, err := current.NewResultFromResult(mustResult(t, out))
+	require.NoError(t, err)
+	require.Len(t, res.IPs, 1)
+	return res.IPs[0].Address.IP.String()
+}
+
+func ifnameOf(wb string) string {
+	if wb == fake.V070 {
+		return ""
+	}
+	return "lhnet1"
+}
+
+func mustResult(t *testing.T, out []byte) cnitypes.Result {
+	t.Helper()
+	res, err := version.NewResult("0.3.1", out)
+	require.NoError(t, err, "a result: %s", out)
+	return res
+}
+
+// A DEL the agent took and lost is done here as it is: it is idempotent.
+func TestALostDelIsDoneHere(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	stub := &agentStub{serve: func(wire.Request, net.Conn) *wire.Answer { return nil }}
+	r.p.Agent = stub.start(t)
+	require.NoError(t, through(r.p, wire.Del, args(t, "b1", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	assert.NotContains(t, r.pool(), "4", "released here")
+	assert.Equal(t, wire.Del, (<-stub.requests).Command)
+}
+
+// The allocator seam: with an Allocator, ADD allocates through it, after
+// the checkpoint and the reclaim, and records and prints what it returns;
+// no delegate runs.
+func TestAddAllocatesThroughTheAllocator(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	alloc := &allocatorStub{ip: "192.168.50.7/24"}
+	r.p.Allocator = alloc
+	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("1.0.0", ""))))
+	assert.Empty(t, r.calls(), "no delegate")
+	assert.JSONEq(t, `{"cniVersion":"1.0.0","ips":[{"address":"192.168.50.7/24"}]}`, r.out.String())
+	require.Len(t, alloc.calls, 1)
+	assert.Equal(t, "new/lhnet1 "+poolName, alloc.calls[0])
+	assert.NotContains(t, r.pool(), "3", "earlier sandboxes reclaimed before")
+	rec, ok, err := checkpoint.Dir(r.cpDir).Read("new", "lhnet1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, []string{"192.168.50.7/24"}, rec.IPs)
+}
+
+func TestTheAllocatorsErrorIsWhereaboutsErrorExplained(t *testing.T) {
+	r := newRig(t, ipamPool(map[string]alloc{}))
+	r.fillPool(t)
+	r.p.Allocator = &allocatorStub{err: &cnitypes.Error{Code: 999, Msg: "error at storage engine: Could not allocate IP in range: ip: 192.168.50.1 / - 192.168.50.254 / range: 192.168.50.0/24 / excludeRanges: []"}}
+	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	assert.Equal(t, uint(999), cniCode(t, err))
+	assert.Contains(t, err.Error(), "whereabouts ADD: error at storage engine: Could not allocate IP in range")
+	assert.Contains(t, err.Error(), "pool kube-system/192.168.50.0-24 (192.168.50.0/24) holds 256 entries")
+}
+
+type allocatorStub struct {
+	ip    string
+	err   error
+	calls []string
+}
+
+func (a *allocatorStub) Add(_ context.Context, _ *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
+	a.calls = append(a.calls, args.ContainerID+"/"+args.IfName+" "+cfg.Pools[0].Name)
+	if a.err != nil {
+		return nil, a.err
+	}
+	_, ipn, _ := net.ParseCIDR(a.ip)
+	ip, _, _ := net.ParseCIDR(a.ip)
+	ipn.IP = ip
+	return &current.Result{CNIVersion: current.ImplementedSpecVersion, IPs: []*current.IPConfig{{Address: *ipn}}}, nil
+}
