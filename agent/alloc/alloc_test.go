@@ -290,6 +290,30 @@ func TestAnAddressReservedByAnotherPodIsGivenUp(t *testing.T) {
 	assert.Equal(t, "default/elsewhere", r.Spec.PodRef, "the other pod's reservation stays")
 }
 
+// whereabouts v0.7.0's CRD prunes the ifname of what the agent writes: the
+// entry given up is still found as its own.
+func TestAnAddressGivenUpIsRemovedEvenWithItsIfnamePruned(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),
+		fake.NewReservation("10.0.0.1", "default/elsewhere"))
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "create" && c.Resource == fake.Reservations && c.Name == "10.0.0.1" {
+			p := api.Pool(ns, "10.0.0.0-24")
+			e := p.Spec.Allocations["1"]
+			e.IfName = ""
+			p.Spec.Allocations["1"] = e
+			_, err := api.UpdatePool(ns, p)
+			require.NoError(t, err)
+		}
+		return nil
+	}
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
+	_, held := api.Pool(ns, "10.0.0.0-24").Spec.Allocations["1"]
+	assert.False(t, held, "the pruned entry at .1 was removed")
+}
+
 func TestTheCacheHintSkipsAReservedAddressBeforeWriting(t *testing.T) {
 	api := fake.New()
 	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),

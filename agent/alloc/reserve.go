@@ -93,11 +93,19 @@ func (a *Allocator) keepOwn(ctx context.Context, m *member, name string, spec sh
 }
 
 // giveUp removes the member's entry at an address it could not reserve, if
-// the entry is still its own.
+// the entry is still its own: its container and pod, with its ifname or
+// none (whereabouts v0.7.0's CRD prunes the ifname the agent wrote).
 func (a *Allocator) giveUp(ctx context.Context, c choice) error {
 	m := c.m
-	e := shim.Allocation{Pool: m.pool, Offset: c.offset, IP: c.ip.IP,
-		IPAllocation: shim.IPAllocation{ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName}}
-	_, err := m.store.RemoveAllocations(ctx, shim.Plan{Pool: m.pool, Network: m.network, Entries: []shim.Allocation{e}})
+	p, err := m.store.Pool(ctx, m.pool)
+	if err != nil || p == nil {
+		return err
+	}
+	e, ok := p.Spec.Allocations[c.offset]
+	if !ok || e.ContainerID != m.containerID || e.PodRef != m.podRef || (e.IfName != m.ifName && e.IfName != "") {
+		return nil
+	}
+	own := shim.Allocation{Pool: m.pool, Offset: c.offset, IP: c.ip.IP, IPAllocation: e}
+	_, err = m.store.RemoveAllocations(ctx, shim.Plan{Pool: m.pool, Network: m.network, Entries: []shim.Allocation{own}})
 	return err
 }
