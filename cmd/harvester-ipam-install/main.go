@@ -29,6 +29,32 @@ import (
 // Version is set at build time (-ldflags "-X main.Version=...").
 var Version = "dev"
 
+const usage = `harvester-ipam-install %s: puts harvester-ipam into a node's CNI bin dir and,
+with --stand-in=whereabouts, stands it in for whereabouts (harvester-ipam at
+the name, the real binary kept at <name>.real). The chart's DaemonSet runs it
+on every node; a person runs --verify or --give-back.
+
+Modes:
+  (default)    install (and stand in), then with --interval keep it so: again
+               whenever the stand-in's name is written and every interval.
+               Stopped (SIGTERM), it gives the name back only when its
+               --daemonset is gone or being deleted (helm uninstall).
+  --verify     check only: harvester-ipam installed and runs, and with
+               --stand-in it stands in (or there is nothing to stand in for);
+               prints what it found. The chart's probes run this.
+  --give-back  with --stand-in: put the real binary back at the name, remove
+               <name>.real, and exit (a node that missed an uninstall).
+  --version    print the version.
+
+Exit status: 0 done (--verify: in order); 1 failed, the reason on stderr
+(--verify: not in order, and what is wrong); 2 bad flags.
+
+In the chart's pod the host's CNI bin dir is /host/opt/cni/bin (the
+defaults below); on a node's own shell give --cni-bin-dir /opt/cni/bin.
+
+Flags:
+`
+
 func main() {
 	var (
 		opt      install.Options
@@ -58,13 +84,17 @@ func main() {
 	flag.StringVar(&ns, "namespace", os.Getenv("POD_NAMESPACE"), "the --daemonset's namespace")
 	flag.StringVar(&kubecfg, "kubeconfig", "", "a kubeconfig to read the --daemonset with; \"\" is the pod's service account")
 	version := flag.Bool("version", false, "print the version and exit")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), usage, Version)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 	if *version {
 		fmt.Println("harvester-ipam-install", Version)
 		return
 	}
 	if flag.NArg() > 0 {
-		fail(fmt.Errorf("unexpected arguments %q", flag.Args()))
+		badUsage(fmt.Errorf("unexpected arguments %q", flag.Args()))
 	}
 	if require != "" {
 		opt.Require = strings.Split(require, ",")
@@ -77,7 +107,7 @@ func main() {
 
 	if giveBack {
 		if standIn == "" {
-			fail(fmt.Errorf("--give-back needs --stand-in, the name to give back"))
+			badUsage(fmt.Errorf("--give-back needs --stand-in, the name to give back"))
 		}
 		gctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -99,6 +129,19 @@ func main() {
 				fail(err)
 			}
 			fmt.Println(state)
+			// Both binaries by what they say and their bytes: which
+			// harvester-ipam, which whereabouts.
+			at := filepath.Join(opt.BinDir, standIn)
+			for _, p := range []string{at, standin.Aside(at)} {
+				if _, err := os.Stat(p); err != nil {
+					continue // nothing to stand in for: said above
+				}
+				d, err := install.Describe(ctx, p, opt)
+				if err != nil {
+					fail(err)
+				}
+				fmt.Println(d)
+			}
 		}
 		return
 	}
@@ -225,6 +268,13 @@ func onStop(ctx context.Context, opt install.Options, name string, ds *install.O
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s harvester-ipam-install: %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+}
+
+// badUsage is a command line that cannot run: exit 2, as the flag package
+// does for an unknown flag.
+func badUsage(err error) {
+	fmt.Fprintf(os.Stderr, "harvester-ipam-install: %v (see --help)\n", err)
+	os.Exit(2)
 }
 
 func fail(err error) {
