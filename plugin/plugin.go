@@ -49,7 +49,14 @@ type Plugin struct {
 	// ("add-after-checkpoint", "del-after-reservations", ...): test builds
 	// and the simulation crash the plugin there. Nil in production.
 	AtStep func(step string)
+	// NodeConfig is the node's own settings file, which the chart's
+	// installer writes (its plugin.* values); "" is DefaultNodeConfig.
+	NodeConfig string
 }
+
+// DefaultNodeConfig is where the chart's installer writes the node's own
+// settings for harvester-ipam, beside whereabouts' whereabouts.d.
+const DefaultNodeConfig = "/etc/cni/net.d/harvester-ipam.d/harvester-ipam.conf"
 
 // DefaultTimeout stays within the runtime's own CNI timeout, and above
 // whereabouts' (2 minutes for ADD), whose work is part of ours.
@@ -95,11 +102,32 @@ func (p *Plugin) stderr() io.Writer {
 	return os.Stderr
 }
 
+// logger logs at whereabouts' log_file and log_level, unless the node's own
+// settings (the chart's plugin.logLevel and plugin.logFile) say otherwise:
+// on Harvester from v1.6.0 the NAD cannot be edited, and whereabouts' pod
+// rewrites its flat file at every start, so the node file is the lasting
+// place to raise harvester-ipam's log level.
 func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
-	if cfg == nil {
-		return newLogger("", "", p.stderr(), verb, containerID)
+	file, lvl := "", ""
+	if cfg != nil {
+		file, lvl = cfg.LogFile(), cfg.LogLevel()
 	}
-	return newLogger(cfg.LogFile(), cfg.LogLevel(), p.stderr(), verb, containerID)
+	path := p.NodeConfig
+	if path == "" {
+		path = DefaultNodeConfig
+	}
+	node, err := conf.LoadNodeConfig(path)
+	if node.LogFile != "" {
+		file = node.LogFile
+	}
+	if node.LogLevel != "" {
+		lvl = node.LogLevel
+	}
+	l := newLogger(file, lvl, p.stderr(), verb, containerID)
+	if err != nil {
+		l.Errorf("%v; logging by whereabouts' settings", err)
+	}
+	return l
 }
 
 // store reaches the IPPool store a kubeconfig names.
