@@ -10,6 +10,10 @@ import (
 	"strings"
 )
 
+// DefaultNodeConfig is where the chart's installer writes the node's own
+// settings for harvester-ipam, beside whereabouts' whereabouts.d.
+const DefaultNodeConfig = "/etc/cni/net.d/harvester-ipam.d/harvester-ipam.conf"
+
 // NodeConfig is the node's own settings for harvester-ipam, which the
 // chart's installer writes from its plugin.* values: a lasting place for
 // them where neither the NAD (Harvester's webhook refuses its edit) nor

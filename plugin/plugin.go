@@ -50,13 +50,9 @@ type Plugin struct {
 	// and the simulation crash the plugin there. Nil in production.
 	AtStep func(step string)
 	// NodeConfig is the node's own settings file, which the chart's
-	// installer writes (its plugin.* values); "" is DefaultNodeConfig.
+	// installer writes (its plugin.* values); "" is conf.DefaultNodeConfig.
 	NodeConfig string
 }
-
-// DefaultNodeConfig is where the chart's installer writes the node's own
-// settings for harvester-ipam, beside whereabouts' whereabouts.d.
-const DefaultNodeConfig = "/etc/cni/net.d/harvester-ipam.d/harvester-ipam.conf"
 
 // DefaultTimeout stays within the runtime's own CNI timeout, and above
 // whereabouts' (2 minutes for ADD), whose work is part of ours.
@@ -114,7 +110,7 @@ func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
 	}
 	path := p.NodeConfig
 	if path == "" {
-		path = DefaultNodeConfig
+		path = conf.DefaultNodeConfig
 	}
 	node, err := conf.LoadNodeConfig(path)
 	if node.LogFile != "" {

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/install"
 	"github.com/harvester/harvester-ipam/install/standin"
 )
@@ -68,6 +69,8 @@ func main() {
 		owner    string
 		ns       string
 		kubecfg  string
+		nodeConf string
+		node     conf.NodeConfig
 	)
 	flag.StringVar(&opt.Source, "source", "/usr/bin/harvester-ipam", "the binary to install")
 	flag.StringVar(&opt.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
@@ -83,6 +86,9 @@ func main() {
 	flag.StringVar(&owner, "daemonset", "", "this installer's DaemonSet: stopped, the --stand-in name is given back only when it is gone or being deleted (an uninstall); \"\" never gives it back when stopped")
 	flag.StringVar(&ns, "namespace", os.Getenv("POD_NAMESPACE"), "the --daemonset's namespace")
 	flag.StringVar(&kubecfg, "kubeconfig", "", "a kubeconfig to read the --daemonset with; \"\" is the pod's service account")
+	flag.StringVar(&nodeConf, "node-config", "", "the node's settings file for harvester-ipam, as mounted (the host's "+conf.DefaultNodeConfig+"); kept as --log-level and --log-file say, removed when both are empty; \"\" leaves it alone")
+	flag.StringVar(&node.LogLevel, "log-level", "", "with --node-config: harvester-ipam's log level on this node (debug, verbose, error), over whereabouts' log_level; \"\" is whereabouts'")
+	flag.StringVar(&node.LogFile, "log-file", "", "with --node-config: harvester-ipam's log file on this node (a host path), over whereabouts' log_file; \"\" is whereabouts'")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), usage, Version)
@@ -95,6 +101,9 @@ func main() {
 	}
 	if flag.NArg() > 0 {
 		badUsage(fmt.Errorf("unexpected arguments %q", flag.Args()))
+	}
+	if err := node.Validate(); err != nil {
+		badUsage(err)
 	}
 	if require != "" {
 		opt.Require = strings.Split(require, ",")
@@ -184,6 +193,13 @@ func main() {
 		}
 		if standIn != "" {
 			takeName(ctx, opt, standIn, first)
+		}
+		if nodeConf != "" {
+			if changed, err := install.WriteNodeConfig(nodeConf, node); err != nil {
+				logf("error: the node's settings %s: %v", nodeConf, err)
+			} else if changed {
+				logf("the node's settings %s now say log level %q, log file %q (empty: whereabouts')", nodeConf, node.LogLevel, node.LogFile)
+			}
 		}
 		// Warnings only when they change: the loop runs every interval.
 		if w := strings.Join(install.Preflight(opt.BinDir, delegate, flatFile), "\n"); w != warned {
