@@ -233,4 +233,3 @@ func contains(xs []string, x string) bool {
 	}
 	return false
 }
-
