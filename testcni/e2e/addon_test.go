@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/yaml"
 
 	"github.com/harvester/harvester-ipam/testcni"
 )
@@ -109,7 +108,7 @@ func TestKubeletAddon(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(rig.Root, "install", "addon", "harvester-ipam", "harvester-ipam.yaml"))
 	require.NoError(t, err)
 	var addon unstructured.Unstructured
-	require.NoError(t, yaml.Unmarshal(raw, &addon.Object))
+	require.NoError(t, yamlUnmarshal(raw, &addon.Object))
 	spec := addon.Object["spec"].(map[string]any)
 	assert.Equal(t, chartVersion, spec["version"], "the Addon asks for the chart's version")
 	assert.Equal(t, "harvester-ipam", spec["chart"])

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	rbacv1 "k8s.io/api/rbac/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/yaml"
 )
 
 // mdTable is the first table under a markdown heading: its rows' cells,
@@ -77,7 +77,7 @@ func TestReferenceTablesMatchTheChart(t *testing.T) {
 		vb, err := os.ReadFile(filepath.Join(rig.Root, chartDir, "values.yaml"))
 		require.NoError(t, err)
 		var values map[string]any
-		require.NoError(t, yaml.Unmarshal(vb, &values))
+		require.NoError(t, yamlUnmarshal(vb, &values))
 		rows := map[string]any{}
 		for _, r := range mdTable(t, doc, "## Values") {
 			names, defaults := ticks(r[0]), ticks(r[1])
@@ -85,7 +85,7 @@ func TestReferenceTablesMatchTheChart(t *testing.T) {
 				continue
 			}
 			var d any
-			if assert.NoError(t, yaml.Unmarshal([]byte(defaults[0]), &d), "the default of %s is YAML", names[0]) {
+			if assert.NoError(t, yamlUnmarshal([]byte(defaults[0]), &d), "the default of %s is YAML", names[0]) {
 				rows[names[0]] = d
 			}
 		}
@@ -232,4 +232,13 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// yamlUnmarshal decodes YAML (or JSON) into v, as JSON would.
+func yamlUnmarshal(b []byte, v any) error {
+	j, err := utilyaml.ToJSON(b)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(j, v)
 }
