@@ -167,7 +167,13 @@ func newReadmeShell(t *testing.T, c *testcni.Rig, nd *testcni.Node) *readmeShell
 	goBin, err := exec.LookPath("go")
 	require.NoError(t, err)
 	home := t.TempDir()
-	env := append(os.Environ(),
+	// The operator's own HOME, but this machine's Go caches: the rig has
+	// no network, and make image builds from the module cache.
+	goenv, err := exec.Command("go", "env", "GOMODCACHE", "GOCACHE").Output()
+	require.NoError(t, err)
+	caches := strings.Fields(string(goenv))
+	require.Len(t, caches, 2)
+	env := append(os.Environ(), "GOMODCACHE="+caches[0], "GOCACHE="+caches[1],
 		"PATH="+bin+":"+filepath.Dir(goBin)+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"KUBECONFIG="+c.Kubeconfig, "HOME="+home,
 		"HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
@@ -263,6 +269,7 @@ func TestKubeletREADME(t *testing.T) {
 	})
 	require.NoError(t, c.DeployHarvesterWhereabouts(ctx, testcni.V093))
 	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
+	require.NoError(t, c.EnsureNamespace(ctx, testcni.HarvesterNamespace))
 	conf := fmt.Sprintf(`{"cniVersion":"0.3.1","type":"bridge","bridge":"mgmt-br","ipam":{"type":"whereabouts","range":%q}}`, storageRange)
 	_, err = c.Dynamic.Resource(testcni.NADResource).Namespace(testcni.HarvesterNamespace).Create(ctx, testcni.StorageNetworkNAD("storagenetwork-readme", conf), metav1.CreateOptions{})
 	require.NoError(t, err)
