@@ -87,7 +87,37 @@ func (nd *Node) startKubelet(ctx context.Context, since time.Time) error {
 	if err := nd.control(ctx, "start kubelet", "started"); err != nil {
 		return err
 	}
-	return nd.WaitReady(ctx, since, 2*time.Minute)
+	if err := nd.WaitReady(ctx, since, 2*time.Minute); err != nil {
+		return err
+	}
+	return nd.untaintReady(ctx)
+}
+
+// untaintReady does the one thing of the node lifecycle controller (which
+// the rig's clusters do not run) that pods need: a Ready node loses the
+// node.kubernetes.io/not-ready:NoSchedule taint the kubelet registers it
+// with, so that the scheduler places pods that do not tolerate it (a Job's).
+func (nd *Node) untaintReady(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := nd.rig.Kube.CoreV1().Nodes().Get(cctx, nd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		var keep []corev1.Taint
+		for _, t := range n.Spec.Taints {
+			if t.Key != corev1.TaintNodeNotReady {
+				keep = append(keep, t)
+			}
+		}
+		if len(keep) == len(n.Spec.Taints) {
+			return true, nil
+		}
+		n.Spec.Taints = keep
+		_, err = nd.rig.Kube.CoreV1().Nodes().Update(cctx, n, metav1.UpdateOptions{})
+		return err == nil, nil
+	})
 }
 
 // WaitReady waits until the node's Ready condition is true with a heartbeat
