@@ -37,7 +37,7 @@ import (
 // (testcni/klipperhelm, with the real helm).
 func TestKubeletAddon(t *testing.T) {
 	t.Parallel()
-	ctx := ctx(t)
+	ctx := longCtx(t)
 	appVersion := chartAppVersion(t)
 	chartVersion := strings.TrimPrefix(appVersion, "v")
 

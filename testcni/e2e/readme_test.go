@@ -253,7 +253,7 @@ func (s *readmeShell) command(ctx context.Context, where, script string) *exec.C
 func TestKubeletREADME(t *testing.T) {
 	t.Parallel()
 	blocks := readmeBlocks(t)
-	ctx := ctx(t)
+	ctx := longCtx(t)
 	wb, err := rig.WhereaboutsImage(ctx, testcni.V093)
 	require.NoError(t, err)
 	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: "readme", NoWebhook: true})
@@ -428,4 +428,12 @@ func copyFileTo(src, dst string) error {
 		return err
 	}
 	return os.WriteFile(dst, b, 0o644)
+}
+
+// longCtx bounds a whole real-kubelet scenario (ctx bounds one step): its
+// cluster, node, images and every step, on a machine that may be loaded.
+func longCtx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	t.Cleanup(cancel)
+	return c
 }
