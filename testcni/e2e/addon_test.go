@@ -92,7 +92,8 @@ func TestKubeletAddon(t *testing.T) {
 		v, _ := cmd.Output()
 		return strings.TrimSpace(string(v))
 	}
-	require.Equal(t, "whereabouts", at("whereabouts"))
+	require.Eventually(t, func() bool { return at("whereabouts") == "whereabouts" }, time.Minute, 200*time.Millisecond,
+		"whereabouts' pod puts its binary at the name (now %s)", at("whereabouts"))
 
 	url, stop, err := c.ServeOnMachine(8080, http.FileServer(http.Dir(repoDir)))
 	require.NoError(t, err)
