@@ -57,9 +57,33 @@ func (r *Rig) StartHelmController(ctx context.Context, jobImage string) error {
 	if st, err := os.Stat(bin); err != nil || st.Mode()&0o111 == 0 {
 		return fmt.Errorf("no helm-controller at %q (testcni/tools.sh helm-controller builds it)", bin)
 	}
-	if _, err := r.StartOnMachine("helm-controller", bin, "--kubeconfig", r.Kubeconfig, "--default-job-image", jobImage); err != nil {
+	args := []string{"--kubeconfig", r.Kubeconfig, "--default-job-image", jobImage}
+	if _, err := r.StartOnMachine("helm-controller", bin, args...); err != nil {
 		return err
 	}
+	// helm-controller exits when it loses its leader lease (on a loaded
+	// machine, an API call slower than the renewal); RKE2's supervisor
+	// starts it again, and so does the rig, until the cluster closes.
+	go func() {
+		for {
+			time.Sleep(2 * time.Second)
+			r.mu.Lock()
+			var last *proc
+			for _, p := range r.controllers {
+				if p.name == "helm-controller" {
+					last = p
+				}
+			}
+			closed := r.closed
+			r.mu.Unlock()
+			if closed || last == nil {
+				return
+			}
+			if last.exited() {
+				_, _ = r.StartOnMachine("helm-controller", bin, args...)
+			}
+		}
+	}()
 	// Ready once its CRD serves.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
