@@ -408,7 +408,6 @@ func TestKubeletREADME(t *testing.T) {
 	require.Eventually(t, func() bool { return at("whereabouts") == "harvester-ipam "+appVersion }, time.Minute, 200*time.Millisecond,
 		"the image pulled from the registry stands in (now %s)", at("whereabouts"))
 
-
 	for name := range blocks {
 		assert.True(t, sh.ran[name], "README.md's block %s was not run", name)
 	}
