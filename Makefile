@@ -1,5 +1,10 @@
-# harvester-ipam: make build | test | unit | demo | bench | deps | tools | fuzz | sim | image | mutate
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# harvester-ipam: make build | test | unit | demo | bench | deps | tools | fuzz | sim | image | chart-repo | mutate
+# The release's version is the chart's appVersion: every build is tagged with
+# it, so that the chart's default image (rancher/harvester-ipam:<appVersion>)
+# is the image `make image` builds; a release tag must equal it (make image
+# refuses a commit tagged otherwise). VERSION=... builds under another tag.
+CHART_APP_VERSION := $(shell sed -n 's/^appVersion: *//p' install/chart/harvester-ipam/Chart.yaml | tr -d '"')
+VERSION ?= $(CHART_APP_VERSION)
 GO      ?= go
 export GOTOOLCHAIN := local
 # One set of flags for every build of the project, its tests and the rig's
@@ -11,7 +16,7 @@ export CGO_ENABLED := 0
 
 LDFLAGS := -s -w -X main.Version=$(VERSION)
 
-.PHONY: build test unit e2e demo bench deps tools fuzz clean sim image mutate
+.PHONY: build test unit e2e demo bench deps tools fuzz clean sim image mutate chart-repo
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/harvester-ipam ./cmd/harvester-ipam
@@ -47,13 +52,28 @@ tools:
 clean:
 	rm -rf bin
 
-# The chart's image, rancher/harvester-ipam:$(VERSION), as an OCI image archive
-# that `docker load` and `ctr images import` accept; no container engine.
-# Reproducible for a commit (install/README.md). A release builds on its tag,
-# which is the chart's appVersion and so its default image.tag.
+# The chart's image, rancher/harvester-ipam:$(VERSION) (the chart's appVersion
+# unless VERSION is given), as an OCI image archive that `docker load`, `ctr
+# images import` and crane accept; no container engine. Reproducible for a
+# commit (docs/image.md). On a commit tagged for a release the tag must be the
+# chart's appVersion.
 IMAGE ?= bin/harvester-ipam-image.tar
 image:
-	$(GO) run ./cmd/harvester-ipam-image -version $(VERSION) -o $(IMAGE)
+	$(GO) run ./cmd/harvester-ipam-image $(if $(filter command line environment,$(origin VERSION)),-version $(VERSION)) -o $(IMAGE)
+
+# A Helm repository of the chart, for a Harvester add-on (install/addon): the
+# packaged chart and index.yaml in CHART_REPO, to serve at CHART_REPO_URL (the
+# Addon's spec.repo; without it the index's URLs are relative, which helm
+# resolves against the repository's URL). HELM defaults to the rig's pinned helm.
+CHART_REPO     ?= bin/chart-repo
+CHART_REPO_URL ?=
+HELM           ?= $(shell testcni/tools.sh paths | sed -n 's/^helm=//p')
+chart-repo:
+	[ -x "$(HELM)" ] || testcni/tools.sh helm
+	rm -rf $(CHART_REPO) && mkdir -p $(CHART_REPO)
+	$(HELM) package install/chart/harvester-ipam -d $(CHART_REPO)
+	$(HELM) repo index $(CHART_REPO) $(if $(CHART_REPO_URL),--url $(CHART_REPO_URL))
+	@echo "serve $(CHART_REPO)/ at $(if $(CHART_REPO_URL),$(CHART_REPO_URL),the Addon's spec.repo)"
 
 # The main job on an embedded default: the leaks whereabouts v0.9.3 alone
 # keeps and harvester-ipam -> v0.9.3 releases (and v0.7.0's crash loop and

@@ -390,3 +390,25 @@ func syncDir(dir string) error {
 	defer d.Close()
 	return d.Sync()
 }
+
+// Describe says what the binary at path is, for a person: the line it prints
+// about itself, the CNI versions it answers, and the start of its sha256.
+func Describe(ctx context.Context, path string, opt Options) (string, error) {
+	about, supported, err := probe(ctx, path, Options{Timeout: opt.Timeout})
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	if about == "" {
+		about = "(prints nothing about itself)"
+	}
+	return fmt.Sprintf("%s: %s; CNI %s; sha256 %x", path, about, strings.Join(supported, ", "), h.Sum(nil)[:6]), nil
+}

@@ -19,6 +19,11 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 )
 
+// ReconcilerCommand runs the reconciler in the chart's DaemonSet's pod,
+// whose account carries the reconciler's permissions: it works whatever
+// the reconciler's mode (a CronJob by default).
+const ReconcilerCommand = "kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler"
+
 // rangeFull is what whereabouts says (every version) when no address is left.
 const rangeFull = "Could not allocate IP in range"
 
@@ -57,8 +62,9 @@ func (p *Plugin) explainFull(store *shim.Store, cfg *conf.Config) (facts, hint s
 		}
 		parts = append(parts, p.explainPool(ctx, store.Namespace(), pool, cfg.Kubeconfig()))
 	}
-	hint = "see every pool's stale entries with `harvester-ipam-reconciler inspect`; release them now with " +
-		"`harvester-ipam-reconciler --grace 0 --dry-run` (to see), then without --dry-run; if none is stale, widen the range"
+	hint = "see every pool's stale entries with `" + ReconcilerCommand + " inspect`; release them now with `" +
+		ReconcilerCommand + " --grace 0 --dry-run` (to see), then the same without --dry-run (the chart's DaemonSet is " +
+		"harvester-ipam in kube-system unless it was installed under another name); if none is stale, widen the range"
 	return strings.Join(parts, "; "), hint
 }
 

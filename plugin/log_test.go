@@ -262,3 +262,45 @@ func TestTheLogLevelIsWhereaboutsOwn(t *testing.T) {
 		})
 	}
 }
+
+// The node's own settings (the chart's plugin.logLevel and plugin.logFile,
+// written by its installer) win over whereabouts' log_level and log_file:
+// the lasting place to raise the level where the NAD cannot be edited and
+// whereabouts rewrites its flat file. A file that does not parse is not
+// used, and the log says so.
+func TestTheNodesSettingsWinOverWhereabouts(t *testing.T) {
+	for _, tt := range []struct {
+		name, node, nadIPAM string
+		debug, inFile       bool
+		says                string
+	}{
+		{"no node file: whereabouts' level", "", `,"log_level":"error"`, false, false, ""},
+		{"the node's debug over whereabouts' error", `{"log_level":"debug"}`, `,"log_level":"error"`, true, false, ""},
+		{"the node's error over whereabouts' debug", `{"log_level":"error"}`, `,"log_level":"debug"`, false, false, ""},
+		{"the node's log_file", `{"log_level":"debug","log_file":"FILE"}`, "", true, true, ""},
+		{"a node file that does not parse: whereabouts' level, and said", `{"log_level":`, `,"log_level":"debug"`, true, false, "node settings"},
+		{"an unknown level: whereabouts' level, and said", `{"log_level":"loud"}`, "", false, false, `log_level "loud": want one of debug, verbose, error`},
+		{"an unknown key: not used, and said", `{"loglevel":"debug"}`, "", false, false, `unknown field "loglevel"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			logFile := filepath.Join(t.TempDir(), "harvester-ipam.log")
+			if tt.node != "" {
+				require.NoError(t, os.WriteFile(r.p.NodeConfig, []byte(strings.ReplaceAll(tt.node, "FILE", logFile)), 0o644))
+			}
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", tt.nadIPAM))))
+			logged := r.log.String()
+			if tt.inFile {
+				b, err := os.ReadFile(logFile)
+				require.NoError(t, err)
+				logged = string(b)
+				assert.Empty(t, r.log.String(), "nothing on stderr")
+			}
+			assert.Equal(t, tt.debug, strings.Contains(logged, "[debug] harvester-ipam ADD new: took "), "%s", logged)
+			if tt.says != "" {
+				assert.Contains(t, logged, tt.says)
+				assert.Contains(t, logged, "logging by whereabouts' settings")
+			}
+		})
+	}
+}

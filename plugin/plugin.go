@@ -65,6 +65,10 @@ type Plugin struct {
 	// does every verb here.
 	Agent *client.Client
 
+	// NodeConfig is the node's own settings file, which the chart's
+	// installer writes (its plugin.* values); "" is conf.DefaultNodeConfig.
+	NodeConfig string
+
 	// fallback says why the node agent did not serve this verb, for the log.
 	fallback string
 }
@@ -166,12 +170,30 @@ func (p *Plugin) stderr() io.Writer {
 	return os.Stderr
 }
 
+// logger logs at whereabouts' log_file and log_level, unless the node's own
+// settings (the chart's plugin.logLevel and plugin.logFile) say otherwise:
+// on Harvester from v1.6.0 the NAD cannot be edited, and whereabouts' pod
+// rewrites its flat file at every start, so the node file is the lasting
+// place to raise harvester-ipam's log level.
 func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
-	var l *logger
-	if cfg == nil {
-		l = newLogger("", "", p.stderr(), verb, containerID)
-	} else {
-		l = newLogger(cfg.LogFile(), cfg.LogLevel(), p.stderr(), verb, containerID)
+	file, lvl := "", ""
+	if cfg != nil {
+		file, lvl = cfg.LogFile(), cfg.LogLevel()
+	}
+	path := p.NodeConfig
+	if path == "" {
+		path = conf.DefaultNodeConfig
+	}
+	node, err := conf.LoadNodeConfig(path)
+	if node.LogFile != "" {
+		file = node.LogFile
+	}
+	if node.LogLevel != "" {
+		lvl = node.LogLevel
+	}
+	l := newLogger(file, lvl, p.stderr(), verb, containerID)
+	if err != nil {
+		l.Errorf("%v; logging by whereabouts' settings", err)
 	}
 	if p.fallback != "" {
 		l.Debugf("%s; doing it here", p.fallback)

@@ -89,6 +89,8 @@ current-context: w
 		},
 		Stdout: &r.out,
 		Stderr: &r.log,
+		// The node's settings file: none unless a test writes it.
+		NodeConfig: filepath.Join(dir, "harvester-ipam.conf"),
 	}
 	return r
 }

@@ -113,6 +113,9 @@ type cluster struct {
 	token     string
 	caFile    string
 	apiArgs   []string
+	// kubeletCA is the CA the kubelets of a machine's cluster trust for
+	// client certificates: the API server's, for exec, attach and logs.
+	kubeletCA string
 }
 
 // clusterOptions place a cluster: on the rig's loopback (the zero value), or
@@ -225,9 +228,19 @@ func (c *cluster) prepareAPIServer() error {
 		// certificate names with the kubernetes Service's ClusterIP; and the
 		// default admission plugins, ServiceAccount's token volumes among them.
 		c.apiPort = 6443
+		ca, cert, key, err := kubeletClientCerts(filepath.Join(c.dir, "kubelet-client"))
+		if err != nil {
+			return err
+		}
+		c.kubeletCA = ca
 		c.apiArgs = append(c.apiArgs, "--bind-address=0.0.0.0", "--advertise-address="+m.IP, "--secure-port=6443",
 			// Harvester's whereabouts runs privileged, as RKE2's API server allows.
-			"--allow-privileged=true")
+			"--allow-privileged=true",
+			// kubectl exec, attach and logs reach the kubelet as on any
+			// cluster: by the node's address, with a client certificate
+			// the kubelet trusts.
+			"--kubelet-client-certificate="+cert, "--kubelet-client-key="+key,
+			"--kubelet-preferred-address-types=InternalIP")
 		return nil
 	}
 	if c.apiPort, err = freePort(); err != nil {

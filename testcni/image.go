@@ -44,6 +44,11 @@ type imageEntry struct {
 // uncompressed layer: containerd imports it as fast, and no CPU goes to
 // gzip for an archive that never leaves the machine.
 func writeImage(out, ref string, entries []imageEntry, env, entrypoint []string) error {
+	return writeImageAs(out, ref, entries, env, entrypoint, "")
+}
+
+// writeImageAs is writeImage with the config's user ("" is root).
+func writeImageAs(out, ref string, entries []imageEntry, env, entrypoint []string, user string) error {
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Path < entries[j].Path })
 	epoch := time.Unix(0, 0)
 	var layer bytes.Buffer
@@ -85,6 +90,9 @@ func writeImage(out, ref string, entries []imageEntry, env, entrypoint []string)
 	cfg := map[string]any{"Env": env}
 	if len(entrypoint) > 0 {
 		cfg["Entrypoint"] = entrypoint
+	}
+	if user != "" {
+		cfg["User"] = user
 	}
 	config, _ := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux", "config": cfg,

@@ -27,9 +27,10 @@ const KubeVersion = "v1.37.0"
 // need (cgroup v1, which it refuses unless failCgroupV1 is false; cgroupfs
 // without per-QoS cgroups, the pods' cgroups under the node's own parent,
 // which the rig removes at a power cut; no swap check, no eviction, no image
-// garbage collection), its API open to no one but itself (no client
-// authentication, so nothing reaches it; nothing here calls it), its own
-// port on the machine, and every dir of its own on the node's disk.
+// garbage collection), its API open to the API server's client certificate
+// alone (kubectl exec, attach, logs and debug go through it; anonymous
+// requests are refused), its own port on the machine, and every dir of its
+// own on the node's disk.
 func (nd *Node) writeKubeletConf() error {
 	conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -45,6 +46,7 @@ imageGCLowThresholdPercent: 99
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: false}
+  x509: {clientCAFile: %q}
 authorization:
   mode: AlwaysAllow
 staticPodPath: %q
@@ -56,7 +58,7 @@ healthzPort: 0
 volumePluginDir: %q
 serializeImagePulls: false
 shutdownGracePeriod: 0s
-`, nd.cgroupParent, filepath.Join(nd.KubeletDir, "manifests"), nd.Socket, nd.IP, nd.kubeletPort, filepath.Join(nd.KubeletDir, "volume-plugins"))
+`, nd.cgroupParent, nd.rig.cluster.kubeletCA, filepath.Join(nd.KubeletDir, "manifests"), nd.Socket, nd.IP, nd.kubeletPort, filepath.Join(nd.KubeletDir, "volume-plugins"))
 	for _, d := range []string{filepath.Join(nd.KubeletDir, "manifests"), filepath.Join(nd.KubeletDir, "volume-plugins")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -85,7 +87,37 @@ func (nd *Node) startKubelet(ctx context.Context, since time.Time) error {
 	if err := nd.control(ctx, "start kubelet", "started"); err != nil {
 		return err
 	}
-	return nd.WaitReady(ctx, since, 2*time.Minute)
+	if err := nd.WaitReady(ctx, since, 2*time.Minute); err != nil {
+		return err
+	}
+	return nd.untaintReady(ctx)
+}
+
+// untaintReady does the one thing of the node lifecycle controller (which
+// the rig's clusters do not run) that pods need: a Ready node loses the
+// node.kubernetes.io/not-ready:NoSchedule taint the kubelet registers it
+// with, so that the scheduler places pods that do not tolerate it (a Job's).
+func (nd *Node) untaintReady(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := nd.rig.Kube.CoreV1().Nodes().Get(cctx, nd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		var keep []corev1.Taint
+		for _, t := range n.Spec.Taints {
+			if t.Key != corev1.TaintNodeNotReady {
+				keep = append(keep, t)
+			}
+		}
+		if len(keep) == len(n.Spec.Taints) {
+			return true, nil
+		}
+		n.Spec.Taints = keep
+		_, err = nd.rig.Kube.CoreV1().Nodes().Update(cctx, n, metav1.UpdateOptions{})
+		return err == nil, nil
+	})
 }
 
 // WaitReady waits until the node's Ready condition is true with a heartbeat

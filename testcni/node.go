@@ -324,6 +324,12 @@ func (nd *Node) writeMultusConf() error {
 	if nd.opt.Kubelet {
 		binDir = "/opt/cni/bin" // the node's, as containerd sees it
 	}
+	ipam := map[string]any{"type": "host-local", "subnet": nd.defaultSubnet}
+	if nd.opt.Kubelet {
+		// Pods that call the API server (a Job's) reach the kubernetes
+		// Service through the bridge's gateway, as on any cluster network.
+		ipam["routes"] = []any{map[string]any{"dst": "0.0.0.0/0"}}
+	}
 	conf := map[string]any{
 		"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus",
 		"kubeconfig": nd.Via.Kubeconfig,
@@ -333,7 +339,7 @@ func (nd *Node) writeMultusConf() error {
 		"retryDeleteOnError": nd.opt.RetryDeleteOnError,
 		"delegates": []any{map[string]any{
 			"cniVersion": "0.3.1", "name": "cluster-network", "type": "bridge", "bridge": nd.bridge, "isGateway": true,
-			"ipam": map[string]any{"type": "host-local", "subnet": nd.defaultSubnet},
+			"ipam": ipam,
 		}},
 	}
 	b, err := json.MarshalIndent(conf, "", "  ")

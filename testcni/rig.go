@@ -108,6 +108,7 @@ type Rig struct {
 	netns    map[string]bool // sandboxes' namespaces still to delete
 	parts    []*WhereaboutsParts
 	clusters []*Rig // clusters of its own, closed with it
+	closed   bool   // Close has run
 	counter  int
 }
 
@@ -320,6 +321,7 @@ func (r *Rig) APIServerURL() string { return r.cluster.URL() }
 // Close stops the servers, deletes the sandboxes' namespaces and the rig's files.
 func (r *Rig) Close() {
 	r.mu.Lock()
+	r.closed = true
 	for ns := range r.netns {
 		_ = exec.Command("ip", "netns", "del", ns).Run()
 	}

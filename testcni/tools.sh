@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|gremlins]
+#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|gremlins]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -14,6 +14,16 @@ CNI_VERSION=v1.3.1
 PLUGINS_VERSION=v1.9.1
 MULTUS_VERSION=v4.3.0
 HELM_VERSION=v3.14.4
+# crane pushes the chart's image to a registry and serves one on the rig
+# (the README's registry path).
+CRANE_VERSION=v0.20.2
+# RKE2's helm-controller, which installs a Harvester add-on's HelmChart: the
+# version k3s v1.33.7 (RKE2 v1.33, Harvester v1.6) vendors.
+HELM_CONTROLLER_VERSION=v0.16.17
+# Harvester's Addon CRD (deploy/charts/harvester-crd), from its v1.6.0 module;
+# the checksum database does not know it: its module hash is pinned.
+HARVESTER_VERSION=v1.6.0
+HARVESTER_SUM=h1:SlC7YQyheSXIeoc/ys/eYZ00HRXJsocHxMUEoXHI+fw=
 # gremlins runs the mutation tests (make mutate); not a rig tool, so `all` skips it.
 GREMLINS_VERSION=v0.5.0
 PROMETHEUS_OPERATOR_VERSION=v0.76.2
@@ -104,9 +114,10 @@ build_kube_apiserver() {
 
 # build_kube_node: the kubelet, and the controller manager and scheduler a
 # cluster of the rig's own needs for its DaemonSets (the DaemonSet controller
-# makes their pods, the scheduler binds them). One go build: the three share
-# packages with each other and with kube-apiserver, whose build cache it uses.
-KUBE_NODE_BINARIES="kubelet kube-controller-manager kube-scheduler"
+# makes their pods, the scheduler binds them), and kubectl, which runs the
+# README's commands. One go build: they share packages with each other and
+# with kube-apiserver, whose build cache it uses.
+KUBE_NODE_BINARIES="kubelet kube-controller-manager kube-scheduler kubectl"
 build_kube_node() {
   local b missing=()
   for b in $KUBE_NODE_BINARIES; do have "$b-$KUBE_VERSION" || missing+=("$b"); done
@@ -348,6 +359,45 @@ build_helm() {
   install_bin "$out" "$d" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 
+build_crane() {
+  local out="crane-$CRANE_VERSION"; have "$out" && return 0
+  log "building crane $CRANE_VERSION"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "github.com/google/go-containerregistry@$CRANE_VERSION")
+  install_bin "$out" "$d" github.com/google/go-containerregistry/cmd/crane
+}
+
+# build_helm_controller: RKE2's helm-controller, as released (its own go.mod's
+# dependencies); it registers its CRDs itself.
+build_helm_controller() {
+  local out="helm-controller-$HELM_CONTROLLER_VERSION"; have "$out" && return 0
+  log "building helm-controller $HELM_CONTROLLER_VERSION"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "github.com/k3s-io/helm-controller@$HELM_CONTROLLER_VERSION")
+  install_bin "$out" "$d" github.com/k3s-io/helm-controller \
+    "-X github.com/k3s-io/helm-controller/pkg/version.Version=$HELM_CONTROLLER_VERSION -X github.com/k3s-io/helm-controller/pkg/version.GitCommit=module"
+}
+
+# harvester_crds copies Harvester's Addon CRD (its chart harvester-crd) into
+# the cache, from its module checked against the pinned hash: the add-on test
+# validates the Addon against it inside the rig's network namespace.
+harvester_crds() {
+  local out="$BIN/harvester-$HARVESTER_VERSION-crds"
+  [[ -s "$out/harvesterhci.io_addons.yaml" ]] && return 0
+  local mod=github.com/harvester/harvester info dir sum
+  info=$(cd "$SRC" && GONOSUMDB=$mod go mod download -json "$mod@$HARVESTER_VERSION") || return 1
+  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
+  if [[ "$sum" != "$HARVESTER_SUM" ]]; then
+    echo "tools: $mod@$HARVESTER_VERSION has module hash '$sum', want $HARVESTER_SUM: refusing its CRDs" >&2
+    return 1
+  fi
+  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  cp "$dir/deploy/charts/harvester-crd/templates/harvesterhci.io_addons.yaml" "$out.tmp/" && chmod -R u+w "$out.tmp"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "copied Harvester $HARVESTER_VERSION's Addon CRD to $out"
+}
+
 # gremlins plants one bug at a time in the code and runs the unit tests on it (make mutate).
 build_gremlins() {
   local out="gremlins-$GREMLINS_VERSION"; have "$out" && return 0
@@ -381,6 +431,9 @@ paths() {
   echo "multus-nad-crd=$BIN/multus-$MULTUS_VERSION-nad-crd.yaml"
   echo "helm=$BIN/helm-$HELM_VERSION"
   echo "gremlins=$BIN/gremlins-$GREMLINS_VERSION"
+  echo "crane=$BIN/crane-$CRANE_VERSION"
+  echo "helm-controller=$BIN/helm-controller-$HELM_CONTROLLER_VERSION"
+  echo "harvester-crds=$BIN/harvester-$HARVESTER_VERSION-crds"
   echo "monitoring-crds=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-crds"
 }
 
@@ -398,6 +451,9 @@ case "${1:-all}" in
   multus) build_multus ;;
   helm) build_helm ;;
   gremlins) build_gremlins ;;
+  crane) build_crane ;;
+  helm-controller) build_helm_controller ;;
+  harvester-crds) harvester_crds ;;
   all)
     # Two lanes side by side: one go build alone leaves a core idle while it
     # downloads and links. The Kubernetes binaries, about half the work, have
@@ -406,11 +462,13 @@ case "${1:-all}" in
     (build_kube_apiserver; build_kube_node; build_etcd; build_helm) & big=$!
     (build_cnitool; build_plugins; build_busybox
       for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_scripts "$v"; whereabouts_crds "$v"; done
-      build_multus; monitoring_crds; build_webhook) & rest=$!
+      build_multus; monitoring_crds; build_webhook
+      # The add-on's and the registry's tools, in the lane that ends first.
+      build_crane; build_helm_controller; harvester_crds) & rest=$!
     ok=0
     wait "$rest" || ok=$?
     wait "$big" || ok=$?
     exit "$ok"
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|gremlins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|gremlins]" >&2; exit 2 ;;
 esac

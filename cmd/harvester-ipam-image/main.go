@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,7 +38,7 @@ func main() {
 	)
 	fs := flag.NewFlagSet("harvester-ipam-image", flag.ContinueOnError)
 	fs.StringVar(&out, "o", "", "the archive to write (required)")
-	fs.StringVar(&version, "version", "", "the binaries' main.Version and the image's tag (required)")
+	fs.StringVar(&version, "version", "", "the binaries' main.Version and the image's tag; empty: the chart's appVersion ("+chartFile+")")
 	fs.StringVar(&repo, "repository", "rancher/harvester-ipam", "the image's repository")
 	fs.StringVar(&source, "source", "https://github.com/harvester/harvester-ipam", "the org.opencontainers.image.source label")
 	fs.StringVar(&revision, "revision", "", "the org.opencontainers.image.revision label; empty: the commit (git rev-parse HEAD)")
@@ -45,7 +46,9 @@ func main() {
 	fs.StringVar(&binDir, "bin", "", "take the binaries from this directory instead of building them")
 	fs.StringVar(&arch, "arch", runtime.GOARCH, "GOARCH of the binaries and the image")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: harvester-ipam-image -version VERSION -o ARCHIVE [flags]")
+		fmt.Fprintln(fs.Output(), "usage: harvester-ipam-image -o ARCHIVE [-version VERSION] [flags]\n\n"+
+			"Builds rancher/harvester-ipam:<VERSION> (by default the chart's appVersion, which a release's git\n"+
+			"tag must equal) as an OCI image archive. Exit status: 0 written; 1 failed; 2 bad flags.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -54,9 +57,17 @@ func main() {
 		}
 		os.Exit(2)
 	}
-	if out == "" || version == "" || fs.NArg() > 0 {
+	if out == "" || fs.NArg() > 0 {
 		fs.Usage()
 		os.Exit(2)
+	}
+	if version == "" {
+		v, err := chartVersion(context.Background())
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "harvester-ipam-image:", err)
+			os.Exit(1)
+		}
+		version = v
 	}
 	if err := run(out, version, repo, source, revision, binDir, arch, created); err != nil {
 		fmt.Fprintln(os.Stderr, "harvester-ipam-image:", err)
@@ -136,8 +147,50 @@ func run(out, version, repo, source, revision, binDir, arch string, created int6
 		return err
 	}
 	fmt.Printf("%s: %s (%s/%s), manifest %s, %d bytes, sha256 %s\n", out, res.Ref, "linux", arch, res.Manifest.Digest, res.ArchiveSize, res.ArchiveSHA256)
-	fmt.Printf("load it with:  docker load -i %s   or   ctr -n k8s.io images import %s\n", out, out)
+	fmt.Printf("push it to a registry:  crane push %s <registry>/harvester-ipam:%s\n", out, version)
+	fmt.Printf("or import it on each Harvester (RKE2) node:  /var/lib/rancher/rke2/bin/ctr --address /run/k3s/containerd/containerd.sock -n k8s.io images import %s\n", filepath.Base(out))
 	return nil
+}
+
+// chartFile holds the chart's appVersion: the release's version, its image's
+// tag and the chart's default image.tag.
+const chartFile = "install/chart/harvester-ipam/Chart.yaml"
+
+// chartVersion is the version a build is tagged with when none is given:
+// the chart's appVersion, so that the chart's default image is this build.
+// A commit tagged for a release must carry the tag that equals it.
+func chartVersion(ctx context.Context) (string, error) {
+	b, err := os.ReadFile(chartFile)
+	if err != nil {
+		return "", fmt.Errorf("the chart's appVersion: %w (run from the repository, or give -version)", err)
+	}
+	tags, _ := git(ctx, "tag", "--points-at", "HEAD")
+	return releaseVersion(b, strings.Fields(tags))
+}
+
+// releaseVersion reads appVersion from a Chart.yaml and checks it against
+// the release tags (v<digit>...) on the commit: one of them must equal it.
+func releaseVersion(chartYAML []byte, tags []string) (string, error) {
+	app := ""
+	for _, line := range strings.Split(string(chartYAML), "\n") {
+		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
+			app = strings.Trim(strings.TrimSpace(v), `"'`)
+		}
+	}
+	if app == "" {
+		return "", fmt.Errorf("%s has no appVersion", chartFile)
+	}
+	var releases []string
+	for _, t := range tags {
+		if len(t) > 1 && t[0] == 'v' && t[1] >= '0' && t[1] <= '9' {
+			releases = append(releases, t)
+		}
+	}
+	if len(releases) > 0 && !slices.Contains(releases, app) {
+		return "", fmt.Errorf("this commit is tagged %s but %s says appVersion %s: a release's tag must equal the chart's appVersion (bump the chart's version and appVersion, or give -version)",
+			strings.Join(releases, ", "), chartFile, app)
+	}
+	return app, nil
 }
 
 // creationTime is -created, else SOURCE_DATE_EPOCH, else the commit's time:

@@ -22,12 +22,39 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/install"
 	"github.com/harvester/harvester-ipam/install/standin"
 )
 
 // Version is set at build time (-ldflags "-X main.Version=...").
 var Version = "dev"
+
+const usage = `harvester-ipam-install %s: puts harvester-ipam into a node's CNI bin dir and,
+with --stand-in=whereabouts, stands it in for whereabouts (harvester-ipam at
+the name, the real binary kept at <name>.real). The chart's DaemonSet runs it
+on every node; a person runs --verify or --give-back.
+
+Modes:
+  (default)    install (and stand in), then with --interval keep it so: again
+               whenever the stand-in's name is written and every interval.
+               Stopped (SIGTERM), it gives the name back only when its
+               --daemonset is gone or being deleted (helm uninstall).
+  --verify     check only: harvester-ipam installed and runs, and with
+               --stand-in it stands in (or there is nothing to stand in for);
+               prints what it found. The chart's probes run this.
+  --give-back  with --stand-in: put the real binary back at the name, remove
+               <name>.real, and exit (a node that missed an uninstall).
+  --version    print the version.
+
+Exit status: 0 done (--verify: in order); 1 failed, the reason on stderr
+(--verify: not in order, and what is wrong); 2 bad flags.
+
+In the chart's pod the host's CNI bin dir is /host/opt/cni/bin (the
+defaults below); on a node's own shell give --cni-bin-dir /opt/cni/bin.
+
+Flags:
+`
 
 func main() {
 	var (
@@ -42,6 +69,8 @@ func main() {
 		owner    string
 		ns       string
 		kubecfg  string
+		nodeConf string
+		node     conf.NodeConfig
 	)
 	flag.StringVar(&opt.Source, "source", "/usr/bin/harvester-ipam", "the binary to install")
 	flag.StringVar(&opt.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
@@ -57,14 +86,24 @@ func main() {
 	flag.StringVar(&owner, "daemonset", "", "this installer's DaemonSet: stopped, the --stand-in name is given back only when it is gone or being deleted (an uninstall); \"\" never gives it back when stopped")
 	flag.StringVar(&ns, "namespace", os.Getenv("POD_NAMESPACE"), "the --daemonset's namespace")
 	flag.StringVar(&kubecfg, "kubeconfig", "", "a kubeconfig to read the --daemonset with; \"\" is the pod's service account")
+	flag.StringVar(&nodeConf, "node-config", "", "the node's settings file for harvester-ipam, as mounted (the host's "+conf.DefaultNodeConfig+"); kept as --log-level and --log-file say, removed when both are empty; \"\" leaves it alone")
+	flag.StringVar(&node.LogLevel, "log-level", "", "with --node-config: harvester-ipam's log level on this node (debug, verbose, error), over whereabouts' log_level; \"\" is whereabouts'")
+	flag.StringVar(&node.LogFile, "log-file", "", "with --node-config: harvester-ipam's log file on this node (a host path), over whereabouts' log_file; \"\" is whereabouts'")
 	version := flag.Bool("version", false, "print the version and exit")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), usage, Version)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 	if *version {
 		fmt.Println("harvester-ipam-install", Version)
 		return
 	}
 	if flag.NArg() > 0 {
-		fail(fmt.Errorf("unexpected arguments %q", flag.Args()))
+		badUsage(fmt.Errorf("unexpected arguments %q", flag.Args()))
+	}
+	if err := node.Validate(); err != nil {
+		badUsage(err)
 	}
 	if require != "" {
 		opt.Require = strings.Split(require, ",")
@@ -77,7 +116,7 @@ func main() {
 
 	if giveBack {
 		if standIn == "" {
-			fail(fmt.Errorf("--give-back needs --stand-in, the name to give back"))
+			badUsage(fmt.Errorf("--give-back needs --stand-in, the name to give back"))
 		}
 		gctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -99,6 +138,19 @@ func main() {
 				fail(err)
 			}
 			fmt.Println(state)
+			// Both binaries by what they say and their bytes: which
+			// harvester-ipam, which whereabouts.
+			at := filepath.Join(opt.BinDir, standIn)
+			for _, p := range []string{at, standin.Aside(at)} {
+				if _, err := os.Stat(p); err != nil {
+					continue // nothing to stand in for: said above
+				}
+				d, err := install.Describe(ctx, p, opt)
+				if err != nil {
+					fail(err)
+				}
+				fmt.Println(d)
+			}
 		}
 		return
 	}
@@ -141,6 +193,13 @@ func main() {
 		}
 		if standIn != "" {
 			takeName(ctx, opt, standIn, first)
+		}
+		if nodeConf != "" {
+			if changed, err := install.WriteNodeConfig(nodeConf, node); err != nil {
+				logf("error: the node's settings %s: %v", nodeConf, err)
+			} else if changed {
+				logf("the node's settings %s now say log level %q, log file %q (empty: whereabouts')", nodeConf, node.LogLevel, node.LogFile)
+			}
 		}
 		// Warnings only when they change: the loop runs every interval.
 		if w := strings.Join(install.Preflight(opt.BinDir, delegate, flatFile), "\n"); w != warned {
@@ -225,6 +284,13 @@ func onStop(ctx context.Context, opt install.Options, name string, ds *install.O
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s harvester-ipam-install: %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
+}
+
+// badUsage is a command line that cannot run: exit 2, as the flag package
+// does for an unknown flag.
+func badUsage(err error) {
+	fmt.Fprintf(os.Stderr, "harvester-ipam-install: %v (see --help)\n", err)
+	os.Exit(2)
 }
 
 func fail(err error) {

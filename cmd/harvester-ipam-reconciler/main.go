@@ -32,6 +32,39 @@ import (
 	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
+// Version is set at build time (-ldflags "-X main.Version=...").
+var Version = "dev"
+
+const usage = `harvester-ipam-reconciler %s: releases whereabouts allocations and
+reservations that no ADD will release (a pod or node that is gone, a deleted
+NAD, a leftover reservation), cluster-wide, and shows how full each pool is.
+
+Usage:
+  harvester-ipam-reconciler [flags]
+      one pass: judge every entry of every IPPool and reservation in
+      --namespace, release those seen stale for --grace (0: at once), print
+      what it found and did. With --interval, a pass every interval and
+      metrics at --metrics-addr (the chart's Deployment mode).
+  harvester-ipam-reconciler --grace 0 --dry-run
+      what a pass would release now, and why; writes nothing.
+  harvester-ipam-reconciler inspect [--need N]
+      per pool: range, size (with the NAD's excludes), allocated, stale,
+      free, the NAD that names it; every stale entry with its pod and why;
+      the pools no NAD names. Writes nothing. With --need N, also whether
+      every pool fits N more addresses now (a preflight before an upgrade).
+
+Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
+inspection could not finish (a pass that left entries unhandled too); 2 bad
+flags or arguments; 3 (inspect --need) some pool cannot fit N more addresses
+now, each named with what a pass would free.
+
+In the chart's pods it logs in as its service account; elsewhere give
+--kubeconfig. Run from the DaemonSet's pod in any install:
+  kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler inspect
+
+Flags:
+`
+
 type options struct {
 	kubeconfig          string
 	namespace           string
@@ -64,11 +97,16 @@ func main() {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics at /metrics; empty serves none")
 	fs.BoolVar(&o.deleteOrphanedPools, "delete-orphaned-pools", false, "delete a pool that no NAD names and that holds no live entry, once seen so for --grace (never while the NADs cannot be read)")
 	fs.Int64Var(&o.need, "need", 0, "inspect: exit 3, naming each pool, when a pool cannot fit this many more addresses now")
+	version := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-reconciler [inspect] [flags]\n")
+		fmt.Fprintf(fs.Output(), usage, Version)
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(args)
+	if *version {
+		fmt.Println("harvester-ipam-reconciler", Version)
+		return
+	}
 	// A word left over is a typo or a misplaced command: refuse it rather
 	// than run a pass the operator did not ask for.
 	if fs.NArg() > 0 {

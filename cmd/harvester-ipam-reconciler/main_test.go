@@ -59,3 +59,19 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 		assert.Contains(t, out, tc.says, "%v", tc.args)
 	}
 }
+
+// --help explains each mode (a pass, a dry run, inspect, --need) and every
+// exit code; --version names the build; neither reaches a cluster.
+func TestHelpAndVersion(t *testing.T) {
+	code, out := runMain(t, "--help")
+	assert.Equal(t, 0, code, out)
+	for _, want := range []string{"inspect [--need N]", "--grace 0 --dry-run", "Exit status: 0", "1 the pass or the", "2 bad", "3 (inspect --need)", "kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler inspect"} {
+		assert.Contains(t, out, want)
+	}
+	code, out = runMain(t, "inspect", "-h")
+	assert.Equal(t, 0, code, out)
+	assert.Contains(t, out, "Exit status")
+	code, out = runMain(t, "--version")
+	assert.Equal(t, 0, code, out)
+	assert.Equal(t, "harvester-ipam-reconciler dev\n", out)
+}

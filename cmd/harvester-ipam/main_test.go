@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -37,5 +38,72 @@ func TestThePluginLinksNoHeavyPackages(t *testing.T) {
 	}
 	if !deps["github.com/harvester/harvester-ipam/plugin"] {
 		t.Fatalf("go list -deps does not list the plugin package: %s", out)
+	}
+}
+
+// buildPlugin builds this command into dir under name, with a version.
+func buildPlugin(t *testing.T, dir, name, version string) string {
+	t.Helper()
+	out := dir + "/" + name
+	b, err := exec.Command("go", "build", "-ldflags", "-X main.Version="+version, "-o", out, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	return out
+}
+
+// A person who runs the plugin asks it what it is: --help names its verbs
+// and exit codes, --version its version; a runtime never passes arguments.
+func TestHelpAndVersion(t *testing.T) {
+	bin := buildPlugin(t, t.TempDir(), "harvester-ipam", "v9.8.7")
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "harvester-ipam v9.8.7" {
+		t.Errorf("--version: %v %q", err, out)
+	}
+	out, err = exec.Command(bin, "--help").CombinedOutput()
+	if err != nil {
+		t.Errorf("--help: %v", err)
+	}
+	for _, want := range []string{"CNI_COMMAND", "ADD, DEL, CHECK, GC, STATUS, VERSION", "Exit status", "11 try again later", "whereabouts.real"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("--help does not say %q:\n%s", want, out)
+		}
+	}
+	cmd := exec.Command(bin, "--frobnicate")
+	out, err = cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--help") {
+		t.Errorf("an unknown argument: %v %q, want exit 2 pointing at --help", err, out)
+	}
+}
+
+// CNI_COMMAND=VERSION prints the CNI version info on stdout, as the spec
+// wants, and names both binaries on stderr: harvester-ipam at whereabouts'
+// name and the real whereabouts aside (or that it is missing).
+func TestVersionNamesBothBinaries(t *testing.T) {
+	dir := t.TempDir()
+	bin := buildPlugin(t, dir, "whereabouts", "v9.8.7")
+	run := func() (string, string) {
+		cmd := exec.Command(bin)
+		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("CNI_COMMAND=VERSION: %v %s", err, stderr.String())
+		}
+		return stdout.String(), stderr.String()
+	}
+	stdout, stderr := run()
+	if !strings.Contains(stdout, `"supportedVersions"`) || strings.Contains(stdout, "harvester-ipam") {
+		t.Errorf("stdout is the CNI version info alone: %q", stdout)
+	}
+	if !strings.Contains(stderr, "harvester-ipam v9.8.7 at "+bin) || !strings.Contains(stderr, "whereabouts.real is missing") {
+		t.Errorf("without the real binary aside, stderr: %q", stderr)
+	}
+	if err := os.WriteFile(bin+".real", []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr = run()
+	if !strings.Contains(stderr, "standing in for whereabouts: allocations go to the real whereabouts at "+bin+".real") {
+		t.Errorf("with the real binary aside, stderr: %q", stderr)
 	}
 }

@@ -157,7 +157,7 @@ func WriteNeed(w io.Writer, n int64, short []PoolSummary) {
 		after := new(big.Int).Add(p.Free, big.NewInt(int64(p.Reclaimable)))
 		switch {
 		case p.Reclaimable > 0 && after.Cmp(big.NewInt(n)) >= 0:
-			fmt.Fprintf(w, ": then it fits (run the reconciler with --grace 0 --dry-run to see them, then without --dry-run)\n")
+			fmt.Fprintf(w, ": then it fits (harvester-ipam-reconciler --grace 0 --dry-run shows them, the same without --dry-run releases them)\n")
 		default:
 			fmt.Fprintf(w, ": widen the range or remove excludes before adding %d\n", n)
 		}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -204,6 +205,30 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 			},
 		},
 		{
+			name: "the DaemonSet without the reconciler's permissions", namespace: "kube-system",
+			set:  []string{"rbac.diagnostics=false"},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				for _, o := range objs {
+					if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" || !strings.HasSuffix(o.GetName(), "-reconciler") {
+						continue
+					}
+					b, _ := json.Marshal(o.Object["subjects"])
+					assert.NotContains(t, string(b), "harvester-ipam-installer", "%s %s binds only the reconciler", o.GetKind(), o.GetName())
+				}
+			},
+		},
+		{
+			name: "plugin log settings", namespace: "kube-system",
+			set:  []string{"plugin.logLevel=debug", "plugin.logFile=/var/log/harvester-ipam.log"},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			check: func(t *testing.T, objs []unstructured.Unstructured) {
+				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
+				assert.Subset(t, ds.Spec.Template.Spec.Containers[0].Args, []string{
+					"--node-config=/host/etc/cni/net.d/harvester-ipam.d/harvester-ipam.conf", "--log-level=debug", "--log-file=/var/log/harvester-ipam.log"})
+			},
+		},
+		{
 			name: "installer only, not standing in", namespace: "kube-system",
 			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "standIn.enabled=false", "agent.enabled=false"},
 			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1},
@@ -224,7 +249,8 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 				for _, v := range ds.Spec.Template.Spec.Volumes {
 					paths[v.Name] = v.HostPath.Path
 				}
-				assert.Equal(t, map[string]string{"cni-bin": "/var/lib/rancher/rke2/data/cni/bin", "cni-conf": "/var/lib/rancher/cni/net.d"}, paths)
+				assert.Equal(t, map[string]string{"cni-bin": "/var/lib/rancher/rke2/data/cni/bin", "cni-conf": "/var/lib/rancher/cni/net.d",
+					"node-config": "/var/lib/rancher/cni/net.d/harvester-ipam.d"}, paths)
 				for _, o := range objs {
 					switch {
 					case o.GetName() == "harvester-ipam-installer" && o.GetKind() != "ServiceAccount":
@@ -332,6 +358,13 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{agent, "patch", wb, "overlappingrangeipreservations", "kube-system"}, {agent, "delete", wb, "overlappingrangeipreservations", "kube-system"},
 		{agent, "get", "coordination.k8s.io", "leases", "kube-system"}, {agent, "update", "coordination.k8s.io", "leases", "kube-system"},
 		{agent, "create", "coordination.k8s.io", "leases", "kube-system"},
+		// rbac.diagnostics: the DaemonSet's pods run the reconciler for an
+		// operator's kubectl exec, with the reconciler's permissions.
+		{installer, "get", core, "pods", ns}, {installer, "list", core, "pods", ""}, {installer, "list", core, "nodes", ""},
+		{installer, "get", wb, "ippools", "kube-system"}, {installer, "patch", wb, "ippools", "kube-system"},
+		{installer, "delete", wb, "overlappingrangeipreservations", "kube-system"},
+		{installer, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
+		{installer, "create", core, "events", "kube-system"},
 	}
 	denied := []q{
 		{plugin, "create", wb, "ippools", "kube-system"}, {plugin, "delete", wb, "ippools", "kube-system"},
@@ -346,14 +379,13 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "delete", core, "pods", "longhorn-system"}, {reconciler, "update", core, "nodes", ""},
 		{reconciler, "get", core, "secrets", "kube-system"}, {reconciler, "list", core, "secrets", ""},
 		{reconciler, "create", core, "events", "longhorn-system"},
-		{installer, "get", core, "pods", ns}, {installer, "get", wb, "ippools", "kube-system"},
-		{installer, "list", core, "secrets", ns},
+		{installer, "list", core, "secrets", ns}, {installer, "delete", wb, "ippools", "kube-system"},
+		{installer, "delete", core, "pods", ns},
 		{installer, "list", "apps", "daemonsets", ns}, {installer, "delete", "apps", "daemonsets", ns},
 		{installer, "get", "apps", "daemonsets", "kube-system"},
 		{agent, "delete", wb, "ippools", "kube-system"}, {agent, "update", wb, "ippools", "kube-system"},
 		{agent, "get", wb, "ippools", "default"}, {agent, "delete", "coordination.k8s.io", "leases", "kube-system"},
 		{agent, "list", core, "pods", ""}, {agent, "get", core, "secrets", "kube-system"}, {agent, "get", "apps", "daemonsets", ns},
-		{installer, "patch", wb, "ippools", "kube-system"}, // the agent's rights are its own
 	}
 	can := func(x q) bool {
 		user := strings.Split(x.user, ":")

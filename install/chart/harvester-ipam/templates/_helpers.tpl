@@ -104,3 +104,11 @@ exec:
     {{- end }}
 timeoutSeconds: 15
 {{- end }}
+
+{{/*
+"true" when the DaemonSet's pods carry the reconciler's permissions (for an
+operator's kubectl exec), else "".
+*/}}
+{{- define "harvester-ipam.diagnostics" -}}
+{{- if and .Values.reconciler.enabled .Values.rbac.diagnostics }}true{{ end -}}
+{{- end }}

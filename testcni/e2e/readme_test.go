@@ -1,0 +1,438 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/harvester/harvester-ipam/testcni"
+)
+
+// The README's operator commands are fenced blocks marked for this test:
+//
+//	```console rig:NAME    run where an operator's kubectl and helm run
+//	```console node:NAME   run in a root shell on a node
+//
+// Each `$ ` line is a command (a trailing \ continues it); the lines after
+// it are its sample output, checked loosely: each line's first word must
+// start a line of the real output, in order ("..." stands for anything,
+// and a word ending in ... for any word it begins). An assignment `$ X=...`
+// sets X for the block's later commands (and the next blocks'); one
+// commented "# yours" is the operator's own value, which the test gives.
+
+type readmeCmd struct {
+	line   int
+	cmd    string
+	sample []string
+}
+
+type readmeBlock struct {
+	where, name string // rig or node; the block's name
+	line        int
+	cmds        []readmeCmd
+}
+
+var fenceRE = regexp.MustCompile("^\\s*```(\\S*)\\s*(\\S*)\\s*$")
+
+// readmeBlocks are README.md's marked blocks, by name; a console block
+// without a mark, or two of one name, fail the test.
+func readmeBlocks(t *testing.T) map[string]readmeBlock {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(rig.Root, "README.md"))
+	require.NoError(t, err)
+	blocks := map[string]readmeBlock{}
+	lines := strings.Split(string(b), "\n")
+	for i := 0; i < len(lines); i++ {
+		m := fenceRE.FindStringSubmatch(lines[i])
+		if m == nil || m[1] == "" {
+			continue
+		}
+		indent := len(lines[i]) - len(strings.TrimLeft(lines[i], " "))
+		var body []string
+		start := i + 1
+		for i++; i < len(lines) && strings.TrimSpace(lines[i]) != "```"; i++ {
+			body = append(body, strings.TrimPrefix(lines[i], strings.Repeat(" ", indent)))
+		}
+		if m[1] != "console" {
+			continue
+		}
+		where, name, ok := strings.Cut(m[2], ":")
+		if !ok || (where != "rig" && where != "node") || name == "" {
+			t.Errorf("README.md:%d: a console block must be marked rig:NAME or node:NAME for the README's test, not %q", start, m[2])
+			continue
+		}
+		if _, dup := blocks[name]; dup {
+			t.Errorf("README.md:%d: a second block named %s", start, name)
+		}
+		blk := readmeBlock{where: where, name: name, line: start}
+		for j := 0; j < len(body); j++ {
+			l := body[j]
+			if !strings.HasPrefix(l, "$ ") {
+				if n := len(blk.cmds); n > 0 && strings.TrimSpace(l) != "" {
+					blk.cmds[n-1].sample = append(blk.cmds[n-1].sample, l)
+				}
+				continue
+			}
+			c := readmeCmd{line: start + 1 + j, cmd: strings.TrimPrefix(l, "$ ")}
+			for strings.HasSuffix(c.cmd, "\\") && j+1 < len(body) {
+				j++
+				c.cmd = strings.TrimSuffix(c.cmd, "\\") + "\n" + body[j]
+			}
+			blk.cmds = append(blk.cmds, c)
+		}
+		if len(blk.cmds) == 0 {
+			t.Errorf("README.md:%d: block %s has no command", start, name)
+		}
+		blocks[name] = blk
+	}
+	return blocks
+}
+
+// samplesMatch says whether out has, in order, a line starting with the
+// first word of each sample line.
+func samplesMatch(sample []string, out string) error {
+	lines := strings.Split(out, "\n")
+	at := 0
+	for _, s := range sample {
+		f := strings.Fields(s)
+		if len(f) == 0 || f[0] == "..." {
+			continue
+		}
+		word, prefix := f[0], false
+		if strings.HasSuffix(word, "...") {
+			word, prefix = strings.TrimSuffix(word, "..."), true
+		}
+		found := false
+		for ; at < len(lines); at++ {
+			g := strings.Fields(lines[at])
+			if len(g) > 0 && (g[0] == word || prefix && strings.HasPrefix(g[0], word)) {
+				found, at = true, at+1
+				break
+			}
+		}
+		if !found {
+			return fmt.Errorf("no line starting %q (sample line %q) in order", f[0], s)
+		}
+	}
+	return nil
+}
+
+// TestREADMEBlocksParse holds the parser to the README's blocks and the
+// loose match to what it promises.
+func TestREADMEBlocksParse(t *testing.T) {
+	blocks := readmeBlocks(t)
+	for _, name := range []string{"image", "import", "push", "install", "verify", "inspect", "loglevel", "readlog", "giveback", "preflight", "upgrade", "uninstall"} {
+		assert.Contains(t, blocks, name, "README.md's block %s", name)
+	}
+	assert.Equal(t, "node", blocks["import"].where)
+	assert.NoError(t, samplesMatch([]string{"NAME  READY", "harvester-ipam-...  1/1", "..."}, "x\nNAME READY STATUS\nharvester-ipam-x7k2p 1/1 Running\n"))
+	assert.Error(t, samplesMatch([]string{"daemon set"}, "Waiting for daemon set\n"))
+	assert.Error(t, samplesMatch([]string{"b", "a"}, "a\nb\n"), "in order")
+}
+
+// readmeShell runs the README's blocks as an operator would: kubectl, helm
+// and crane on PATH, the cluster's kubeconfig, the repository as the
+// working directory, on the cluster's machine (whose localhost the nodes'
+// registry is at); node blocks in a root shell on the node.
+type readmeShell struct {
+	t     *testing.T
+	c     *testcni.Rig
+	nd    *testcni.Node
+	env   []string
+	vars  map[string]string
+	yours map[string]string
+	// nodeDir is the node's working directory (the archive copied there).
+	nodeDir string
+	ran     map[string]bool
+	// out is each command's output, by block name, in order.
+	out map[string][]string
+}
+
+func newReadmeShell(t *testing.T, c *testcni.Rig, nd *testcni.Node) *readmeShell {
+	bin := t.TempDir()
+	for _, tool := range []string{"kubectl", "helm", "crane"} {
+		require.NoError(t, os.Symlink(rig.Tools[tool], filepath.Join(bin, tool)))
+	}
+	goBin, err := exec.LookPath("go")
+	require.NoError(t, err)
+	home := t.TempDir()
+	// The operator's own HOME, but this machine's Go caches: the rig has
+	// no network, and make image builds from the module cache.
+	goenv, err := exec.Command("go", "env", "GOMODCACHE", "GOCACHE").Output()
+	require.NoError(t, err)
+	caches := strings.Fields(string(goenv))
+	require.Len(t, caches, 2)
+	env := append(os.Environ(), "GOMODCACHE="+caches[0], "GOCACHE="+caches[1],
+		"PATH="+bin+":"+filepath.Dir(goBin)+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"KUBECONFIG="+c.Kubeconfig, "HOME="+home,
+		"HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
+	return &readmeShell{t: t, c: c, nd: nd, env: env, vars: map[string]string{}, yours: map[string]string{},
+		nodeDir: t.TempDir(), ran: map[string]bool{}, out: map[string][]string{}}
+}
+
+var assignRE = regexp.MustCompile(`^([A-Z_][A-Z0-9_]*)=(.*)$`)
+
+// run runs a block's commands in order; each must exit 0 and print what its
+// sample promises.
+func (s *readmeShell) run(b readmeBlock) {
+	t := s.t
+	t.Helper()
+	s.ran[b.name] = true
+	for _, c := range b.cmds {
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+		if m := assignRE.FindStringSubmatch(c.cmd); m != nil && !strings.Contains(c.cmd, "\n") {
+			if strings.Contains(m[2], "# yours") {
+				v, ok := s.yours[m[1]]
+				require.True(t, ok, "README.md:%d: %s is the operator's own; the test has none", c.line, m[1])
+				s.vars[m[1]] = v
+				cancel()
+				continue
+			}
+			out, err := s.command(ctx, b.where, c.cmd+"\nprintf %s \"$"+m[1]+"\"").Output()
+			cancel()
+			require.NoError(t, err, "README.md:%d: %s", c.line, c.cmd)
+			s.vars[m[1]] = string(out)
+			t.Logf("README.md:%d: %s=%s", c.line, m[1], out)
+			continue
+		}
+		start := time.Now()
+		cmd := s.command(ctx, b.where, c.cmd)
+		var buf bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+		err := cmd.Run()
+		cancel()
+		t.Logf("README.md:%d ($ %s), %s:\n%s", c.line, c.cmd, time.Since(start).Round(100*time.Millisecond), buf.String())
+		s.out[b.name] = append(s.out[b.name], buf.String())
+		if !assert.NoError(t, err, "README.md:%d: %s", c.line, c.cmd) {
+			continue
+		}
+		assert.NoError(t, samplesMatch(c.sample, buf.String()), "README.md:%d: %s prints what the README shows", c.line, c.cmd)
+	}
+}
+
+func (s *readmeShell) command(ctx context.Context, where, script string) *exec.Cmd {
+	var vars []string
+	for k, v := range s.vars {
+		vars = append(vars, k+"="+v)
+	}
+	if where == "node" {
+		// RKE2's ctr is containerd's own ctr, of RKE2's containerd; the
+		// node's is Debian's 1.6.20, at the socket path RKE2 uses.
+		script = strings.ReplaceAll(script, "/var/lib/rancher/rke2/bin/ctr ", "ctr ")
+		cmd, err := s.nd.OnNode(ctx, s.nodeDir, script)
+		require.NoError(s.t, err)
+		cmd.Env = append(cmd.Env, vars...)
+		return cmd
+	}
+	cmd, err := s.c.OnMachine(ctx, "bash", "-o", "pipefail", "-c", script)
+	require.NoError(s.t, err)
+	cmd.Dir = rig.Root
+	cmd.Env = append(append([]string{}, s.env...), vars...)
+	return cmd
+}
+
+// TestKubeletREADME runs README.md's operator commands as written, with the
+// chart's default values, on a cluster with a real kubelet where whereabouts
+// runs as Harvester deploys it: the image built and imported with RKE2's ctr
+// and socket, helm install, verify, inspect, the log level raised and read,
+// the preflight, an upgrade, the image pushed to a registry and pulled from
+// it, helm uninstall, and the give-back on a node that was down at an
+// uninstall. Every marked block runs; each step checks what an operator
+// would (the bytes at whereabouts' name, the node's files).
+func TestKubeletREADME(t *testing.T) {
+	t.Parallel()
+	blocks := readmeBlocks(t)
+	ctx := longCtx(t)
+	wb, err := rig.WhereaboutsImage(ctx, testcni.V093)
+	require.NoError(t, err)
+	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: "readme", NoWebhook: true})
+	require.NoError(t, err)
+	nd, err := c.StartNode(ctx, c.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: []testcni.Image{wb}})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the kubelet's log, last lines:\n%s", nd.KubeletLogTail(30))
+			t.Logf("containerd's log, last lines:\n%s", nd.LogTail(20))
+		}
+		nd.Close()
+	})
+	require.NoError(t, c.DeployHarvesterWhereabouts(ctx, testcni.V093))
+	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
+	require.NoError(t, c.EnsureNamespace(ctx, testcni.HarvesterNamespace))
+	conf := fmt.Sprintf(`{"cniVersion":"0.3.1","type":"bridge","bridge":"mgmt-br","ipam":{"type":"whereabouts","range":%q}}`, storageRange)
+	_, err = c.Dynamic.Resource(testcni.NADResource).Namespace(testcni.HarvesterNamespace).Create(ctx, testcni.StorageNetworkNAD("storagenetwork-readme", conf), metav1.CreateOptions{})
+	require.NoError(t, err)
+	k := &kubeletNode{c: c, nd: nd, nad: "storagenetwork-readme"}
+	longhorn := k.pods(t, "instance-manager", 2)
+	_, err = nd.WaitPodsReady(ctx, longhorn, time.Time{}, 3*time.Minute)
+	require.NoError(t, err)
+	wbBytes, err := os.ReadFile(rig.Tools["whereabouts-"+testcni.V093])
+	require.NoError(t, err)
+	at := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(nd.BinDir, name))
+		switch {
+		case os.IsNotExist(err):
+			return "missing"
+		case err != nil:
+			return err.Error()
+		case bytes.Equal(b, wbBytes):
+			return "whereabouts " + testcni.V093
+		}
+		cmd := exec.Command(filepath.Join(nd.BinDir, name))
+		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		_ = cmd.Run()
+		if f := strings.Fields(stderr.String()); len(f) > 1 && f[0] == "harvester-ipam" {
+			return "harvester-ipam " + f[1]
+		}
+		return fmt.Sprintf("unknown (%d bytes)", len(b))
+	}
+	sh := newReadmeShell(t, c, nd)
+	sh.yours["REGISTRY"] = "localhost:5000/harvester"
+	appVersion := chartAppVersion(t)
+
+	// Install: the image built, imported on the node with RKE2's ctr and
+	// socket, the chart with its defaults.
+	sh.run(blocks["image"])
+	archive := filepath.Join(rig.Root, "bin", "harvester-ipam-image.tar")
+	require.NoError(t, copyFileTo(archive, filepath.Join(sh.nodeDir, "harvester-ipam-image.tar")))
+	sh.run(blocks["import"])
+	sh.run(blocks["install"])
+	assert.Equal(t, "harvester-ipam "+appVersion, at("whereabouts"), "harvester-ipam stands in at the name")
+	assert.Equal(t, "whereabouts "+testcni.V093, at("whereabouts.real"), "the real whereabouts aside, byte for byte")
+
+	sh.run(blocks["verify"])
+	sh.run(blocks["inspect"])
+
+	// The log level raised: the node's settings written, and the next ADD
+	// logs at debug to the file, which the debugging pod reads.
+	sh.run(blocks["loglevel"])
+	settings := filepath.Join(nd.Etc, "cni", "net.d", "harvester-ipam.d", "harvester-ipam.conf")
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(settings)
+		return strings.Contains(string(b), `"log_level":"debug"`)
+	}, time.Minute, 200*time.Millisecond, "the installer writes the node's settings")
+	before := time.Now()
+	live, err := nd.WaitPodsReady(ctx, longhorn, time.Time{}, time.Minute)
+	require.NoError(t, err)
+	for _, id := range live {
+		require.NoError(t, nd.KillSandbox(ctx, id))
+		break
+	}
+	_, err = nd.WaitPodsReady(ctx, longhorn[:1], before, 3*time.Minute)
+	require.NoError(t, err)
+	sh.run(blocks["readlog"])
+	assert.Contains(t, strings.Join(sh.out["readlog"], ""), "[debug] harvester-ipam ADD", "the debugging pod shows the plugin's debug log")
+
+	// The preflight and an upgrade.
+	sh.run(blocks["preflight"])
+	sh.run(blocks["upgrade"])
+
+	// Uninstall: the real whereabouts back at its name, nothing aside.
+	sh.run(blocks["uninstall"])
+	assert.Equal(t, "whereabouts "+testcni.V093, at("whereabouts"), "the real whereabouts back at its name")
+	assert.Equal(t, "missing", at("whereabouts.real"))
+
+	// A node down at an uninstall: installed again, the node shut down,
+	// the chart uninstalled and its pod force-deleted (as the pod garbage
+	// collector does for a node that is gone), the node booted. Its
+	// whereabouts pod writes its binary at the name; whereabouts.real stays
+	// until the give-back.
+	out, err := k.helm(t, "install", "harvester-ipam", chartDir, "-n", "kube-system", "--wait", "--timeout", "3m")
+	require.NoError(t, err, out)
+	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", "harvester-ipam", 3*time.Minute))
+	_, err = nd.Shutdown(ctx, 10*time.Second)
+	require.NoError(t, err)
+	out, err = k.helm(t, "uninstall", "harvester-ipam", "-n", "kube-system")
+	require.NoError(t, err, out)
+	zero := int64(0)
+	pods, err := c.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=harvester-ipam"})
+	require.NoError(t, err)
+	for _, p := range pods.Items {
+		require.NoError(t, c.Kube.CoreV1().Pods("kube-system").Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}))
+	}
+	require.NoError(t, nd.Boot(ctx))
+	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
+	require.Eventually(t, func() bool { return at("whereabouts") == "whereabouts "+testcni.V093 }, 2*time.Minute, 200*time.Millisecond,
+		"whereabouts' pod writes its binary at the name after the boot (now %s)", at("whereabouts"))
+	require.Equal(t, "whereabouts "+testcni.V093, at("whereabouts.real"), "the missed uninstall left the real binary aside")
+	sh.run(blocks["giveback"])
+	assert.Equal(t, "whereabouts "+testcni.V093, at("whereabouts"))
+	assert.Equal(t, "missing", at("whereabouts.real"), "the give-back removed whereabouts.real")
+
+	// The registry path: pushed with crane, pulled by the node.
+	stop, err := c.StartOnMachine("registry", rig.Tools["crane"], "registry", "serve", "--address", "127.0.0.1:5000")
+	require.NoError(t, err)
+	defer stop()
+	sh.run(blocks["push"])
+	// (Last: on this containerd 1.6, pulling by a second name the image
+	// that was imported under the first made the first unknown to the CRI.)
+	out, err = k.helm(t, "install", "harvester-ipam", chartDir, "-n", "kube-system",
+		"--set", "image.repository="+sh.yours["REGISTRY"]+"/harvester-ipam", "--wait", "--timeout", "3m")
+	require.NoError(t, err, out)
+	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", "harvester-ipam", 3*time.Minute))
+	ref := sh.yours["REGISTRY"] + "/harvester-ipam:" + appVersion
+	require.Eventually(t, func() bool {
+		pods, err := c.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=installer"})
+		if err != nil {
+			return false
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil || p.Spec.Containers[0].Image != ref {
+				continue
+			}
+			evs, err := c.Kube.CoreV1().Events("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + p.Name + ",reason=Pulled"})
+			if err != nil {
+				return false
+			}
+			for _, e := range evs.Items {
+				if strings.Contains(e.Message, "Successfully pulled image \""+ref+"\"") {
+					return true
+				}
+			}
+		}
+		return false
+	}, time.Minute, time.Second, "the DaemonSet's new pod pulled %s from the registry (its event)", ref)
+	require.Eventually(t, func() bool { return at("whereabouts") == "harvester-ipam "+appVersion }, time.Minute, 200*time.Millisecond,
+		"the image pulled from the registry stands in (now %s)", at("whereabouts"))
+
+	for name := range blocks {
+		assert.True(t, sh.ran[name], "README.md's block %s was not run", name)
+	}
+}
+
+func chartAppVersion(t *testing.T) string {
+	b, err := os.ReadFile(filepath.Join(rig.Root, chartDir, "Chart.yaml"))
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^appVersion:\s*"?([^"\s]+)`).FindSubmatch(b)
+	require.NotNil(t, m)
+	return string(m[1])
+}
+
+func copyFileTo(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o644)
+}
+
+// longCtx bounds a whole real-kubelet scenario (ctx bounds one step): its
+// cluster, node, images and every step, on a machine that may be loaded.
+func longCtx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
