@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // mdTable is the first table under a markdown heading: its rows' cells,
@@ -236,7 +236,9 @@ func contains(xs []string, x string) bool {
 
 // yamlUnmarshal decodes YAML (or JSON) into v, as JSON would.
 func yamlUnmarshal(b []byte, v any) error {
-	j, err := utilyaml.ToJSON(b)
+	// sigs.k8s.io/yaml, not apimachinery's ToJSON: that one passes anything
+	// that starts with '{' on as JSON, and a YAML flow map is not.
+	j, err := sigsyaml.YAMLToJSON(b)
 	if err != nil {
 		return err
 	}
