@@ -95,6 +95,8 @@ type Rig struct {
 	// agentCrashOnce builds its crashpoints build on the first that wants it.
 	agentCrashOnce sync.Once
 	agentCrashErr  error
+	// chartRoles are the tenants' identities' rules, read on first use.
+	chartRoles chartRoles
 
 	// machine is the network namespace of a cluster of the rig's own
 	// (StartCluster); nil for the rig's own cluster.

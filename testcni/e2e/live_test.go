@@ -166,9 +166,9 @@ func TestDelWithACheckpointOfANewerRelease(t *testing.T) {
 func TestGCKeysRecordsByNetworkAndPools(t *testing.T) {
 	onEachAllocator(t, func(t *testing.T, e *env) {
 		kc := filepath.Join(t.TempDir(), "whereabouts.kubeconfig")
-		admin, err := os.ReadFile(e.Kubeconfig)
+		wb, err := os.ReadFile(e.WhereaboutsKubeconfig)
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(kc, admin, 0o600))
+		require.NoError(t, os.WriteFile(kc, wb, 0o600))
 		a, err := rig.AddNetworkWithFlatFile(testcni.Network{Tenant: e.Tenant, Whereabouts: e.WB, CNIVersion: "1.1.0", Name: fmt.Sprintf("gc-%s", e.Name), Range: nextRange()}, kc)
 		require.NoError(t, err)
 		b := e.network(t, testcni.Network{CNIVersion: "1.1.0"})

@@ -137,7 +137,9 @@ func newEnv(t *testing.T, wb string) *env { return newEnvOn(t, wb, execPath) }
 func newEnvOn(t *testing.T, wb, path string) *env {
 	t.Helper()
 	name := fmt.Sprintf("t%d-%s", tenants.Add(1), strings.ReplaceAll(strings.TrimPrefix(wb, "v"), ".", ""))
-	tn, err := rig.NewTenant(ctx(t), name)
+	// Under whereabouts' own RBAC: the plugin and whereabouts as
+	// whereabouts' ServiceAccount, the agent as the chart's.
+	tn, err := rig.NewTenantWith(ctx(t), name, testcni.TenantOptions{RBAC: true})
 	require.NoError(t, err)
 	t.Cleanup(tn.Remove)
 	e := &env{Tenant: tn, WB: wb}
