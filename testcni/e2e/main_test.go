@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -107,10 +108,35 @@ func onEachAllocator(t *testing.T, f func(t *testing.T, e *env)) {
 	onEach(t, testcni.Allocators, f)
 }
 
+// onEachAllocatorExecOnly is onEachAllocator on the exec path alone, for a
+// test whose subject the agent never serves; why says what it is.
+func onEachAllocatorExecOnly(t *testing.T, why string, f func(t *testing.T, e *env)) {
+	t.Parallel()
+	if slices.Contains(paths(t), agentPath) {
+		t.Logf("not through the agent: %s", why)
+	}
+	for _, v := range testcni.Allocators {
+		t.Run(subtest(v, execPath), func(t *testing.T) {
+			t.Parallel()
+			f(t, newEnvOn(t, v, execPath))
+		})
+	}
+}
+
+// onEach runs f on each version of versions on each path. Through the
+// agent, on testcni.Allocators only: the agent allocates and releases with
+// whereabouts' allocator in-process, the same on every version, and a
+// version matters to it only where its binary does something else (the
+// plugin's fallback runs that binary; whereabouts alone beside it). v0.9.4's
+// binary allocates and releases as v0.9.3's, so on v0.9.4 the agent path
+// would repeat v0.9.3's.
 func onEach(t *testing.T, versions []string, f func(t *testing.T, e *env)) {
 	t.Parallel()
 	for _, path := range paths(t) {
 		for _, v := range versions {
+			if path == agentPath && !slices.Contains(testcni.Allocators, v) {
+				continue
+			}
 			t.Run(subtest(v, path), func(t *testing.T) {
 				t.Parallel()
 				f(t, newEnvOn(t, v, path))
@@ -169,6 +195,16 @@ func startAgentWith(t *testing.T, tn *testcni.Tenant, o testcni.AgentOptions) *t
 		a.Kill()
 	})
 	return a
+}
+
+// bridge is a bridge name of this env's own (a test's, its version's and
+// its path's), at most 15 bytes: prefix at most 5.
+func (e *env) bridge(prefix string) string {
+	b := prefix + "-" + strings.ReplaceAll(strings.TrimPrefix(e.WB, "v"), ".", "")
+	if e.Agent != nil {
+		b += "-a"
+	}
+	return b
 }
 
 // network adds a network of this env's tenant and delegate, with a /24 of

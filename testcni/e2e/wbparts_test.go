@@ -35,11 +35,16 @@ import (
 // minute: each version waits for one run after the pods went away.
 func TestWhereaboutsPartsBeside(t *testing.T) {
 	require.NoError(t, rig.InstallNADCRD(ctx(t)))
-	for _, v := range testcni.Delegates {
-		t.Run("whereabouts "+v, func(t *testing.T) {
-			t.Parallel()
-			testWhereaboutsPartsBeside(t, newEnv(t, v))
-		})
+	for _, path := range paths(t) {
+		// On every version through the agent too: what is under test is
+		// whereabouts' own controllers reading and releasing what the agent
+		// wrote, and v0.9.4's reconciler is a part of its own.
+		for _, v := range testcni.Delegates {
+			t.Run(subtest(v, path), func(t *testing.T) {
+				t.Parallel()
+				testWhereaboutsPartsBeside(t, newEnvOn(t, v, path))
+			})
+		}
 	}
 }
 
