@@ -184,7 +184,7 @@ var parityShapes = []func(net4, net6 string) parityCase{
 	},
 	func(n4, _ string) parityCase {
 		return parityCase{name: "ADD of the same pod and interface from a new container", ipam: map[string]any{"range": n4 + ".0/24"},
-			steps: two(parityStep{verb: "ADD", container: "c3", pod: "im-a"}, parityStep{verb: "DEL", container: "c1", pod: "im-a"}),
+			steps:       two(parityStep{verb: "ADD", container: "c3", pod: "im-a"}, parityStep{verb: "DEL", container: "c1", pod: "im-a"}),
 			reclaims070: "whereabouts v0.7.0 alone gives the new container a second address (.3) and keeps the first; harvester-ipam releases the first, and v0.7.0 then allocates it again (.1)"}
 	},
 	func(n4, _ string) parityCase {
