@@ -104,6 +104,9 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 }
 
 func (r *Rig) agentBinary(ctx context.Context, crashpoints bool) (string, error) {
+	if r.parent != nil {
+		return r.parent.agentBinary(ctx, crashpoints)
+	}
 	if crashpoints {
 		bin := filepath.Join(r.bin, "harvester-ipam-agent-crashpoints")
 		r.agentCrashOnce.Do(func() {

@@ -87,6 +87,9 @@ func (t *Tenant) write(dir, kubeconfig string) error {
 	return writeFile(t.FlatFile, flat)
 }
 
+// Rig is the rig (or the rig's cluster of its own) that holds the tenant.
+func (t *Tenant) Rig() *Rig { return t.rig }
+
 // Pod is a pod of this tenant's pod namespace.
 func (t *Tenant) Pod(name string) Pod { return Pod{Namespace: t.PodNamespace, Name: name} }
 

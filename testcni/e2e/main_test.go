@@ -47,6 +47,9 @@ var subnet, tenants atomic.Int32
 // env is one test on one whereabouts version, in a tenant of its own.
 type env struct {
 	*testcni.Tenant
+	// R is the rig whose API server holds the tenant: the package's rig,
+	// or a cluster of its own (Rig.StartCRDCluster).
+	R *testcni.Rig
 	// WB is the whereabouts version harvester-ipam delegates to.
 	WB string
 	// Agent, when set, is the tenant's node agent: e.network's networks
@@ -160,15 +163,18 @@ func newEnv(t *testing.T, wb string) *env { return newEnvOn(t, wb, execPath) }
 
 // newEnvOn is an env whose verbs are served on path: with agentPath, a node
 // agent of the tenant's runs for the test.
-func newEnvOn(t *testing.T, wb, path string) *env {
+func newEnvOn(t *testing.T, wb, path string) *env { return newEnvIn(t, rig, wb, path) }
+
+// newEnvIn is newEnvOn in r, the package's rig or a cluster of its own.
+func newEnvIn(t *testing.T, r *testcni.Rig, wb, path string) *env {
 	t.Helper()
 	name := fmt.Sprintf("t%d-%s", tenants.Add(1), strings.ReplaceAll(strings.TrimPrefix(wb, "v"), ".", ""))
 	// Under whereabouts' own RBAC: the plugin and whereabouts as
 	// whereabouts' ServiceAccount, the agent as the chart's.
-	tn, err := rig.NewTenantWith(ctx(t), name, testcni.TenantOptions{RBAC: true})
+	tn, err := r.NewTenantWith(ctx(t), name, testcni.TenantOptions{RBAC: true})
 	require.NoError(t, err)
 	t.Cleanup(tn.Remove)
-	e := &env{Tenant: tn, WB: wb}
+	e := &env{Tenant: tn, R: r, WB: wb}
 	if path == agentPath {
 		e.Agent = startAgent(t, tn)
 	}
@@ -185,7 +191,7 @@ func startAgent(t *testing.T, tn *testcni.Tenant) *testcni.Agent {
 // startAgentWith starts a node agent of o for tn, killed when t ends.
 func startAgentWith(t *testing.T, tn *testcni.Tenant, o testcni.AgentOptions) *testcni.Agent {
 	t.Helper()
-	a, err := rig.StartAgent(ctx(t), tn, o)
+	a, err := tn.Rig().StartAgent(ctx(t), tn, o)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -220,12 +226,15 @@ func (e *env) network(t *testing.T, n testcni.Network) *testcni.Network {
 	if n.Agent == nil {
 		n.Agent = e.Agent
 	}
-	return network(t, n)
+	return networkIn(t, e.R, n)
 }
 
 // network adds a network with a /24 of its own (in the default tenant unless
 // n names one), so that tests never share a pool.
-func network(t *testing.T, n testcni.Network) *testcni.Network {
+func network(t *testing.T, n testcni.Network) *testcni.Network { return networkIn(t, rig, n) }
+
+// networkIn is network in r.
+func networkIn(t *testing.T, r *testcni.Rig, n testcni.Network) *testcni.Network {
 	t.Helper()
 	i := subnet.Add(1)
 	if n.Name == "" {
@@ -234,7 +243,7 @@ func network(t *testing.T, n testcni.Network) *testcni.Network {
 	if n.Range == "" {
 		n.Range = fmt.Sprintf("10.%d.%d.0/24", 100+i/250, i%250)
 	}
-	net, err := rig.AddNetwork(n)
+	net, err := r.AddNetwork(n)
 	require.NoError(t, err)
 	return net
 }
