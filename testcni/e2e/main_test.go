@@ -66,15 +66,15 @@ const (
 )
 
 // pathsEnv chooses the paths onEach and inTurn run each test on: a comma-
-// separated list of execPath and agentPath ("exec" unless set), so that
-// every scenario written for the plugin runs through the agent too, as a
-// matrix: HARVESTER_IPAM_E2E_PATHS=exec,agent go test ./testcni/e2e.
+// separated list of execPath and agentPath (both unless set), so that every
+// scenario written for the plugin runs through the agent too, as a matrix;
+// HARVESTER_IPAM_E2E_PATHS=exec go test ./testcni/e2e runs the plugin alone.
 const pathsEnv = "HARVESTER_IPAM_E2E_PATHS"
 
 func paths(t *testing.T) []string {
 	v := os.Getenv(pathsEnv)
 	if v == "" {
-		return []string{execPath}
+		return []string{execPath, agentPath}
 	}
 	var out []string
 	for _, p := range strings.Split(v, ",") {

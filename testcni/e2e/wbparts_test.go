@@ -33,12 +33,15 @@ import (
 // Every live sandbox keeps its address and reservation, the gone pods hold
 // nothing, and no address is handed out twice.
 //
-// whereabouts' reconciler judges every pool of the cluster, so this test does
-// not run beside the others (whose leftovers it would release); its versions
-// run side by side, each on a node of its own. Its cron runs at most once a
-// minute: each version waits for one run after the pods went away.
+// whereabouts' reconciler judges every pool of the cluster, so this test
+// runs on a cluster of its own (the rig's CRDs), where no other test's
+// leftovers are, beside the other tests; its versions and paths run side
+// by side, each on a node of its own. Its cron runs at most once a minute:
+// each version waits for one run after the pods went away.
 func TestWhereaboutsPartsBeside(t *testing.T) {
-	require.NoError(t, rig.InstallNADCRD(ctx(t)))
+	t.Parallel()
+	c, err := rig.StartCRDCluster(ctx(t), "parts", testcni.Delegates[0])
+	require.NoError(t, err)
 	for _, path := range paths(t) {
 		// On every version through the agent too: what is under test is
 		// whereabouts' own controllers reading and releasing what the agent
@@ -46,7 +49,7 @@ func TestWhereaboutsPartsBeside(t *testing.T) {
 		for _, v := range testcni.Delegates {
 			t.Run(subtest(v, path), func(t *testing.T) {
 				t.Parallel()
-				testWhereaboutsPartsBeside(t, newEnvOn(t, v, path))
+				testWhereaboutsPartsBeside(t, newEnvIn(t, c, v, path))
 			})
 		}
 	}
