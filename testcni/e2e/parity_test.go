@@ -180,7 +180,8 @@ var parityShapes = []func(net4, net6 string) parityCase{
 					"9": {ContainerID: "old9", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}})},
 				{orip: seedORIP(n4+".9", "", "old9", "longhorn-system/im-a", "lhnet1")},
 			}, steps: two(),
-			reclaims: "whereabouts v0.8.0+ hands the pod the entry of its earlier sandbox (.9); harvester-ipam releases it first, and whereabouts then allocates the lowest free (.1)"}
+			reclaims:    "whereabouts v0.8.0+ hands the pod the entry of its earlier sandbox (.9); harvester-ipam releases it first, and whereabouts then allocates the lowest free (.1)",
+			reclaims070: "whereabouts v0.7.0 alone keeps the earlier sandbox's entry (.9) and allocates another (.1): the pod holds two; harvester-ipam releases .9 first"}
 	},
 	func(n4, _ string) parityCase {
 		return parityCase{name: "ADD of the same pod and interface from a new container", ipam: map[string]any{"range": n4 + ".0/24"},
