@@ -220,7 +220,6 @@ type parityRun struct {
 }
 
 func testParity(t *testing.T, wb string) {
-	c := ctx(t)
 	tenants := map[string]*env{}
 	for _, p := range []string{pathAlone, pathExec, pathAgent} {
 		path := execPath
@@ -249,6 +248,7 @@ func testParity(t *testing.T, wb string) {
 		for _, pc := range cases {
 			t.Run(pc.name, func(t *testing.T) {
 				t.Parallel()
+				cc := ctx(t) // a case's own: all of them take longer than one
 				runs := map[string]*parityRun{}
 				var wg sync.WaitGroup
 				for p, e := range tenants {
@@ -260,7 +260,7 @@ func testParity(t *testing.T, wb string) {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						r.outs = runSteps(c, t, wb, p, e, pc, netns)
+						r.outs = runSteps(cc, t, wb, p, e, pc, netns)
 					}()
 				}
 				wg.Wait()
@@ -283,7 +283,7 @@ func testParity(t *testing.T, wb string) {
 	// Every verb went through the agent: none declined, none lost, none
 	// left to the plugin. Its log has a line a request.
 	a := tenants[pathAgent].Agent
-	got, err := a.Requests(c)
+	got, err := a.Requests(ctx(t))
 	require.NoError(t, err)
 	assert.Equal(t, adds, got["ADD served"]+got["ADD failed"], "the agent answered every ADD itself (counts: %v)", got)
 	assert.Equal(t, dels, got["DEL served"]+got["DEL failed"], "the agent answered every DEL itself (counts: %v)", got)
