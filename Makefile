@@ -28,11 +28,14 @@ build:
 # The real-kubelet tests (TestKubelet*) run after the others, for the same
 # reason: each starts a cluster and a node of its own, and beside the rest
 # they pushed the rig's API server past its callers' timeouts. Both parts
-# run whatever the first's result; either failing fails the target.
+# run whatever the first's result; either failing fails the target. Each
+# scenario runs through the plugin alone and through a node agent (the
+# matrix); E2E_PATHS=exec runs the plugin alone.
+E2E_PATHS ?= exec,agent
 test: deps build tools
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /testcni/e2e)
 	rc=0; \
-	$(GO) test -count=1 -timeout 40m -parallel 8 -skip '^TestKubelet' ./testcni/e2e || rc=1; \
+	HARVESTER_IPAM_E2E_PATHS=$(E2E_PATHS) $(GO) test -count=1 -timeout 40m -parallel 8 -skip '^TestKubelet' ./testcni/e2e || rc=1; \
 	$(GO) test -count=1 -timeout 20m -run '^TestKubelet' ./testcni/e2e || rc=1; \
 	exit $$rc
 

@@ -86,6 +86,10 @@ type Options struct {
 	// ones mounted in its container); a config naming another is declined.
 	// Nil is conf.DefaultCheckpointDir.
 	CheckpointDirs []string
+	// AtStep, when set, is called at each step boundary of the plugin's
+	// verbs it runs ("add-after-checkpoint", "del-after-release", ...):
+	// crashpoints builds kill the agent there.
+	AtStep func(step string)
 }
 
 // Server serves the plugin's verbs on a Listener.
@@ -348,7 +352,8 @@ func (s *Server) run(ctx context.Context, j *job) (ans wire.Answer) {
 		Env:      j.env,
 		// A delegate dies with the agent: a client that sees the agent gone
 		// does the verb again, and must not race what the agent started.
-		Exec: delegate.Orphanless(stderr),
+		Exec:   delegate.Orphanless(stderr),
+		AtStep: s.o.AtStep,
 	}
 	if s.o.Allocator != nil {
 		p.Allocator = s.o.Allocator

@@ -25,7 +25,8 @@ const AgentAckTimeout = time.Second
 
 // Agent is harvester-ipam-agent as the rig runs it for a tenant's pools, as
 // the chart's DaemonSet runs it on a node: a process of the rig's with a
-// socket of its own, logged in as the rig's admin. A Network whose Agent is
+// socket of its own, logged in as the chart's agent (the tenant's
+// AgentKubeconfig) or, for a tenant without identities, the rig's admin. A Network whose Agent is
 // set hands the plugin's verbs to it (as a node's plugin finds its agent);
 // one without never reaches an agent.
 type Agent struct {
@@ -47,7 +48,8 @@ type Agent struct {
 type AgentOptions struct {
 	// Name tells agents of one tenant apart ("agent" unless set).
 	Name string
-	// Kubeconfig is the agent's identity; empty is the rig's admin.
+	// Kubeconfig is the agent's identity; empty is the tenant's
+	// AgentKubeconfig (the chart's agent Role), else the rig's admin.
 	Kubeconfig string
 	// Args are more flags of harvester-ipam-agent.
 	Args []string
@@ -72,6 +74,9 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 		o.Name = "agent"
 	}
 	kubeconfig := o.Kubeconfig
+	if kubeconfig == "" {
+		kubeconfig = t.AgentKubeconfig
+	}
 	if kubeconfig == "" {
 		kubeconfig = r.Kubeconfig
 	}
@@ -99,6 +104,9 @@ func (r *Rig) StartAgent(ctx context.Context, t *Tenant, o AgentOptions) (*Agent
 }
 
 func (r *Rig) agentBinary(ctx context.Context, crashpoints bool) (string, error) {
+	if r.parent != nil {
+		return r.parent.agentBinary(ctx, crashpoints)
+	}
 	if crashpoints {
 		bin := filepath.Join(r.bin, "harvester-ipam-agent-crashpoints")
 		r.agentCrashOnce.Do(func() {

@@ -169,3 +169,56 @@ func (r *Rig) ServiceHostPort() (string, string) {
 	}
 	return "127.0.0.1", fmt.Sprint(r.cluster.apiPort)
 }
+
+// StartCRDCluster starts an API server of the rig's own on the rig's
+// loopback (etcd and kube-apiserver, no controllers, no webhook) with
+// whereabouts' IPPool and ORIP CRDs of version (CRDs are cluster-wide: one
+// API server holds one version of them) and the NAD CRD. Everything the
+// rig runs in its own network namespace runs against it as against the
+// rig's own: tenants, networks, node agents, whereabouts' parts. It shares
+// the rig's tools and builds, and closes with it.
+func (r *Rig) StartCRDCluster(ctx context.Context, name, version string) (_ *Rig, err error) {
+	if r.Tools["whereabouts-crds-"+version] == "" {
+		return nil, fmt.Errorf("cluster %s: no whereabouts %s CRDs in the rig's tools", name, version)
+	}
+	start := time.Now()
+	c := &Rig{
+		Root: r.Root, Dir: filepath.Join(r.Dir, "clusters", name), Tools: r.Tools,
+		netns: map[string]bool{}, cniPaths: r.cniPaths, progress: r.progress, bin: r.bin, crashBin: r.crashBin, parent: r,
+	}
+	defer func() {
+		if err != nil {
+			c.Close()
+			err = fmt.Errorf("cluster %s: %w", name, err)
+		}
+	}()
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if c.cluster, err = startCluster(ctx, c.Dir, r.Tools, clusterOptions{}); err != nil {
+		return nil, err
+	}
+	c.Default = &Tenant{Name: "default", PoolNamespace: PoolNamespace, PodNamespace: "longhorn-system", rig: c}
+	if err := c.Default.write(c.Dir, c.cluster.kubeconfig(PoolNamespace)); err != nil {
+		return nil, err
+	}
+	c.Kubeconfig, c.FlatFile = c.Default.Kubeconfig, c.Default.FlatFile
+	if err := c.connect(); err != nil {
+		return nil, err
+	}
+	if err := c.installCRDs(ctx, version); err != nil {
+		return nil, err
+	}
+	if err := c.InstallNADCRD(ctx); err != nil {
+		return nil, err
+	}
+	c.NetConfDir = filepath.Join(c.Dir, "net.d")
+	if err := os.MkdirAll(c.NetConfDir, 0o755); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.clusters = append(r.clusters, c)
+	r.mu.Unlock()
+	fmt.Fprintf(r.progress, "rig: cluster %s with whereabouts %s's CRDs up in %s\n", name, version, time.Since(start).Round(100*time.Millisecond))
+	return c, nil
+}

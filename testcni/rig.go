@@ -95,6 +95,11 @@ type Rig struct {
 	// agentCrashOnce builds its crashpoints build on the first that wants it.
 	agentCrashOnce sync.Once
 	agentCrashErr  error
+	// chartRoles are the tenants' identities' rules, read on first use.
+	chartRoles chartRoles
+	// parent is the rig whose cluster of its own this is: it builds the
+	// agent's binaries once for both.
+	parent *Rig
 
 	// machine is the network namespace of a cluster of the rig's own
 	// (StartCluster); nil for the rig's own cluster.
@@ -260,15 +265,25 @@ func (r *Rig) connect() error {
 	return err
 }
 
-// installCRDs installs whereabouts' own IPPool and ORIP CRDs, the newest
-// delegate's (from v0.8.0 on they are the same; v0.7.0's lack ifname). The
-// tools cache holds them: inside the rig's namespace no module is fetched.
-func (r *Rig) installCRDs(ctx context.Context) error {
-	crds := r.Tools["whereabouts-crds-"+Delegates[0]]
-	for _, f := range []string{"whereabouts.cni.cncf.io_ippools.yaml", "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml"} {
+// WhereaboutsCRDFiles are the files of whereabouts' IPPool and ORIP CRDs in
+// a version's doc/crds (the tools cache's whereabouts-crds-<version>).
+var WhereaboutsCRDFiles = []string{"whereabouts.cni.cncf.io_ippools.yaml", "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml"}
+
+// installCRDs installs whereabouts' own IPPool and ORIP CRDs of a version,
+// the newest delegate's unless given (from v0.8.0 on they are the same;
+// v0.7.0's reservation requires a containerid and neither of its kinds has
+// an ifname, which the API server prunes). The tools cache holds them:
+// inside the rig's namespace no module is fetched.
+func (r *Rig) installCRDs(ctx context.Context, version ...string) error {
+	v := Delegates[0]
+	if len(version) > 0 && version[0] != "" {
+		v = version[0]
+	}
+	crds := r.Tools["whereabouts-crds-"+v]
+	for _, f := range WhereaboutsCRDFiles {
 		b, err := os.ReadFile(filepath.Join(crds, f))
 		if err != nil {
-			return fmt.Errorf("whereabouts %s's CRD (testcni/tools.sh whereabouts-%s copies them): %w", Delegates[0], Delegates[0], err)
+			return fmt.Errorf("whereabouts %s's CRD (testcni/tools.sh whereabouts-%s copies them): %w", v, v, err)
 		}
 		if err := r.Apply(ctx, b, false); err != nil {
 			return fmt.Errorf("install %s: %w", f, err)

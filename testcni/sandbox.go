@@ -340,3 +340,14 @@ func (s *Sandbox) CNIEnv(verb string) []string {
 	return []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + s.ContainerID, "CNI_NETNS=" + s.Path,
 		"CNI_IFNAME=" + s.IfName, "CNI_ARGS=" + s.CNIArgs()}
 }
+
+// IPAMPath is a CNI_PATH whose `whereabouts` is whereabouts version itself
+// (standIn false), or harvester-ipam standing in for it, the real one
+// beside it (true): for running the IPAM binary directly, as a main plugin
+// delegates to it.
+func (r *Rig) IPAMPath(version string, standIn bool) string {
+	if standIn {
+		return r.cniPaths[version+standInKey]
+	}
+	return r.cniPaths[version]
+}

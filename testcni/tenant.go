@@ -18,14 +18,42 @@ type Tenant struct {
 	Name          string
 	PoolNamespace string
 	PodNamespace  string
-	Kubeconfig    string
-	FlatFile      string
+	// Kubeconfig logs in as the rig's admin, its context's namespace the
+	// pool namespace: the tests' reads and harvester-ipam's reconciler.
+	Kubeconfig string
+	// FlatFile is whereabouts' flat file; it names WhereaboutsKubeconfig.
+	FlatFile string
+	// WhereaboutsKubeconfig is the identity of the plugin and of the
+	// whereabouts binary it runs: with TenantOptions.RBAC, whereabouts' own
+	// ServiceAccount (WhereaboutsServiceAccount in the pool namespace) bound
+	// to whereabouts' ClusterRole as Harvester's chart writes it and to this
+	// chart's plugin Role; else Kubeconfig.
+	WhereaboutsKubeconfig string
+	// AgentKubeconfig, with TenantOptions.RBAC, is the node agent's identity:
+	// the chart's agent ServiceAccount with the chart's agent Role only
+	// (Rig.StartAgent's default for the tenant); else empty.
+	AgentKubeconfig string
 
 	rig *Rig
 }
 
-// NewTenant makes a tenant named name (a DNS label, unique in the rig).
+// TenantOptions shape a tenant.
+type TenantOptions struct {
+	// RBAC logs the plugin (and whereabouts) in as whereabouts' own
+	// identity and the node agent as the chart's agent, each with only the
+	// rights those carry on a Harvester node with the chart (Tenant's
+	// WhereaboutsKubeconfig and AgentKubeconfig); else both are the admin.
+	RBAC bool
+}
+
+// NewTenant makes a tenant named name (a DNS label, unique in the rig),
+// whose plugin runs as the rig's admin.
 func (r *Rig) NewTenant(ctx context.Context, name string) (*Tenant, error) {
+	return r.NewTenantWith(ctx, name, TenantOptions{})
+}
+
+// NewTenantWith makes a tenant named name shaped by o.
+func (r *Rig) NewTenantWith(ctx context.Context, name string, o TenantOptions) (*Tenant, error) {
 	t := &Tenant{Name: name, PoolNamespace: "pools-" + name, PodNamespace: "longhorn-" + name, rig: r}
 	for _, ns := range []string{t.PoolNamespace, t.PodNamespace} {
 		if err := r.EnsureNamespace(ctx, ns); err != nil {
@@ -33,22 +61,34 @@ func (r *Rig) NewTenant(ctx context.Context, name string) (*Tenant, error) {
 		}
 	}
 	dir := filepath.Join(r.Dir, "tenants", name)
+	if o.RBAC {
+		if err := r.identities(ctx, t, dir); err != nil {
+			return nil, fmt.Errorf("tenant %s: %w", name, err)
+		}
+	}
 	if err := t.write(dir, r.cluster.kubeconfig(t.PoolNamespace)); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// write puts the tenant's kubeconfig and flat file under dir.
+// write puts the tenant's admin kubeconfig and its flat file under dir; the
+// flat file names WhereaboutsKubeconfig, the admin's unless set.
 func (t *Tenant) write(dir, kubeconfig string) error {
-	t.Kubeconfig = filepath.Join(dir, "whereabouts.kubeconfig")
+	t.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
 	if err := writeFile(t.Kubeconfig, []byte(kubeconfig)); err != nil {
 		return err
 	}
+	if t.WhereaboutsKubeconfig == "" {
+		t.WhereaboutsKubeconfig = t.Kubeconfig
+	}
 	t.FlatFile = filepath.Join(dir, "whereabouts.d", "whereabouts.conf")
-	flat, _ := json.Marshal(map[string]any{"datastore": "kubernetes", "kubernetes": map[string]string{"kubeconfig": t.Kubeconfig}})
+	flat, _ := json.Marshal(map[string]any{"datastore": "kubernetes", "kubernetes": map[string]string{"kubeconfig": t.WhereaboutsKubeconfig}})
 	return writeFile(t.FlatFile, flat)
 }
+
+// Rig is the rig (or the rig's cluster of its own) that holds the tenant.
+func (t *Tenant) Rig() *Rig { return t.rig }
 
 // Pod is a pod of this tenant's pod namespace.
 func (t *Tenant) Pod(name string) Pod { return Pod{Namespace: t.PodNamespace, Name: name} }

@@ -7,8 +7,8 @@ import (
 	"syscall"
 )
 
-// crashHook kills the agent with SIGKILL at the allocator's step
-// HARVESTER_IPAM_CRASH_AT names, once: the first time that step is reached
+// crashHook kills the agent with SIGKILL at the step of the allocator or of
+// the plugin's verbs it runs that HARVESTER_IPAM_CRASH_AT names, once: the first time that step is reached
 // while the directory HARVESTER_IPAM_CRASH_ONCE can be made (unset: every
 // time). No deferred call runs, as when the node loses power.
 func crashHook() func(string) {

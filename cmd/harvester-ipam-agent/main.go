@@ -25,10 +25,10 @@ import (
 	"syscall"
 	"time"
 
+	wbclient "github.com/k8snetworkplumbingwg/whereabouts/pkg/generated/clientset/versioned"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	wbclient "github.com/k8snetworkplumbingwg/whereabouts/pkg/generated/clientset/versioned"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -149,10 +149,13 @@ func run(o options) error {
 	if err := watchPools(ctx, rc, objs, namespaces); err != nil {
 		return err
 	}
+	// Crashpoints builds die at a step of the plugin's verbs or of the
+	// allocator (their names differ) that HARVESTER_IPAM_CRASH_AT names.
+	atStep := crashHook()
 	var allocator agent.Allocator
 	if !o.execWB {
 		allocator = alloc.Delegate{
-			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, AtStep: crashHook()}),
+			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, AtStep: atStep}),
 			Load:      conf.Loader{Quiet: true}.Whereabouts,
 		}
 	}
@@ -165,7 +168,7 @@ func run(o options) error {
 	}
 	srv, err := agent.New(agent.Options{
 		API: api, Namespaces: namespaces, Node: o.node, Metrics: metrics, MaxInFlight: o.maxInFlight,
-		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests, Allocator: allocator,
+		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests, Allocator: allocator, AtStep: atStep,
 	})
 	if err != nil {
 		return err

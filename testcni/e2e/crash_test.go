@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,6 +19,11 @@ func crashAt(point string) []string { return []string{"HARVESTER_IPAM_CRASH_AT="
 // runtime does next (DEL the failed sandbox and ADD a new one, or retry the
 // DEL) and a reconcile pass; then the invariants: one allocation per live
 // sandbox, none for dead ones, no address twice, reservations matching.
+//
+// Through the agent, the process killed at the step is the agent (its
+// crashpoints build, once), which runs the plugin's verb: the plugin sees
+// the verb lost after its go-ahead and does it itself, so the verb the
+// runtime ran succeeds, and the runtime has nothing to retry.
 func TestCrashAtEveryStep(t *testing.T) {
 	onEachAllocator(t, testCrashAtEveryStep)
 }
@@ -36,7 +43,27 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 	for i, tt := range points {
 		t.Run(tt.point, func(t *testing.T) {
 			c := ctx(t)
-			n := e.network(t, testcni.Network{Crashpoints: true})
+			var n *testcni.Network
+			log := filepath.Join(t.TempDir(), "whereabouts.log")
+			if e.Agent != nil {
+				n = e.network(t, testcni.Network{LogFile: log, LogLevel: "debug"})
+			} else {
+				n = e.network(t, testcni.Network{Crashpoints: true})
+			}
+			// crashingAgent hands the network's next verbs to an agent that
+			// dies at the step; lost says that it took the verb and died.
+			crashingAgent := func() {
+				t.Helper()
+				n.Agent = startAgentWith(t, e.Tenant, testcni.AgentOptions{Name: tt.point, Crashpoints: true,
+					Env: []string{"HARVESTER_IPAM_CRASH_AT=" + tt.point, "HARVESTER_IPAM_CRASH_ONCE=" + filepath.Join(t.TempDir(), "crashed")}})
+				require.NoError(t, os.WriteFile(log, nil, 0o600))
+			}
+			lost := func() {
+				t.Helper()
+				b, err := os.ReadFile(log)
+				require.NoError(t, err)
+				require.Contains(t, string(b), "node agent: read its answer: ", "the agent was killed at %s after it took the %s", tt.point, tt.verb)
+			}
 			pod := e.Pod(fmt.Sprintf("instance-manager-crash-%d", i))
 			other := e.Pod(fmt.Sprintf("backing-image-manager-crash-%d", i))
 			for _, p := range []testcni.Pod{pod, other} {
@@ -53,6 +80,13 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 				require.NoError(t, n.WaitCached(c, first), "the reclaim must see the earlier sandbox to reach every step")
 				s, err := rig.NewSandbox(n, pod, "lhnet1")
 				require.NoError(t, err)
+				if e.Agent != nil {
+					crashingAgent()
+					require.NoError(t, s.Add(c), "ADD with the agent killed at %s: the plugin does it", tt.point)
+					lost()
+					live = append(live, s)
+					break
+				}
 				s.Env = crashAt(tt.point)
 				err = s.Add(c)
 				require.Error(t, err, "ADD must fail when the plugin is killed")
@@ -63,8 +97,16 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 				require.NoError(t, s.Del(c), "DEL of the crashed sandbox")
 				live = append(live, add(t, n, pod))
 			case "DEL":
-				if tt.nadGone {
+				// The agent leaves a DEL without a config to the plugin:
+				// through it, the DEL keeps its config and is the agent's.
+				if tt.nadGone && e.Agent == nil {
 					require.NoError(t, n.ForgetIPAM())
+				}
+				if e.Agent != nil {
+					crashingAgent()
+					require.NoError(t, first.Del(c), "DEL with the agent killed at %s: the plugin does it", tt.point)
+					lost()
+					break
 				}
 				first.Env = crashAt(tt.point)
 				err := first.Del(c)

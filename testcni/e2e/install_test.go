@@ -313,7 +313,10 @@ func mustJSON(t *testing.T, objs []unstructured.Unstructured, kind string) []byt
 // The chart's RBAC, applied for real: each identity may do what its part
 // needs and nothing else (asked as `kubectl auth can-i --as` asks), and the
 // plugin, logged in as whereabouts' identity with only this chart's Role,
-// really releases an allocation; without it, it cannot.
+// really releases an allocation; without it, it cannot. The agent's Role is
+// enough for every verb it serves: every test's agent runs under it (a
+// tenant's AgentKubeconfig), and every test's plugin under whereabouts'
+// ClusterRole and this chart's plugin Role (its WhereaboutsKubeconfig).
 func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 	const release, ns, wbSA = "rbac-check", "harvester-ipam-rbac", "rbac-check-whereabouts"
 	require.NoError(t, rig.EnsureNamespace(ctx(t), ns))
@@ -628,6 +631,10 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // gives the name back byte for byte. Run again it changes nothing; with a new
 // image it upgrades; with a broken image, or a full disk, it fails loudly and
 // the node keeps the old, working binary.
+//
+// Not through the node agent: its subject is the binaries at their names;
+// the ADD and DEL only show that what it installed runs (the agent's are
+// the matrix's, onEach).
 func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	// The DaemonSet, its installer's account, Role and binding, stored for
 	// real (no kubelet runs it here): the container reads its DaemonSet with

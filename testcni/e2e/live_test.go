@@ -166,9 +166,9 @@ func TestDelWithACheckpointOfANewerRelease(t *testing.T) {
 func TestGCKeysRecordsByNetworkAndPools(t *testing.T) {
 	onEachAllocator(t, func(t *testing.T, e *env) {
 		kc := filepath.Join(t.TempDir(), "whereabouts.kubeconfig")
-		admin, err := os.ReadFile(e.Kubeconfig)
+		wb, err := os.ReadFile(e.WhereaboutsKubeconfig)
 		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(kc, admin, 0o600))
+		require.NoError(t, os.WriteFile(kc, wb, 0o600))
 		a, err := rig.AddNetworkWithFlatFile(testcni.Network{Tenant: e.Tenant, Whereabouts: e.WB, CNIVersion: "1.1.0", Name: fmt.Sprintf("gc-%s", e.Name), Range: nextRange()}, kc)
 		require.NoError(t, err)
 		b := e.network(t, testcni.Network{CNIVersion: "1.1.0"})
@@ -212,7 +212,7 @@ func TestGCKeysRecordsByNetworkAndPools(t *testing.T) {
 // the reconciler records their first sightings and, after the grace period,
 // releases every one of them, with a grace above zero.
 func TestReconcilerReleasesThousandsOfStaleEntries(t *testing.T) {
-	onEachAllocator(t, func(t *testing.T, e *env) {
+	onEachAllocatorExecOnly(t, "the reconciler's passes over planted entries: the plugin runs one ADD, which every other test runs through the agent", func(t *testing.T, e *env) {
 		const stale = 5000
 		c := ctx(t)
 		rng := fmt.Sprintf("10.%d.0.0/18", 160+subnet.Add(1)%90)

@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -46,6 +47,9 @@ var subnet, tenants atomic.Int32
 // env is one test on one whereabouts version, in a tenant of its own.
 type env struct {
 	*testcni.Tenant
+	// R is the rig whose API server holds the tenant: the package's rig,
+	// or a cluster of its own (Rig.StartCRDCluster).
+	R *testcni.Rig
 	// WB is the whereabouts version harvester-ipam delegates to.
 	WB string
 	// Agent, when set, is the tenant's node agent: e.network's networks
@@ -62,15 +66,15 @@ const (
 )
 
 // pathsEnv chooses the paths onEach and inTurn run each test on: a comma-
-// separated list of execPath and agentPath ("exec" unless set), so that
-// every scenario written for the plugin runs through the agent too, as a
-// matrix: HARVESTER_IPAM_E2E_PATHS=exec,agent go test ./testcni/e2e.
+// separated list of execPath and agentPath (both unless set), so that every
+// scenario written for the plugin runs through the agent too, as a matrix;
+// HARVESTER_IPAM_E2E_PATHS=exec go test ./testcni/e2e runs the plugin alone.
 const pathsEnv = "HARVESTER_IPAM_E2E_PATHS"
 
 func paths(t *testing.T) []string {
 	v := os.Getenv(pathsEnv)
 	if v == "" {
-		return []string{execPath}
+		return []string{execPath, agentPath}
 	}
 	var out []string
 	for _, p := range strings.Split(v, ",") {
@@ -107,10 +111,35 @@ func onEachAllocator(t *testing.T, f func(t *testing.T, e *env)) {
 	onEach(t, testcni.Allocators, f)
 }
 
+// onEachAllocatorExecOnly is onEachAllocator on the exec path alone, for a
+// test whose subject the agent never serves; why says what it is.
+func onEachAllocatorExecOnly(t *testing.T, why string, f func(t *testing.T, e *env)) {
+	t.Parallel()
+	if slices.Contains(paths(t), agentPath) {
+		t.Logf("not through the agent: %s", why)
+	}
+	for _, v := range testcni.Allocators {
+		t.Run(subtest(v, execPath), func(t *testing.T) {
+			t.Parallel()
+			f(t, newEnvOn(t, v, execPath))
+		})
+	}
+}
+
+// onEach runs f on each version of versions on each path. Through the
+// agent, on testcni.Allocators only: the agent allocates and releases with
+// whereabouts' allocator in-process, the same on every version, and a
+// version matters to it only where its binary does something else (the
+// plugin's fallback runs that binary; whereabouts alone beside it). v0.9.4's
+// binary allocates and releases as v0.9.3's, so on v0.9.4 the agent path
+// would repeat v0.9.3's.
 func onEach(t *testing.T, versions []string, f func(t *testing.T, e *env)) {
 	t.Parallel()
 	for _, path := range paths(t) {
 		for _, v := range versions {
+			if path == agentPath && !slices.Contains(testcni.Allocators, v) {
+				continue
+			}
 			t.Run(subtest(v, path), func(t *testing.T) {
 				t.Parallel()
 				f(t, newEnvOn(t, v, path))
@@ -134,13 +163,18 @@ func newEnv(t *testing.T, wb string) *env { return newEnvOn(t, wb, execPath) }
 
 // newEnvOn is an env whose verbs are served on path: with agentPath, a node
 // agent of the tenant's runs for the test.
-func newEnvOn(t *testing.T, wb, path string) *env {
+func newEnvOn(t *testing.T, wb, path string) *env { return newEnvIn(t, rig, wb, path) }
+
+// newEnvIn is newEnvOn in r, the package's rig or a cluster of its own.
+func newEnvIn(t *testing.T, r *testcni.Rig, wb, path string) *env {
 	t.Helper()
 	name := fmt.Sprintf("t%d-%s", tenants.Add(1), strings.ReplaceAll(strings.TrimPrefix(wb, "v"), ".", ""))
-	tn, err := rig.NewTenant(ctx(t), name)
+	// Under whereabouts' own RBAC: the plugin and whereabouts as
+	// whereabouts' ServiceAccount, the agent as the chart's.
+	tn, err := r.NewTenantWith(ctx(t), name, testcni.TenantOptions{RBAC: true})
 	require.NoError(t, err)
 	t.Cleanup(tn.Remove)
-	e := &env{Tenant: tn, WB: wb}
+	e := &env{Tenant: tn, R: r, WB: wb}
 	if path == agentPath {
 		e.Agent = startAgent(t, tn)
 	}
@@ -157,7 +191,7 @@ func startAgent(t *testing.T, tn *testcni.Tenant) *testcni.Agent {
 // startAgentWith starts a node agent of o for tn, killed when t ends.
 func startAgentWith(t *testing.T, tn *testcni.Tenant, o testcni.AgentOptions) *testcni.Agent {
 	t.Helper()
-	a, err := rig.StartAgent(ctx(t), tn, o)
+	a, err := tn.Rig().StartAgent(ctx(t), tn, o)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -167,6 +201,16 @@ func startAgentWith(t *testing.T, tn *testcni.Tenant, o testcni.AgentOptions) *t
 		a.Kill()
 	})
 	return a
+}
+
+// bridge is a bridge name of this env's own (a test's, its version's and
+// its path's), at most 15 bytes: prefix at most 5.
+func (e *env) bridge(prefix string) string {
+	b := prefix + "-" + strings.ReplaceAll(strings.TrimPrefix(e.WB, "v"), ".", "")
+	if e.Agent != nil {
+		b += "-a"
+	}
+	return b
 }
 
 // network adds a network of this env's tenant and delegate, with a /24 of
@@ -182,12 +226,15 @@ func (e *env) network(t *testing.T, n testcni.Network) *testcni.Network {
 	if n.Agent == nil {
 		n.Agent = e.Agent
 	}
-	return network(t, n)
+	return networkIn(t, e.R, n)
 }
 
 // network adds a network with a /24 of its own (in the default tenant unless
 // n names one), so that tests never share a pool.
-func network(t *testing.T, n testcni.Network) *testcni.Network {
+func network(t *testing.T, n testcni.Network) *testcni.Network { return networkIn(t, rig, n) }
+
+// networkIn is network in r.
+func networkIn(t *testing.T, r *testcni.Rig, n testcni.Network) *testcni.Network {
 	t.Helper()
 	i := subnet.Add(1)
 	if n.Name == "" {
@@ -196,7 +243,7 @@ func network(t *testing.T, n testcni.Network) *testcni.Network {
 	if n.Range == "" {
 		n.Range = fmt.Sprintf("10.%d.%d.0/24", 100+i/250, i%250)
 	}
-	net, err := rig.AddNetwork(n)
+	net, err := r.AddNetwork(n)
 	require.NoError(t, err)
 	return net
 }

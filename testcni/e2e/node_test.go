@@ -39,6 +39,13 @@ type nodeEnv struct {
 // parallel tests start. Dozens of Multus processes on two cores make
 // Multus' own 250 ms reads of the pod time out, in these scenarios and in
 // the cnitool ones beside them, so the two do not share the CPU.
+//
+// Not through the node agent: a node's plugin runs in the node's mount
+// namespace (its /var/lib/cni, where the checkpoints are, and its /run),
+// and reaches the API server through the node's gate; an agent of the rig's
+// sees neither, and declines a checkpoint directory that is not its own.
+// The agent on a node is TestKubelet's: the chart's DaemonSet on a real
+// kubelet, serving the pods' ADDs.
 func TestNode(t *testing.T) {
 	for _, sc := range []struct {
 		name string

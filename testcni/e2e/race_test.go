@@ -245,7 +245,7 @@ func testRacingWriters(t *testing.T, e *env) {
 	}
 	c, cancel := context.WithTimeout(context.Background(), time.Duration(seconds)*time.Second+3*time.Minute)
 	defer cancel()
-	rng := fmt.Sprintf("10.99.%d.0/24", subnet.Add(1))
+	rng := nextRange() // "10.99.<n>" ran past 255 once the matrix doubled the networks
 	logFile := filepath.Join(rig.Dir, "race-"+e.Name+".log")
 	shimmed := e.network(t, testcni.Network{Name: "race-shim-" + e.Name, Range: rng, LogFile: logFile, LogLevel: "verbose"})
 	alone := e.network(t, testcni.Network{Name: "race-alone-" + e.Name, Range: rng, IPAM: "whereabouts", LogFile: logFile, LogLevel: "verbose"})

@@ -169,7 +169,7 @@ func TestCheck(t *testing.T) {
 func testCheck(t *testing.T, e *env) {
 	// A bridge of its own: the bridge plugin's CHECK compares the bridge's
 	// MAC, which changes when another test's sandbox joins a shared bridge.
-	n := e.network(t, testcni.Network{CNIVersion: "1.0.0", Bridge: "chk-" + strings.ReplaceAll(e.WB, ".", "")})
+	n := e.network(t, testcni.Network{CNIVersion: "1.0.0", Bridge: e.bridge("chk")})
 	pod := e.Pod("instance-manager-check")
 	s := add(t, n, pod)
 	require.NoError(t, s.Check(ctx(t)))

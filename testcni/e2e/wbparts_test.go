@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,24 +33,32 @@ import (
 // Every live sandbox keeps its address and reservation, the gone pods hold
 // nothing, and no address is handed out twice.
 //
-// whereabouts' reconciler judges every pool of the cluster, so this test does
-// not run beside the others (whose leftovers it would release); its versions
-// run side by side, each on a node of its own. Its cron runs at most once a
-// minute: each version waits for one run after the pods went away.
+// whereabouts' reconciler judges every pool of the cluster, so this test
+// runs on a cluster of its own (the rig's CRDs), where no other test's
+// leftovers are, beside the other tests; its versions and paths run side
+// by side, each on a node of its own. Its cron runs at most once a minute:
+// each version waits for one run after the pods went away.
 func TestWhereaboutsPartsBeside(t *testing.T) {
-	require.NoError(t, rig.InstallNADCRD(ctx(t)))
-	for _, v := range testcni.Delegates {
-		t.Run("whereabouts "+v, func(t *testing.T) {
-			t.Parallel()
-			testWhereaboutsPartsBeside(t, newEnv(t, v))
-		})
+	t.Parallel()
+	c, err := rig.StartCRDCluster(ctx(t), "parts", testcni.Delegates[0])
+	require.NoError(t, err)
+	for _, path := range paths(t) {
+		// On every version through the agent too: what is under test is
+		// whereabouts' own controllers reading and releasing what the agent
+		// wrote, and v0.9.4's reconciler is a part of its own.
+		for _, v := range testcni.Delegates {
+			t.Run(subtest(v, path), func(t *testing.T) {
+				t.Parallel()
+				testWhereaboutsPartsBeside(t, newEnvIn(t, c, v, path))
+			})
+		}
 	}
 }
 
 func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	c := ctx(t)
 	node := e.Node("n1")
-	require.NoError(t, rig.CreateNode(c, node))
+	require.NoError(t, e.R.CreateNode(c, node))
 	n := e.network(t, testcni.Network{})
 	nad := createHarvesterNAD(t, e, n)
 
@@ -54,13 +66,13 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	keep, again, gone, done, same := pod("keep"), pod("again"), pod("gone"), pod("done"), pod("same")
 	sb := map[testcni.Pod]*testcni.Sandbox{}
 	for _, p := range []testcni.Pod{keep, again, gone, done, same} {
-		sb[p] = runningPod(t, n, p, node, nad)
+		sb[p] = runningPod(t, e, n, p, node, nad)
 	}
 	// A network with a network_name: its reservations are named
 	// "storage-<address>".
 	named := e.network(t, testcni.Network{NetworkName: "storage"})
 	namedPod := pod("named")
-	sb[namedPod] = runningPod(t, named, namedPod, node, createHarvesterNAD(t, e, named))
+	sb[namedPod] = runningPod(t, e, named, namedPod, node, createHarvesterNAD(t, e, named))
 
 	// A sandbox recreated without DEL: harvester-ipam's ADD releases the old
 	// one. Before whereabouts' parts start: between an ADD and Multus'
@@ -70,9 +82,9 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	// is whereabouts', not what this test looks at.
 	require.NoError(t, sb[again].Kill())
 	sb[again] = add(t, n, again)
-	setNetworkStatus(t, again, nad, sb[again].IP())
+	setNetworkStatus(t, e.R, again, nad, sb[again].IP())
 
-	parts, err := rig.StartWhereaboutsParts(c, testcni.PartsOptions{Version: e.WB, Node: node, Tenant: e.Tenant, Cron: "* * * * *"})
+	parts, err := e.R.StartWhereaboutsParts(c, testcni.PartsOptions{Version: e.WB, Node: node, Tenant: e.Tenant, Cron: "* * * * *"})
 	require.NoError(t, err)
 	t.Cleanup(parts.Stop)
 	reconcilerPart := "ip-control-loop"
@@ -83,18 +95,18 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	// A pod stopped as usual: DEL, then the object goes; nothing is left to
 	// release when the pod controller looks.
 	require.NoError(t, sb[done].Del(c))
-	require.NoError(t, rig.DeletePod(c, done))
+	require.NoError(t, e.R.DeletePod(c, done))
 	// A pod whose node died: no DEL, the object is force-deleted.
 	require.NoError(t, sb[gone].Kill())
-	require.NoError(t, rig.DeletePod(c, gone))
+	require.NoError(t, e.R.DeletePod(c, gone))
 	goneIP := sb[gone].IP()
 	// A pod deleted and created again under its name (a StatefulSet's, say)
 	// whose old sandbox never saw DEL: its new sandbox is live.
 	require.NoError(t, sb[same].Kill())
-	require.NoError(t, rig.DeletePod(c, same))
-	require.NoError(t, createPodOnNAD(c, same, node, nad, ""))
+	require.NoError(t, e.R.DeletePod(c, same))
+	require.NoError(t, createPodOnNAD(c, e.R, same, node, nad, ""))
 	sb[same] = add(t, n, same)
-	setNetworkStatus(t, same, nad, sb[same].IP())
+	setNetworkStatus(t, e.R, same, nad, sb[same].IP())
 
 	// The pod controller has seen the deletions once it has logged each.
 	for _, p := range []testcni.Pod{done, gone, same} {
@@ -141,7 +153,7 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 
 	// A new pod gets an address no live sandbox holds.
 	late := pod("late")
-	sb[late] = runningPod(t, n, late, node, nad)
+	sb[late] = runningPod(t, e, n, late, node, nad)
 
 	live := []*testcni.Sandbox{sb[keep], sb[again], sb[same], sb[late]}
 	verify(t, n, live, keep, again, gone, done, same, late)
@@ -180,23 +192,23 @@ func createHarvesterNAD(t *testing.T, e *env, n *testcni.Network) string {
 		"metadata": map[string]any{"name": n.Name, "namespace": e.PodNamespace},
 		"spec":     map[string]any{"config": string(conf)},
 	}}
-	_, err := rig.Dynamic.Resource(testcni.NADResource).Namespace(e.PodNamespace).Create(ctx(t), obj, metav1.CreateOptions{})
+	_, err := e.R.Dynamic.Resource(testcni.NADResource).Namespace(e.PodNamespace).Create(ctx(t), obj, metav1.CreateOptions{})
 	require.NoError(t, err)
 	return e.PodNamespace + "/" + n.Name
 }
 
 // runningPod creates a Running pod on node attached to nad, adds its sandbox
 // and writes its network-status as Multus does after ADD.
-func runningPod(t *testing.T, n *testcni.Network, pod testcni.Pod, node, nad string) *testcni.Sandbox {
+func runningPod(t *testing.T, e *env, n *testcni.Network, pod testcni.Pod, node, nad string) *testcni.Sandbox {
 	t.Helper()
-	require.NoError(t, createPodOnNAD(ctx(t), pod, node, nad, corev1.PodRunning))
+	require.NoError(t, createPodOnNAD(ctx(t), e.R, pod, node, nad, corev1.PodRunning))
 	s := add(t, n, pod)
-	setNetworkStatus(t, pod, nad, s.IP())
+	setNetworkStatus(t, e.R, pod, nad, s.IP())
 	return s
 }
 
 // createPodOnNAD creates a pod object asking for nad on lhnet1, in a phase.
-func createPodOnNAD(ctx context.Context, pod testcni.Pod, node, nad string, phase corev1.PodPhase) error {
+func createPodOnNAD(ctx context.Context, r *testcni.Rig, pod testcni.Pod, node, nad string, phase corev1.PodPhase) error {
 	if phase == "" {
 		phase = corev1.PodRunning
 	}
@@ -207,12 +219,12 @@ func createPodOnNAD(ctx context.Context, pod testcni.Pod, node, nad string, phas
 			Annotations: map[string]string{"k8s.v1.cni.cncf.io/networks": string(req)}},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/longhorn-instance-manager"}}},
 	}
-	created, err := rig.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, p, metav1.CreateOptions{})
+	created, err := r.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, p, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create pod %s: %w", pod.Ref(), err)
 	}
 	created.Status.Phase = phase
-	if _, err := rig.Kube.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	if _, err := r.Kube.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("set phase of pod %s: %w", pod.Ref(), err)
 	}
 	return nil
@@ -220,14 +232,14 @@ func createPodOnNAD(ctx context.Context, pod testcni.Pod, node, nad string, phas
 
 // setNetworkStatus writes the pod's network-status as Multus does: the
 // default network, then the NAD's interface with the address ADD returned.
-func setNetworkStatus(t *testing.T, pod testcni.Pod, nad, ip string) {
+func setNetworkStatus(t *testing.T, r *testcni.Rig, pod testcni.Pod, nad, ip string) {
 	t.Helper()
 	status, _ := json.Marshal([]map[string]any{
 		{"name": "k8s-pod-network", "interface": "eth0", "ips": []string{"10.52.0.9"}, "default": true},
 		{"name": nad, "interface": "lhnet1", "ips": []string{ip}},
 	})
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{"k8s.v1.cni.cncf.io/network-status": string(status)}}})
-	_, err := rig.Kube.CoreV1().Pods(pod.Namespace).Patch(ctx(t), pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	_, err := r.Kube.CoreV1().Pods(pod.Namespace).Patch(ctx(t), pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	require.NoError(t, err)
 }
 
@@ -246,4 +258,109 @@ func waitReleased(ctx context.Context, n *testcni.Network, pod testcni.Pod) erro
 		return fmt.Errorf("%w: %s still holds %v", err, pod.Ref(), held)
 	}
 	return nil
+}
+
+// TestWhereaboutsOnItsOwnCRDs runs what harvester-ipam writes on each
+// whereabouts version's own CRDs, through the exec path and through the
+// node agent: the scenarios of TestWhereaboutsPartsBeside (allocation, DEL,
+// the reclaim of a recreated sandbox, whereabouts' own pod controller and
+// reconciler, harvester-ipam's reconciler), and that version's binary
+// reading and releasing what harvester-ipam allocated, and the reverse.
+//
+// The rig installs the newest CRDs. A version whose CRDs are the same
+// (v0.8.0 and later: compared here byte for byte) runs every other test on
+// its own CRDs already; one whose CRDs differ (v0.7.0: its reservation
+// requires a containerid, and neither kind has an ifname, which the API
+// server prunes from what the agent writes) runs on a cluster of the rig's
+// own with them.
+func TestWhereaboutsOnItsOwnCRDs(t *testing.T) {
+	t.Parallel()
+	newest := rig.Tools["whereabouts-crds-"+testcni.Delegates[0]]
+	for _, v := range testcni.Delegates[1:] {
+		t.Run("whereabouts "+v, func(t *testing.T) {
+			t.Parallel()
+			same := true
+			for _, f := range testcni.WhereaboutsCRDFiles {
+				a, err := os.ReadFile(filepath.Join(newest, f))
+				require.NoError(t, err)
+				b, err := os.ReadFile(filepath.Join(rig.Tools["whereabouts-crds-"+v], f))
+				require.NoError(t, err)
+				same = same && bytes.Equal(a, b)
+			}
+			if same {
+				t.Logf("whereabouts %s's CRDs are %s's, which the rig installs: every test runs on them", v, testcni.Delegates[0])
+				return
+			}
+			c, err := rig.StartCRDCluster(ctx(t), "crds-"+strings.ReplaceAll(strings.TrimPrefix(v, "v"), ".", ""), v)
+			require.NoError(t, err)
+			for _, path := range []string{execPath, agentPath} {
+				t.Run(subtest(v, path), func(t *testing.T) {
+					t.Parallel()
+					t.Run("parts beside", func(t *testing.T) { testWhereaboutsPartsBeside(t, newEnvIn(t, c, v, path)) })
+					t.Run("its binary", func(t *testing.T) { testTheBinaryReadsAndReleases(t, newEnvIn(t, c, v, path)) })
+				})
+			}
+		})
+	}
+}
+
+// testTheBinaryReadsAndReleases: whereabouts' own binary (e's version,
+// alone) on a pool harvester-ipam writes (on e's path) allocates around
+// harvester-ipam's entry, and its DEL of harvester-ipam's sandbox releases
+// the entry and its reservation; harvester-ipam's DEL of whereabouts'
+// sandbox releases whereabouts' own (v0.7.0's, without an ifname, with the
+// reconciler's help).
+func testTheBinaryReadsAndReleases(t *testing.T, e *env) {
+	c := ctx(t)
+	n := e.network(t, testcni.Network{})
+	aloneConf := *n
+	aloneConf.IPAM, aloneConf.Name, aloneConf.Agent = testcni.Alone, n.Name+"-wb", nil
+	alone, err := e.R.AddNetwork(aloneConf)
+	require.NoError(t, err)
+	if e.Agent != nil {
+		served, err := e.Agent.Requests(c)
+		require.NoError(t, err)
+		defer func() {
+			got, err := e.Agent.Requests(c)
+			require.NoError(t, err)
+			assert.Equal(t, served["ADD served"]+1, got["ADD served"], "the agent allocated harvester-ipam's address (counts: %v)", got)
+			assert.Equal(t, served["DEL served"]+1, got["DEL served"], "the agent released whereabouts' (counts: %v)", got)
+		}()
+	}
+
+	hi := add(t, n, e.Pod("by-harvester-ipam"))
+	entries := testcni.Of(mustAllocs(t, n), hi.Pod.Ref())
+	require.Len(t, entries, 1)
+	orip, err := e.R.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations(e.PoolNamespace).Get(c, names.Reservation(net.ParseIP(hi.IP()), ""), metav1.GetOptions{})
+	require.NoError(t, err, "the reservation of %s", hi.IP())
+	assert.Equal(t, hi.Pod.Ref(), orip.Spec.PodRef)
+	if e.WB == testcni.V070 {
+		// What v0.7.0's CRDs keep: the entry {id, podref} (an ifname
+		// written is pruned), the reservation {containerid, podref}.
+		assert.Empty(t, entries[0].IfName, "v0.7.0's CRD prunes the entry's ifname")
+		assert.Equal(t, hi.ContainerID, orip.Spec.ContainerID, "v0.7.0's CRD requires the reservation's containerid")
+		assert.Empty(t, orip.Spec.IfName, "v0.7.0's CRD prunes the reservation's ifname")
+	}
+
+	wb := add(t, alone, e.Pod("by-whereabouts"))
+	assert.NotEqual(t, hi.IP(), wb.IP(), "whereabouts %s allocates around harvester-ipam's entry", e.WB)
+
+	// whereabouts' DEL of harvester-ipam's sandbox (a node whose NAD still
+	// names the real binary, say), and harvester-ipam's of whereabouts'.
+	hiByWB, wbByHI := *hi, *wb
+	hiByWB.Net, wbByHI.Net = alone, n
+	require.NoError(t, hiByWB.Del(c), "whereabouts %s's DEL of harvester-ipam's sandbox", e.WB)
+	assert.Empty(t, testcni.Of(mustAllocs(t, n), hi.Pod.Ref()), "whereabouts %s released harvester-ipam's entry", e.WB)
+	assert.Empty(t, oripsOf(t, n, hi.Pod.Ref()), "and its reservation")
+	require.NoError(t, wbByHI.Del(c), "harvester-ipam's DEL of whereabouts' sandbox")
+	if e.WB == testcni.V070 {
+		// v0.7.0's entry has no ifname, and no checkpoint recorded its
+		// address: it may be another interface's of the sandbox (v0.7.0's
+		// own DEL would remove the first it finds). harvester-ipam's DEL
+		// leaves it; the reconciler releases it once the pod is gone.
+		require.Len(t, testcni.Of(mustAllocs(t, n), wb.Pod.Ref()), 1, "harvester-ipam's DEL leaves v0.7.0's entry without an ifname that no checkpoint recorded")
+		e.reconcile(t, "--grace", "0s")
+	}
+	assert.Empty(t, testcni.Of(mustAllocs(t, n), wb.Pod.Ref()), "harvester-ipam released whereabouts %s's entry", e.WB)
+	assert.Empty(t, oripsOf(t, n, wb.Pod.Ref()), "and its reservation")
 }
