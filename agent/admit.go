@@ -79,8 +79,16 @@ func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
 	}
 	cfg, err := s.loader.Load(req.Config)
 	if err != nil {
-		// The plugin says exactly what is wrong, or goes on as it can (a DEL
-		// of a NAD that is gone: by its checkpoint).
+		if req.Command == wire.Del {
+			// A DEL goes on by the attachment's checkpoint when its config
+			// cannot be read (the NAD gone, an option of a newer release):
+			// the agent does it so when it holds that checkpoint.
+			if why := s.admitByCheckpoint(j); why != "" {
+				return decline("config", "config: %s; %s", errText(err), why)
+			}
+			return j, "", ""
+		}
+		// The plugin says exactly what is wrong.
 		return decline("config", "config: %s", errText(err))
 	}
 	if !specVersions[cfg.CNIVersion] {
@@ -132,6 +140,27 @@ func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
 		}
 	}
 	return j, "", ""
+}
+
+// admitByCheckpoint says why the agent would not do a DEL whose config it
+// cannot read by the attachment's checkpoint ("" when it would): the
+// checkpoint must be in a directory of the agent's, and name a pool
+// namespace it serves. It reads, and writes nothing.
+func (s *Server) admitByCheckpoint(j *job) string {
+	salvage := conf.SalvageConfig(j.args.StdinData)
+	if !slices.Contains(s.o.CheckpointDirs, salvage.CheckpointDir) {
+		return fmt.Sprintf("checkpoint directory %s is not the agent's", salvage.CheckpointDir)
+	}
+	rec, ok, err := checkpoint.Dir(salvage.CheckpointDir).Read(j.args.ContainerID, j.args.IfName)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("checkpoint: %v", err)
+	case !ok:
+		return "no checkpoint of the attachment"
+	case !s.serves(rec.Namespace):
+		return fmt.Sprintf("the checkpoint names pool namespace %s, not served here", rec.Namespace)
+	}
+	return ""
 }
 
 // unknownIPAMKey is the first ipam field of a config that the agent does not

@@ -236,6 +236,46 @@ func TestTheAgentServesAddAndDel(t *testing.T) {
 	assert.Equal(t, "", r.metrics.Summary(), "a summary covers what happened since the last")
 }
 
+// A DEL whose config no longer reads (the NAD is gone, and the runtime hands
+// what it kept of it: no ipam, a field of the wrong type) is the agent's all
+// the same when it holds the attachment's checkpoint: it releases by it, as
+// the plugin would. Without a checkpoint, it leaves the DEL to the plugin.
+func TestTheAgentServesADelByItsCheckpointWhenTheConfigDoesNotRead(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		config func(r *rig) string
+	}{
+		{"no ipam", func(r *rig) string { return `{"cniVersion":"0.3.1","name":"storagenetwork","type":"bridge"}` }},
+		{"a field of the wrong type", func(r *rig) string {
+			return strings.Replace(string(r.config("0.3.1", "")), `"range":"192.168.50.0/24"`, `"range":42`, 1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Len(t, r.pool(), 1)
+
+			// The checkpoint is where the agent's DEL finds it: in the
+			// default directory when the config names none any more.
+			cfg := tc.config(r)
+			if !strings.Contains(cfg, r.cpDir) {
+				r.srv.o.CheckpointDirs = append(r.srv.o.CheckpointDirs, conf.DefaultCheckpointDir)
+				cfg = strings.Replace(cfg, `"type":"bridge"`, `"type":"bridge","ipam":{"harvester_ipam":{"checkpoint_dir":"`+r.cpDir+`"}}`, 1)
+			}
+			res = r.do(wire.Del, env("c1", "lhnet1"), []byte(cfg))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Nil(t, res.Answer.Error)
+			assert.Empty(t, r.pool(), "released by the checkpoint")
+			assert.Empty(t, r.checkpoints())
+
+			res = r.do(wire.Del, env("c2", "lhnet1"), []byte(cfg))
+			assert.Equal(t, client.Fallback, res.Outcome, "no checkpoint of c2: the plugin's")
+			assert.Contains(t, res.Reason, "no checkpoint of the attachment")
+		})
+	}
+}
+
 // A verb that fails in the agent is answered with the plugin's CNI error,
 // and its log comes back for the plugin's stderr.
 func TestAFailedVerbIsAnsweredWithItsCNIError(t *testing.T) {
