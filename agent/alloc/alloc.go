@@ -49,6 +49,12 @@ type Options struct {
 	// AtStep, when set, is called at each step boundary ("alloc-after-patch",
 	// ...): test builds and the simulation crash the agent there.
 	AtStep func(step string)
+	// Go and Wait, when set, run the allocator's concurrency under a
+	// scheduler of the caller's (the simulation's, which runs one goroutine
+	// at a time): Go starts f beside the caller (nil: a goroutine), Wait
+	// returns once done is closed (nil: a receive).
+	Go   func(f func())
+	Wait func(done <-chan struct{})
 }
 
 // Allocator allocates for ADDs of one node. It is safe for concurrent use.
@@ -107,7 +113,7 @@ func (a *Allocator) Allocate(ctx context.Context, r Request) ([]net.IPNet, error
 			podRef:      podRef,
 			ifName:      r.IfName,
 			chosen:      r.Chosen,
-			done:        make(chan outcome, 1),
+			done:        make(chan struct{}),
 		}
 		o := a.enqueue(m)
 		if o.err != nil {
@@ -139,4 +145,22 @@ func (a *Allocator) at(step string) {
 	if a.o.AtStep != nil {
 		a.o.AtStep(step)
 	}
+}
+
+// goAside runs f beside the caller.
+func (a *Allocator) goAside(f func()) {
+	if a.o.Go != nil {
+		a.o.Go(f)
+		return
+	}
+	go f()
+}
+
+// wait returns once done is closed.
+func (a *Allocator) wait(done <-chan struct{}) {
+	if a.o.Wait != nil {
+		a.o.Wait(done)
+		return
+	}
+	<-done
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/harvester/harvester-ipam/shim"
@@ -20,19 +19,22 @@ const reserveTimeout = 20 * time.Second
 // address another pod has reserved (an overlapping range allocated it) is
 // given up: its entry removed, and the member allocated again without it.
 func (a *Allocator) reserve(q *queue, chosen []choice) {
-	var wg sync.WaitGroup
+	var dones []chan struct{}
 	for _, c := range chosen {
 		if !c.m.overlapping {
 			deliver(c.m, c.ip, nil)
 			continue
 		}
-		wg.Add(1)
-		go func(c choice) {
-			defer wg.Done()
+		done := make(chan struct{})
+		dones = append(dones, done)
+		a.goAside(func() {
+			defer close(done)
 			a.reserveOne(q, c)
-		}(c)
+		})
 	}
-	wg.Wait()
+	for _, done := range dones {
+		a.wait(done)
+	}
 }
 
 func (a *Allocator) reserveOne(q *queue, c choice) {
@@ -58,6 +60,7 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("reserve %s in %s", c.ip.IP, m.store.Namespace()), err))
 			return
 		}
+		a.at("alloc-after-keep-own")
 		deliver(m, c.ip, nil)
 	default:
 		// Another pod's: the address is taken in an overlapping range.
@@ -65,6 +68,7 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("give up %s, reserved by %s", c.ip.IP, existing.Spec.PodRef), err))
 			return
 		}
+		a.at("alloc-after-give-up")
 		m.skip = append(m.skip, c.ip.IP)
 		a.requeue(q, m)
 	}
