@@ -290,6 +290,20 @@ func TestAnAddressReservedByAnotherPodIsGivenUp(t *testing.T) {
 	assert.Equal(t, "default/elsewhere", r.Spec.PodRef, "the other pod's reservation stays")
 }
 
+// On whereabouts v0.7.0's CRDs the API server prunes the entry's ifname:
+// the address given up is still removed, and the sandbox holds one entry.
+func TestAnAddressGivenUpIsRemovedWhenTheCRDPrunedItsIfName(t *testing.T) {
+	api := fake.New()
+	api.PruneIfName = true
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),
+		fake.NewReservation("10.0.0.1", "default/elsewhere"))
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
+	assert.Equal(t, map[string]shim.IPAllocation{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}},
+		api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "the entry at .1, its ifname pruned, was removed again")
+}
+
 func TestTheCacheHintSkipsAReservedAddressBeforeWriting(t *testing.T) {
 	api := fake.New()
 	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),

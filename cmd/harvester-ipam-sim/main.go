@@ -34,6 +34,7 @@ func main() {
 	wbReconciler := flag.Bool("wb-reconciler", false, "run whereabouts' own reconciler now and then (it frees live entries Multus' status does not name, alone too)")
 	leftovers := flag.Bool("leftovers", true, "start with entries whereabouts v0.7.0 left in the storage pool (false: replay seeds found before they were modelled)")
 	podController := flag.Bool("pod-controller", true, "run whereabouts' pod controller on pod deletions (false: replay seeds found before it was modelled)")
+	agents := flag.Bool("agents", true, "run harvester-ipam's node agent on the first node, and on the second in half the schedules (false: replay seeds found before it was modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -51,6 +52,7 @@ func main() {
 		o.PodController = *podController
 		o.WBReconciler = *wbReconciler
 		o.Leftovers = *leftovers
+		o.Agents = *agents
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -97,7 +99,7 @@ func main() {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
 				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
-				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers))
+				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome

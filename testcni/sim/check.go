@@ -3,12 +3,15 @@ package sim
 import (
 	"fmt"
 	"net"
+	"regexp"
 	"sort"
 	"strings"
 
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
+
+var agentPID = regexp.MustCompile(`^(harvester-ipam-agent/[^/]*/)[0-9]+/`)
 
 // live are the attachments in use: the sandbox runs (each of its ADDs
 // returned), or is being stopped and its network namespace still holds the
@@ -49,7 +52,8 @@ func (w *world) running() []*attachment {
 func (w *world) checkLive() []string {
 	if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != w.holder {
 		w.holder = *l.Spec.HolderIdentity
-		w.tr.add("(whereabouts' Lease now held by %q)", w.holder)
+		// An agent's identity names its process: the same in every replay.
+		w.tr.add("(whereabouts' Lease now held by %q)", agentPID.ReplaceAllString(w.holder, "${1}PID/"))
 	}
 	var bad []string
 	// The model's own rule: the kubelet's pod worker makes one sandbox of a

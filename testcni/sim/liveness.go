@@ -52,10 +52,14 @@ type addRun struct {
 	// earlier: the pool held entries of the pod's earlier sandboxes when
 	// it began.
 	earlier bool
+	// users are the actors doing it: the plugin's, and the node agent's
+	// that took it (which may go on after the plugin is gone). It is under
+	// way until both are done.
+	users int
 }
 
 func (w *world) beginAdd(a *actor, att *attachment) *addRun {
-	run := &addRun{att: att, stale: map[string]bool{}}
+	run := &addRun{att: att, stale: map[string]bool{}, users: 1}
 	for _, o := range w.adds {
 		if o.att.sb != att.sb && o.att.sb.pod.ref() == att.sb.pod.ref() {
 			o.overlapped, run.overlapped = true, true
@@ -75,6 +79,9 @@ func (w *world) beginAdd(a *actor, att *attachment) *addRun {
 
 func (w *world) endAdd(a *actor, run *addRun) {
 	a.add = nil
+	if run.users--; run.users > 0 {
+		return
+	}
 	for i, o := range w.adds {
 		if o == run {
 			w.adds = append(w.adds[:i], w.adds[i+1:]...)

@@ -176,31 +176,33 @@ func TestRegressionSeeds(t *testing.T) {
 		podController bool
 		// leftovers: the seeds found once v0.7.0's leftovers joined the model.
 		leftovers bool
+		// agents: the seeds found once node agents joined the model.
+		agents bool
 	}{
 		// Hole 1: a crash after lhnet2's delegate; the runtime's DEL of lhnet2
 		// released every entry of the container without an ifname, lhnet1's too.
-		{"hole 1: a DEL of one of two interfaces, v0.7.0", 56, fake.V070, 6, false, false},
-		{"hole 1: whereabouts v0.8.0 deallocating the container's first entry", 82, fake.V080, 6, false, false},
-		{"hole 1, longer", 16, fake.V080, 24, false, false},
+		{"hole 1: a DEL of one of two interfaces, v0.7.0", 56, fake.V070, 6, false, false, false},
+		{"hole 1: whereabouts v0.8.0 deallocating the container's first entry", 82, fake.V080, 6, false, false, false},
+		{"hole 1, longer", 16, fake.V080, 24, false, false, false},
 		// Hole 2: Multus' status names lhnet1 only; lhnet2 was judged
 		// superseded by its own sibling and released.
-		{"hole 2: a sibling judged superseded", 17, fake.V093, 6, false, false},
-		{"hole 2, on v0.8.0", 17, fake.V080, 24, false, false},
+		{"hole 2: a sibling judged superseded", 17, fake.V093, 6, false, false, false},
+		{"hole 2, on v0.8.0", 17, fake.V080, 24, false, false, false},
 		// Hole 3: the kubelet's GC DELs the old sandbox while the new one is
 		// made; the reservation re-read after the conflict was deleted.
-		{"hole 3: a reservation re-read after a conflict", 1985, fake.V093, 6, false, false},
-		{"hole 3, on v0.8.0", 31, fake.V080, 24, false, false},
+		{"hole 3: a reservation re-read after a conflict", 1985, fake.V093, 6, false, false, false},
+		{"hole 3, on v0.8.0", 31, fake.V080, 24, false, false, false},
 		// Found by the simulation: a DEL handed to whereabouts takes its Lease
 		// under the pod's name, as the next sandbox's ADD does. (Seeds found
 		// again after the model changed: 1130 at 6 steps and 590 at 24 play
 		// other stories now, and 5,144 schedules of 6 steps found none.)
-		{"DEL handed to whereabouts beside the next ADD", 1768, fake.V093, 24, false, false},
+		{"DEL handed to whereabouts beside the next ADD", 1768, fake.V093, 24, false, false, false},
 		// Found by the big run: the simulated kubelet began a second sandbox
 		// of a pod while the first was being made, and the first's ADD
 		// released the second's entry. The kubelet never does that (one pod
 		// worker per pod); the model was wrong, and now checks itself.
-		{"the model: two sandboxes of one pod made at once", 10125, fake.V093, 16, false, false},
-		{"the model: two sandboxes of one pod made at once, v0.8.0", 10125, fake.V080, 16, false, false},
+		{"the model: two sandboxes of one pod made at once", 10125, fake.V093, 16, false, false, false},
+		{"the model: two sandboxes of one pod made at once, v0.8.0", 10125, fake.V080, 16, false, false, false},
 		// Found by the big run after it became 4x faster: (a) the kubelet
 		// did not come back to a failed DEL for the 11 minutes the director
 		// let pass, and the reconciler released the entry of the force-deleted
@@ -210,33 +212,41 @@ func TestRegressionSeeds(t *testing.T) {
 		// kubelet's cleanup DEL of a pod's old sandbox ran beside its next
 		// ADD: whereabouts' own race (both hold its Lease under the pod's
 		// name), which the model already kept out of the GC path.
-		{"the model: no kubelet retry for the grace", 268830, fake.V093, 16, false, false},
-		{"the model: no kubelet retry for the grace, v0.8.0", 268830, fake.V080, 16, false, false},
-		{"the model: whereabouts alone, a DEL beside the same pod's ADD", 73326, fake.V093, 16, false, false},
-		{"the model: whereabouts alone, a DEL beside the same pod's ADD, v0.8.0", 217734, fake.V080, 16, false, false},
+		{"the model: no kubelet retry for the grace", 268830, fake.V093, 16, false, false, false},
+		{"the model: no kubelet retry for the grace, v0.8.0", 268830, fake.V080, 16, false, false, false},
+		{"the model: whereabouts alone, a DEL beside the same pod's ADD", 73326, fake.V093, 16, false, false, false},
+		{"the model: whereabouts alone, a DEL beside the same pod's ADD, v0.8.0", 217734, fake.V080, 16, false, false, false},
 		// Found once whereabouts' pod controller joined the model: a pod
 		// force-deleted, the kubelet's DEL of lhnet2 crashed, and the pod
 		// controller released lhnet1 while its sandbox was still being
 		// stopped. whereabouts does that alone too; the model now counts it
 		// (stats "pod controller frees a stopping sandbox") and stops holding
 		// that attachment live.
-		{"the model: the pod controller frees a stopping sandbox's entry", 1758, fake.V093, 16, true, false},
+		{"the model: the pod controller frees a stopping sandbox's entry", 1758, fake.V093, 16, true, false, false},
 		// A reclaim that released earlier sandboxes only when the cache
 		// showed two or more (a count shifted by one): the pod's one earlier
 		// sandbox, the commonest case, stayed. Found by the liveness check
 		// after ADD; on v0.9.3 and v0.8.0 only with entries without ifname
 		// (v0.7.0's leftovers), since those versions hand a sandbox the entry
 		// its pod held on that interface.
-		{"one earlier sandbox left by ADD", 14, fake.V093, 16, true, true},
-		{"one earlier sandbox left by ADD, v0.8.0", 14, fake.V080, 16, true, true},
-		{"one earlier sandbox left by ADD, v0.7.0", 14, fake.V070, 16, true, true},
-		{"one earlier sandbox left by ADD, v0.7.0 without leftovers", 12, fake.V070, 16, true, false},
+		{"one earlier sandbox left by ADD", 14, fake.V093, 16, true, true, false},
+		{"one earlier sandbox left by ADD, v0.8.0", 14, fake.V080, 16, true, true, false},
+		{"one earlier sandbox left by ADD, v0.7.0", 14, fake.V070, 16, true, true, false},
+		{"one earlier sandbox left by ADD, v0.7.0 without leftovers", 12, fake.V070, 16, true, false, false},
+		// Found once node agents joined the model: on whereabouts v0.7.0's
+		// CRDs, which prune an entry's ifname, the agent's allocator gave up
+		// an address another pool's pod had reserved (overlapping ranges)
+		// without removing its entry: the give-up looked for the entry with
+		// the ifname it wrote. The sandbox held two addresses.
+		{"the agent gives up an address whose entry's ifname was pruned", 47, fake.V070, 16, true, true, true},
+		{"the agent gives up an address whose entry's ifname was pruned, in the storage pool", 306, fake.V070, 16, true, true, true},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)
 			o.Steps = tt.steps
 			o.PodController = tt.podController
 			o.Leftovers = tt.leftovers
+			o.Agents = tt.agents
 			res, err := Run(tt.seed, o)
 			if err != nil {
 				t.Fatal(err)

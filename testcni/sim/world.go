@@ -169,14 +169,42 @@ type world struct {
 	holder string
 	// adds are harvester-ipam's ADDs under way (checkAdd).
 	adds []*addRun
+	// bin is the CNI bin dir the runtime names (CNI_PATH).
+	bin string
+
+	// agents are the node agents, by node: the current run of each node's
+	// (see agent.go); a node without an agent has none.
+	agents    map[string]*agentProc
+	agentRuns int
+	// feed is every change of the pools and reservations, by resource, in
+	// order, for the agents' informers (informer.go); rev is the latest
+	// resourceVersion.
+	feed map[string][]fake.Change
+	rev  int
 }
 
 func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
-	w := &world{s: s, tr: tr, o: o, api: fake.New(), dir: dir, pods: map[string]*pod{}, stats: map[string]int{}}
+	w := &world{s: s, tr: tr, o: o, api: fake.New(), dir: dir, pods: map[string]*pod{}, stats: map[string]int{},
+		agents: map[string]*agentProc{}, feed: map[string][]fake.Change{}}
 	kc := filepath.Join(dir, "whereabouts.kubeconfig")
-	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+	// whereabouts' kubeconfig: the plugin in the simulation never reaches
+	// its server (its store is the simulated one); a node agent reads its
+	// namespace, as on a node.
+	if err := os.WriteFile(kc, []byte(simKubeconfig), 0o600); err != nil {
 		return nil, err
 	}
+	// CNI_PATH: the agent looks for the delegate of GC and STATUS there
+	// before it takes them (the simulation runs its model).
+	w.bin = filepath.Join(dir, "bin")
+	if err := os.MkdirAll(w.bin, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(w.bin, "whereabouts"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		return nil, err
+	}
+	w.api.OnChange = w.change
+	// whereabouts v0.7.0's CRDs know no ifname: the API server prunes it.
+	w.api.PruneIfName = o.Whereabouts == fake.V070
 	w.flat = filepath.Join(dir, "whereabouts.conf")
 	if err := os.WriteFile(w.flat, []byte(`{"datastore":"kubernetes","kubernetes":{"kubeconfig":"`+kc+`"}}`), 0o600); err != nil {
 		return nil, err
@@ -196,6 +224,26 @@ func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
 	return w, nil
 }
 
+// simKubeconfig names the pool namespace; its server is never reached.
+const simKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: sim
+  cluster:
+    server: https://127.0.0.1:1
+contexts:
+- name: sim
+  context:
+    cluster: sim
+    user: sim
+    namespace: ` + poolNS + `
+current-context: sim
+users:
+- name: sim
+  user:
+    token: sim
+`
+
 // errKilled fails what a crashed process still tries: nothing of it happens.
 var errKilled = errors.New("the process was killed")
 
@@ -209,19 +257,45 @@ func (w *world) request(c *fake.Call) error {
 	if a.killed {
 		return errKilled
 	}
+	if cancelled(c.Ctx) {
+		// A client's request after its context ended is never sent.
+		return c.Ctx.Err()
+	}
 	a.at = w.s.now.Add(time.Duration(1+w.s.pick(5)) * time.Millisecond)
 	a.yield()
 	if a.killed {
 		panic(goExit{})
 	}
 	w.stats["requests"]++
+	if a.proc != nil && c.Verb == "patch" && c.Resource == fake.Pools {
+		adds := 0
+		for _, op := range c.Patch.Ops() {
+			if op.Op == "add" || op.Op == "replace" {
+				adds++
+			}
+		}
+		if adds > 0 {
+			w.stats[fmt.Sprintf("agent: allocation patches of %d", adds)]++
+		}
+	}
 	if c.Verb != "get" && c.Verb != "list" {
 		w.s.dirty = true
+	}
+	if cancelled(c.Ctx) {
+		// Cancelled while under way: it reached the server or not.
+		if w.s.chance(0.5) {
+			return c.Ctx.Err()
+		}
+		c.LoseResponse = true
 	}
 	if w.quiet || !isProcess(a) {
 		return nil
 	}
-	if w.o.Crashes && w.s.chance(w.o.CrashRate/20) {
+	if a.proc != nil && w.o.Agents && w.s.chance(w.o.AgentCrashRate/20) {
+		w.stats["agent kills before a request"]++
+		a.proc.kill(fmt.Sprintf("before %s %s %s", c.Verb, c.Resource, c.Name))
+	}
+	if a.proc == nil && w.o.Crashes && w.s.chance(w.o.CrashRate/20) {
 		w.tr.add("CRASH before %s %s %s", c.Verb, c.Resource, c.Name)
 		w.stats["crashes"]++
 		a.killed = true
@@ -240,6 +314,13 @@ func (w *world) request(c *fake.Call) error {
 		}
 	}
 	return nil
+}
+
+// cancelled says whether a request's context was cancelled: its caller
+// gave up. Deadlines are the wall clock's, which the simulation does not
+// follow (its own are far longer than a schedule takes).
+func cancelled(ctx context.Context) bool {
+	return ctx != nil && errors.Is(ctx.Err(), context.Canceled)
 }
 
 // isProcess says whether an actor stands for a process that can crash or
