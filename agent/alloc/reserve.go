@@ -97,11 +97,22 @@ func (a *Allocator) keepOwn(ctx context.Context, m *member, name string, spec sh
 }
 
 // giveUp removes the member's entry at an address it could not reserve, if
-// the entry is still its own.
+// the entry is still its own: its container and pod, with the ifname it
+// wrote or none (whereabouts v0.7.0's CRD prunes the ifname as the entry is
+// stored). Planned on a fresh read; removed while it is still as read.
 func (a *Allocator) giveUp(ctx context.Context, c choice) error {
 	m := c.m
-	e := shim.Allocation{Pool: m.pool, Offset: c.offset, IP: c.ip.IP,
-		IPAllocation: shim.IPAllocation{ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName}}
-	_, err := m.store.RemoveAllocations(ctx, shim.Plan{Pool: m.pool, Network: m.network, Entries: []shim.Allocation{e}})
+	own := func(p *shim.Pool) []string {
+		e, ok := p.Spec.Allocations[c.offset]
+		if ok && e.ContainerID == m.containerID && e.PodRef == m.podRef && (e.IfName == m.ifName || e.IfName == "") {
+			return []string{c.offset}
+		}
+		return nil
+	}
+	plan, err := m.store.Plan(ctx, m.pool, m.network, own)
+	if err != nil {
+		return err
+	}
+	_, err = m.store.RemoveAllocations(ctx, plan)
 	return err
 }
