@@ -22,10 +22,14 @@ func (w *world) live() []*attachment {
 	for _, sb := range w.sbs {
 		switch {
 		case sb.state == sbLive:
-			out = append(out, sb.atts...)
+			for _, att := range sb.atts {
+				if !att.freedByWhereabouts {
+					out = append(out, att)
+				}
+			}
 		case sb.state == sbDead && sb.netns:
 			for _, att := range sb.atts {
-				if att.ip != nil && !att.delStarted && !att.podControllerFreed {
+				if att.ip != nil && !att.delStarted && !att.podControllerFreed && !att.freedByWhereabouts {
 					out = append(out, att)
 				}
 			}
@@ -130,7 +134,9 @@ func (w *world) checkQuiet() []string {
 	liveRes := map[string]string{} // reservation -> podref
 	for _, att := range w.running() {
 		liveEntry[att.net.pool()+"/"+att.ip.String()+"/"+att.sb.id] = true
-		liveRes[names.Reservation(att.ip, att.net.netName)] = att.sb.pod.ref()
+		if !att.freedByWhereabouts { // its reservation is gone, maybe another's now
+			liveRes[names.Reservation(att.ip, att.net.netName)] = att.sb.pod.ref()
+		}
 	}
 	for _, p := range w.api.AllPools(poolNS) {
 		as, err := shim.Allocations(&p)

@@ -61,7 +61,17 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 			defer w.endAdd(a, run)
 		}
 		var res []byte
+		if verb == "DEL" {
+			a.whereabouts = att
+		}
 		res, err = del.ExecPlugin(context.Background(), "/opt/cni/bin/whereabouts", stdin, environ(env))
+		a.whereabouts = nil
+		if verb == "ADD" && err != nil && strings.Contains(err.Error(), "already exists") {
+			// whereabouts' ADD wrote its entry and found the address's
+			// reservation made meanwhile: under its Lease, only a writer
+			// without the Lease can have made it.
+			att.lostReservationRace = true
+		}
 		out.Write(res)
 		if run != nil && err == nil && !a.killed {
 			ip, err = result(a, verb, out.Bytes(), nil)

@@ -73,6 +73,9 @@ type actor struct {
 	// until deadline when that is set (waitUntil).
 	until    func() bool
 	deadline time.Time
+	// whereabouts is set while the actor runs whereabouts' own DEL (its
+	// binary alone, its pod controller): of the entry of that attachment.
+	whereabouts *attachment
 	// daemon: the actor runs beside the world for as long as it lasts (a
 	// node agent's informers); a run does not wait for it to end.
 	daemon bool

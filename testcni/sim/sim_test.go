@@ -240,6 +240,12 @@ func TestRegressionSeeds(t *testing.T) {
 		// the ifname it wrote. The sandbox held two addresses.
 		{"the agent gives up an address whose entry's ifname was pruned", 47, fake.V070, 16, true, true, true},
 		{"the agent gives up an address whose entry's ifname was pruned, in the storage pool", 306, fake.V070, 16, true, true, true},
+		// Found then too: whereabouts' ADD alone (a plain network) looked up
+		// the reservation of 10.0.0.3 under its Lease, the agent created it
+		// (in an overlapping pool, without the Lease), whereabouts' create
+		// failed after its entry was written, and the DEL of that entry
+		// deleted the reservation by name: the agent's live pod's.
+		{"whereabouts' ADD loses the reservation to the agent, its DEL deletes it", 696, fake.V070, 16, true, true, true},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)

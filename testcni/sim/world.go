@@ -136,6 +136,15 @@ type attachment struct {
 	// after its pod object was deleted, while the runtime was still stopping
 	// its sandbox (see podDeleted): no longer the product's to keep.
 	podControllerFreed bool
+	// freedByWhereabouts: whereabouts' own DEL (its binary, or its pod
+	// controller) deleted the reservation of this attachment's address
+	// (see whereaboutsDeletes): whereabouts' own hazard, no longer the
+	// product's to keep.
+	freedByWhereabouts bool
+	// lostReservationRace: whereabouts' ADD of this attachment (alone)
+	// failed after writing its entry, the address's reservation made under
+	// it by a writer without whereabouts' Lease.
+	lostReservationRace bool
 }
 
 func (a *attachment) String() string {
@@ -288,6 +297,9 @@ func (w *world) request(c *fake.Call) error {
 		}
 		c.LoseResponse = true
 	}
+	if a.whereabouts != nil && c.Verb == "delete" && c.Resource == fake.Reservations {
+		w.whereaboutsDeletes(a.whereabouts, c.Name)
+	}
 	if w.quiet || !isProcess(a) {
 		return nil
 	}
@@ -311,6 +323,51 @@ func (w *world) request(c *fake.Call) error {
 			w.tr.add("FAULT %s %s %s: the response is lost", c.Verb, c.Resource, c.Name)
 			w.stats["faults"]++
 			c.LoseResponse = true
+		}
+	}
+	return nil
+}
+
+// whereaboutsDeletes is whereabouts' own DEL of the entry of "of" deleting
+// the reservation name (pkg/storage/kubernetes
+// UpdateOverlappingRangeAllocation, every version: a delete by name): that
+// of the entry's address, whoever holds it. In overlapping ranges it may be
+// another pool's live attachment's, when of's ADD failed after writing its
+// entry, before its reservation: whereabouts alone does that after a lost
+// response (its hazard: the live attachment is no longer the product's to
+// keep, and the trace says so); but when of's ADD found the reservation
+// made under its Lease, a writer without the Lease raced it (a node agent),
+// and the live attachment's reservation is freed by the product's doing.
+func (w *world) whereaboutsDeletes(of *attachment, name string) {
+	for _, att := range w.live() {
+		if att == of || names.Reservation(att.ip, att.net.netName) != name {
+			continue
+		}
+		for _, r := range w.api.AllReservations(poolNS) {
+			if r.Name != name || r.Spec.PodRef != att.sb.pod.ref() {
+				continue
+			}
+			if of != nil && of.lostReservationRace {
+				w.s.violations = append(w.s.violations, fmt.Sprintf("whereabouts' DEL of %s deletes the reservation of live attachment %s: its ADD had lost the reservation to a writer without whereabouts' Lease", of, att))
+				continue
+			}
+			att.freedByWhereabouts = true
+			w.tr.add("whereabouts' DEL deletes reservation %s, %s's: whereabouts' own hazard across overlapping ranges", name, att)
+			w.stats["whereabouts' DEL frees a live attachment of another pool"]++
+		}
+	}
+}
+
+// attachmentOf is the attachment of a container and interface on n.
+func (w *world) attachmentOf(containerID, ifname string, n *network) *attachment {
+	for _, sb := range w.sbs {
+		if sb.id != containerID {
+			continue
+		}
+		for _, att := range sb.atts {
+			if att.ifname == ifname && att.net.pool() == n.pool() {
+				return att
+			}
 		}
 	}
 	return nil
