@@ -16,7 +16,12 @@
 //     ranges): an address whose reservation another pod holds is given up
 //     (the entry removed by a guarded patch) and another chosen. Only taking
 //     over a reservation the pod itself already holds, which whereabouts does
-//     silently and a release may be deleting, is judged under the Lease.
+//     silently and a release may be deleting, is judged under the Lease; and
+//     where another pool may hold the same addresses, the create itself is
+//     made under the Lease, since whereabouts' ADD, which looks at the
+//     reservation before it writes its entry and creates it after, fails
+//     when one is made in between, and its DEL of the entry left then
+//     deletes the reservation by name, the winner's.
 //
 // ADDs of one node waiting for the same pool are written together (group
 // commit): each member is allocated in turn on the accumulated list, one
@@ -46,6 +51,12 @@ type Options struct {
 	// informer's cache): a hint that skips an address another pod has
 	// reserved before writing it. It never decides that an address is free.
 	Reserved func(namespace, name string) *shim.Reservation
+	// Pools, when set, are a namespace's pools as last seen (an informer's
+	// cache) and whether they were listed: where another pool may hold a
+	// pool's addresses (overlapping ranges), or the pools are not listed
+	// yet, its reservations are created under whereabouts' Lease (see
+	// reserveOne). Nil creates them without.
+	Pools func(namespace string) ([]*shim.Pool, bool)
 	// AtStep, when set, is called at each step boundary ("alloc-after-patch",
 	// ...): test builds and the simulation crash the agent there.
 	AtStep func(step string)

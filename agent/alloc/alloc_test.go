@@ -20,6 +20,7 @@ import (
 	"github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 const ns = "kube-system"
@@ -302,6 +303,69 @@ func TestAnAddressGivenUpIsRemovedWhenTheCRDPrunedItsIfName(t *testing.T) {
 	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
 	assert.Equal(t, map[string]shim.IPAllocation{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}},
 		api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "the entry at .1, its ifname pruned, was removed again")
+}
+
+// whereabouts checks an address's reservation and creates it later, under
+// its Lease; a reservation created meanwhile fails its ADD after it wrote
+// its entry, and its DEL of that entry then deletes the reservation by name,
+// another pod's. So where another pool may hold this pool's addresses
+// (overlapping ranges under one network name), or the agent's copy has not
+// listed the pools yet, the reservation is created under the Lease; where
+// none can, without it.
+func TestAReservationAnotherPoolMayShareIsCreatedUnderTheLease(t *testing.T) {
+	pools := func(api *fake.API, listed bool) func(string) ([]*shim.Pool, bool) {
+		return func(namespace string) ([]*shim.Pool, bool) {
+			var out []*shim.Pool
+			for _, p := range api.AllPools(namespace) {
+				out = append(out, p.DeepCopy())
+			}
+			return out, listed
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		network string
+		other   *shim.Pool
+		listed  bool
+		lease   bool
+	}{
+		{"no other pool", "", nil, true, false},
+		{"another pool whose range overlaps", "", fake.NewPool("10.0.0.0-25", "10.0.0.0/25", nil), true, true},
+		{"a node slice of the network, overlapping", "red", fake.NewPool("red-node1-10.0.0.0-25", "10.0.0.0/25", nil), true, true},
+		{"another network's pool over the same range", "red", fake.NewPool("blue-10.0.0.0-25", "10.0.0.0/25", nil), true, false},
+		{"another pool, apart", "", fake.NewPool("10.0.1.0-24", "10.0.1.0/24", nil), true, false},
+		{"the pools not listed yet", "", nil, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api := fake.New()
+			api.Put(fake.NewPool(names.Pool("10.0.0.0/24", tc.network), "10.0.0.0/24", map[string]shim.IPAllocation{}))
+			if tc.other != nil {
+				api.Put(tc.other)
+			}
+			var holders []string
+			api.Hook = func(c *fake.Call) error {
+				if c.Verb == "create" && c.Resource == fake.Reservations {
+					holder := ""
+					if l := api.Lease(ns, "whereabouts"); l != nil && l.Spec.HolderIdentity != nil {
+						holder = *l.Spec.HolderIdentity
+					}
+					holders = append(holders, holder)
+				}
+				return nil
+			}
+			c := ipam("10.0.0.0/24")
+			c.NetworkName = tc.network
+			_, err := alloc.New(alloc.Options{Pools: pools(api, tc.listed)}).Allocate(context.Background(), req(api, c, "c1"))
+			require.NoError(t, err)
+			require.Len(t, holders, 1)
+			if tc.lease {
+				assert.NotEmpty(t, holders[0], "created under whereabouts' Lease")
+			} else {
+				assert.Empty(t, holders[0], "created without whereabouts' Lease")
+				assert.Nil(t, api.Lease(ns, "whereabouts"), "the Lease never taken")
+			}
+		})
+	}
 }
 
 func TestTheCacheHintSkipsAReservedAddressBeforeWriting(t *testing.T) {

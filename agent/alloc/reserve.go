@@ -43,7 +43,19 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 	defer cancel()
 	name := names.Reservation(c.ip.IP, m.network)
 	spec := shim.ReservationSpec{ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName}
-	existing, err := m.store.Reserve(ctx, name, spec)
+	var existing *shim.Reservation
+	var err error
+	if a.shared(m) {
+		err = m.store.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
+			if err := l.Keep(ctx); err != nil {
+				return err
+			}
+			existing, err = m.store.Reserve(ctx, name, spec)
+			return err
+		})
+	} else {
+		existing, err = m.store.Reserve(ctx, name, spec)
+	}
 	a.at("alloc-after-reserve")
 	switch {
 	case err != nil:
@@ -72,6 +84,33 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 		m.skip = append(m.skip, c.ip.IP)
 		a.requeue(q, m)
 	}
+}
+
+// shared says whether another pool may hold m's addresses under m's network
+// name (an overlapping range, a node slice), as the pools were last seen; an
+// unlisted namespace may.
+func (a *Allocator) shared(m *member) bool {
+	if a.o.Pools == nil {
+		return false
+	}
+	pools, listed := a.o.Pools(m.store.Namespace())
+	if !listed {
+		return true
+	}
+	_, mine, err := net.ParseCIDR(m.rng.Range)
+	if err != nil {
+		return true
+	}
+	for _, p := range pools {
+		if p.Name == m.pool || !names.MayHoldReservationsOf(p.Name, p.Spec.Range, m.network) {
+			continue
+		}
+		_, theirs, err := net.ParseCIDR(p.Spec.Range)
+		if err != nil || theirs.Contains(mine.IP) || mine.Contains(theirs.IP) {
+			return true
+		}
+	}
+	return false
 }
 
 // keepOwn makes sure the pod's reservation of an address stays: under the

@@ -72,6 +72,7 @@ func (w *world) startAgent(a *actor, n *node) {
 	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
 	al := alloc.New(alloc.Options{
 		Reserved: ag.objs.Reservation,
+		Pools:    ag.objs.Pools,
 		AtStep:   ag.atStep,
 		Go: func(f func()) {
 			ag.spawn("alloc", false, func(*actor) { f() })

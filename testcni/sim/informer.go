@@ -126,6 +126,9 @@ func (inf *informer) list(a *actor, first bool) {
 	feed := w.feed[inf.resource]
 	inf.next = sort.Search(len(feed), func(i int) bool { return feed[i].Rev > at })
 	inf.rv = at
+	if inf.resource == fake.Pools {
+		inf.ag.objs.Listed(poolNS)
+	}
 }
 
 // deliver hands one watch event to the handlers.
