@@ -149,6 +149,7 @@ func (ag *agentProc) spawn(what string, daemon bool, f func(a *actor)) *actor {
 // atStep is a step boundary of the agent's work: it may be killed there.
 func (ag *agentProc) atStep(step string) {
 	w := ag.w
+	w.stats["agent steps: "+step]++
 	if !w.quiet && w.o.Agents && w.s.chance(w.o.AgentCrashRate) {
 		w.stats["agent kills at "+step]++
 		ag.kill("at " + step)

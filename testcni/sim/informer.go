@@ -4,6 +4,7 @@ import (
 	"context"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/harvester/harvester-ipam/shim"
@@ -45,6 +46,28 @@ func (w *world) change(c fake.Change) {
 	}
 	w.feed[c.Resource] = append(w.feed[c.Resource], c)
 	w.rev = max(w.rev, c.Rev)
+	if c.Resource == fake.Pools {
+		p, _ := c.Object.(*shim.Pool)
+		if a := w.s.cur; a != nil && a.adding != nil && p != nil {
+			// An agent's patch applied: the entries it added, as written.
+			for off, e := range a.adding {
+				if _, ok := p.Spec.Allocations[off]; ok {
+					w.agentWrote[c.Name+"/"+off] = e
+				}
+			}
+			a.adding = nil
+		}
+		// An entry an agent wrote, once removed, is no longer its.
+		for k := range w.agentWrote {
+			if pool, off, _ := strings.Cut(k, "/"); pool == c.Name {
+				if p == nil {
+					delete(w.agentWrote, k)
+				} else if _, ok := p.Spec.Allocations[off]; !ok {
+					delete(w.agentWrote, k)
+				}
+			}
+		}
+	}
 }
 
 // informer is one agent's informer of one resource.

@@ -163,3 +163,37 @@ func (w *world) podHoldsOnly(sb *sandbox, att *attachment, ip net.IP) []string {
 func (a *attachment) name() string {
 	return fmt.Sprintf("%s/%s %s (%s)", a.sb.pod.ref(), a.ifname, a.sb.id, a.net.name)
 }
+
+// checkDel holds a DEL of harvester-ipam that succeeded to its promise
+// ("a DEL that says success must never leave the allocation behind") for
+// what a node agent's allocator wrote for the attachment: the agent records
+// the address in the checkpoint before it writes the entry, so DEL finds
+// the entry even when whereabouts v0.7.0's CRD pruned its ifname, and even
+// when the agent and the plugin died together right after the write. (An
+// entry whereabouts v0.7.0 wrote, without an ifname, at an address no
+// checkpoint recorded, DEL leaves by design: FindAttachment's Ambiguous.)
+// Not checked while an ADD of the attachment is still under way (a node
+// agent's whose client went away).
+func (w *world) checkDel(att *attachment) {
+	for _, run := range w.adds {
+		if run.att == att {
+			w.stats["DEL checks: beside its own ADD still under way"]++
+			return
+		}
+	}
+	p := w.api.Pool(poolNS, att.net.pool())
+	if p == nil {
+		return
+	}
+	w.stats["DEL checks"]++
+	for _, off := range sortedKeys(p.Spec.Allocations) {
+		e := p.Spec.Allocations[off]
+		wrote, ok := w.agentWrote[p.Name+"/"+off]
+		if !ok || e.ContainerID != att.sb.id || wrote.ContainerID != att.sb.id || wrote.IfName != att.ifname {
+			continue
+		}
+		bad := fmt.Sprintf("after DEL of %s succeeded, the entry the agent wrote for it at offset %s of pool %s is left (ifname %q)", att, off, p.Name, e.IfName)
+		w.tr.add("LIVENESS: %s", bad)
+		w.s.violations = append(w.s.violations, bad)
+	}
+}

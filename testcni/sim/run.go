@@ -304,6 +304,18 @@ func (w *world) event(a *actor) {
 		if ag := w.agents[n.name]; ag != nil {
 			ag.kill("by the reboot")
 		}
+		if w.o.Agents {
+			// The plugin's processes in flight die with the node too.
+			for _, x := range w.s.actors {
+				if x.inCall == n && !x.done && !x.killed {
+					x.killed = true
+					if x.at.After(w.s.now) {
+						x.at = w.s.now
+					}
+					w.tr.add("the plugin's process of %s dies with the node", x.name)
+				}
+			}
+		}
 		for _, sb := range w.sbs {
 			if sb.node == n.name && sb.state != sbDeleted {
 				w.kill(sb, "reboot", false)

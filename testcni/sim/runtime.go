@@ -38,7 +38,8 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 		"CNI_NETNS": "/var/run/netns/" + sb.id, "CNI_PATH": w.bin}
 	a.env = env // the delegate reads them from the process's environment
 	a.setEnv()
-	defer func() { a.env = nil }()
+	a.inCall = n
+	defer func() { a.env, a.inCall = nil, nil }()
 	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
 	del := &fake.Delegate{WB: wb}
 	args := &skel.CmdArgs{ContainerID: sb.id, IfName: att.ifname, Netns: env["CNI_NETNS"], Args: cniArgs, Path: w.bin, StdinData: stdin}
@@ -273,6 +274,7 @@ func (w *world) teardown(a *actor, sb *sandbox) {
 			}
 			if err == nil {
 				w.tr.add("DEL %s ok", att)
+				w.checkDel(att)
 				break
 			}
 			w.tr.add("DEL %s failed: %s", att, errText(err))

@@ -18,6 +18,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/harvester/harvester-ipam/shim"
 )
 
 // sched runs actors one at a time. An actor is a goroutine that hands the
@@ -76,6 +78,10 @@ type actor struct {
 	// whereabouts is set while the actor runs whereabouts' own DEL (its
 	// binary alone, its pod controller): of the entry of that attachment.
 	whereabouts *attachment
+	// adding are the entries the pool patch it makes adds (an agent's).
+	adding map[string]shim.IPAllocation
+	// inCall is the node whose plugin process the actor runs now (call).
+	inCall *node
 	// daemon: the actor runs beside the world for as long as it lasts (a
 	// node agent's informers); a run does not wait for it to end.
 	daemon bool

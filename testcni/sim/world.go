@@ -190,11 +190,14 @@ type world struct {
 	// resourceVersion.
 	feed map[string][]fake.Change
 	rev  int
+	// agentWrote are the entries the agents' allocators wrote, by pool and
+	// offset, as written (an old CRD may prune their ifname): checkDel.
+	agentWrote map[string]shim.IPAllocation
 }
 
 func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
 	w := &world{s: s, tr: tr, o: o, api: fake.New(), dir: dir, pods: map[string]*pod{}, stats: map[string]int{},
-		agents: map[string]*agentProc{}, feed: map[string][]fake.Change{}}
+		agents: map[string]*agentProc{}, feed: map[string][]fake.Change{}, agentWrote: map[string]shim.IPAllocation{}}
 	kc := filepath.Join(dir, "whereabouts.kubeconfig")
 	// whereabouts' kubeconfig: the plugin in the simulation never reaches
 	// its server (its store is the simulated one); a node agent reads its
@@ -285,6 +288,19 @@ func (w *world) request(c *fake.Call) error {
 		}
 		if adds > 0 {
 			w.stats[fmt.Sprintf("agent: allocation patches of %d", adds)]++
+		}
+		for _, op := range c.Patch.Ops() {
+			if op.Op == "replace" {
+				w.stats["agent: entries handed over to a new sandbox"]++
+			}
+		}
+		// What it adds, as written: recorded once the server applied it
+		// (change).
+		a.adding = map[string]shim.IPAllocation{}
+		for _, op := range c.Patch.Ops() {
+			if e, ok := op.Value.(shim.IPAllocation); ok && op.Op == "add" {
+				a.adding[strings.TrimPrefix(op.Path, "/spec/allocations/")] = e
+			}
 		}
 	}
 	if c.Verb != "get" && c.Verb != "list" {
