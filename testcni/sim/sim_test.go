@@ -246,6 +246,16 @@ func TestRegressionSeeds(t *testing.T) {
 		// failed after its entry was written, and the DEL of that entry
 		// deleted the reservation by name: the agent's live pod's.
 		{"whereabouts' ADD loses the reservation to the agent, its DEL deletes it", 696, fake.V070, 16, true, true, true},
+		// Bugs planted in the agent's allocator and the plugin's lost ADD
+		// (mutate/behaviours.sh, rows A1 to A3), each found by the
+		// simulation on its own: an address another pod reserved kept (two
+		// live attachments on 10.0.0.2); the chosen address not recorded
+		// before the patch (on v0.7.0's CRDs, a DEL after the agent and the
+		// plugin died together left the entry); a lost ADD not releasing
+		// first (whereabouts v0.7.0 gave the sandbox a second address).
+		{"the agent keeps an address another pod reserved", 31, fake.V093, 16, true, true, true},
+		{"the agent writes before it records the address", 20, fake.V070, 16, true, true, true},
+		{"a lost ADD allocates again without releasing", 17, fake.V070, 16, true, true, true},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)
