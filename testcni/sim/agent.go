@@ -152,15 +152,15 @@ func (ag *agentProc) atStep(step string) {
 	w.stats["agent steps: "+step]++
 	if !w.quiet && w.o.Agents && w.s.chance(w.o.AgentCrashRate) {
 		w.stats["agent kills at "+step]++
-		ag.kill("at " + step)
+		ag.kill("at "+step, 0)
 	}
 }
 
 // kill ends the agent at once (SIGKILL, a node's OOM killer, its pod
 // deleted): every actor of it, and every verb it was doing; the DaemonSet
-// starts another after a while. Called from one of its own actors, it
-// unwinds that one too.
-func (ag *agentProc) kill(why string) {
+// starts another after restart (0: a while, 0.5 to 10 s). Called from one
+// of its own actors, it unwinds that one too.
+func (ag *agentProc) kill(why string, restart time.Duration) {
 	w := ag.w
 	if ag.dead {
 		return
@@ -178,8 +178,11 @@ func (ag *agentProc) kill(why string) {
 	}
 	ag.actors = nil
 	n := ag.node
+	if restart == 0 {
+		restart = time.Duration(500+w.s.pick(9500)) * time.Millisecond
+	}
 	w.s.spawn("daemonset "+n.name, func(a *actor) {
-		a.sleep(time.Duration(500+w.s.pick(9500)) * time.Millisecond)
+		a.sleep(restart)
 		if n.exists && w.agents[n.name] == ag {
 			w.startAgent(a, n)
 		}
@@ -275,6 +278,9 @@ func (c agentClient) do(req wire.Request) client.Result {
 		ans := ag.srv.Run(vctx, j)
 		if x.killed {
 			panic(goExit{}) // Run recovers what a kill unwinds with: it is still a kill
+		}
+		if ans.Error != nil && strings.Contains(ans.Error.Msg, context.Canceled.Error()) {
+			w.stats["agent: verbs ended by their client's departure"]++
 		}
 		ag.atStep("agent-before-answer")
 		if run != nil && ans.Error == nil {

@@ -301,8 +301,12 @@ func (w *world) event(a *actor) {
 		n := w.nodes[w.s.pick(len(w.nodes))]
 		lost := w.s.chance(0.3)
 		w.tr.add("node %s reboots (root lost: %v)", n.name, lost)
+		// The node is back in a second or two: the kubelet starts the
+		// agent's pod (host network, no CNI) and then every pod of the
+		// node at once, a storm on its pools (the agent's group commit).
+		back := time.Duration(1000+w.s.pick(1000)) * time.Millisecond
 		if ag := w.agents[n.name]; ag != nil {
-			ag.kill("by the reboot")
+			ag.kill("by the reboot", back)
 		}
 		if w.o.Agents {
 			// The plugin's processes in flight die with the node too.
@@ -325,11 +329,10 @@ func (w *world) event(a *actor) {
 			}
 		}
 		if w.o.Agents {
-			// The node comes back: the kubelet starts its pods at once (its
-			// agent starts meanwhile), a storm on its pools.
+			storm := back + time.Duration(500+w.s.pick(2000))*time.Millisecond
 			for _, q := range w.pods_() {
 				if q.node == n.name {
-					w.start(q, time.Duration(500+w.s.pick(4000))*time.Millisecond)
+					w.start(q, storm+time.Duration(w.s.pick(20))*time.Millisecond)
 				}
 			}
 		}
@@ -360,7 +363,7 @@ func (w *world) event(a *actor) {
 			w.tr.add("node %s removed", n.name)
 			n.exists = false
 			if ag := w.agents[n.name]; ag != nil {
-				ag.kill("with its node")
+				ag.kill("with its node", 0)
 			}
 			for _, q := range w.pods_() {
 				if q.node == n.name && q.exists {
@@ -405,10 +408,16 @@ func (w *world) event(a *actor) {
 			w.tr.add("SABOTAGE: %s removed from its pool", att)
 			break
 		}
-	case r < 91 && w.o.Agents: // a node's agent is killed (OOM, its pod deleted)
+	case r < 91 && w.o.Agents:
 		n := w.nodes[w.s.pick(len(w.nodes))]
-		if ag := w.agents[n.name]; ag != nil {
-			ag.kill("by the world")
+		if w.s.chance(0.5) { // a node's agent is killed (OOM, its pod deleted)
+			if ag := w.agents[n.name]; ag != nil {
+				ag.kill("by the world", 0)
+			}
+			break
+		}
+		if n = w.nodes[0]; n.exists { // the node that has an agent
+			w.storm(n)
 		}
 	case r < 94: // the API server has a bad moment
 		if w.o.Faults {
@@ -429,6 +438,39 @@ func (w *world) event(a *actor) {
 			}
 		}
 	}
+}
+
+// storm is new pods created on n at once (a Longhorn upgrade replacing its
+// instance managers, a volume attached to many workloads): their sandboxes'
+// ADDs meet in the node's agent with no earlier sandbox to release first,
+// so that its allocator commits them together. They are deleted again, each
+// stopped with its DELs, a while later.
+func (w *world) storm(n *node) {
+	k := 2 + w.s.pick(2)
+	w.tr.add("%d new pods on %s at once", k, n.name)
+	var ps []*pod
+	for i := 0; i < k; i++ {
+		w.storms++
+		p := w.newPod(fmt.Sprintf("share-manager-s%d", w.storms), n.name)
+		p.nets = map[string]*network{"lhnet1": w.successor(w.nets[0])}
+		w.start(p, time.Duration(w.s.pick(3))*time.Millisecond)
+		ps = append(ps, p)
+	}
+	w.s.spawn("storm", func(a *actor) {
+		a.sleep(time.Duration(5+w.s.pick(25)) * time.Second)
+		for _, p := range ps {
+			if !p.exists {
+				continue
+			}
+			w.tr.add("pod %s deleted", p.ref())
+			p.exists = false
+			w.podDeleted(p)
+			if sb := p.current; sb != nil && (sb.state == sbLive || sb.state == sbCreating) {
+				w.kill(sb, "pod deleted", true)
+				w.spawnKubelet("stop "+p.name, func(k *actor) { w.teardown(k, sb) })
+			}
+		}
+	})
 }
 
 // start has the kubelet start a sandbox of p after d (and kill the one it

@@ -185,6 +185,8 @@ type world struct {
 	// (see agent.go); a node without an agent has none.
 	agents    map[string]*agentProc
 	agentRuns int
+	// storms counts the pods storms made.
+	storms int
 	// feed is every change of the pools and reservations, by resource, in
 	// order, for the agents' informers (informer.go); rev is the latest
 	// resourceVersion.
@@ -321,7 +323,7 @@ func (w *world) request(c *fake.Call) error {
 	}
 	if a.proc != nil && w.o.Agents && w.s.chance(w.o.AgentCrashRate/20) {
 		w.stats["agent kills before a request"]++
-		a.proc.kill(fmt.Sprintf("before %s %s %s", c.Verb, c.Resource, c.Name))
+		a.proc.kill(fmt.Sprintf("before %s %s %s", c.Verb, c.Resource, c.Name), 0)
 	}
 	if a.proc == nil && w.o.Crashes && w.s.chance(w.o.CrashRate/20) {
 		w.tr.add("CRASH before %s %s %s", c.Verb, c.Resource, c.Name)
