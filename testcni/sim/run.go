@@ -304,7 +304,10 @@ func (w *world) event(a *actor) {
 		// The node is back in a second or two: the kubelet starts the
 		// agent's pod (host network, no CNI) and then every pod of the
 		// node at once, a storm on its pools (the agent's group commit).
-		back := time.Duration(1000+w.s.pick(1000)) * time.Millisecond
+		var back time.Duration
+		if w.o.Agents {
+			back = time.Duration(1000+w.s.pick(1000)) * time.Millisecond
+		}
 		if ag := w.agents[n.name]; ag != nil {
 			ag.kill("by the reboot", back)
 		}

@@ -272,7 +272,9 @@ func (s *sched) run(until time.Time) bool {
 		}
 		a := s.choose(runnable)
 		s.cur = a
-		if s.envOf != a {
+		// Only a plugin's process reads the CNI environment (its delegate
+		// inherits it): an actor making no CNI call leaves it as it is.
+		if s.envOf != a && a.env != nil {
 			a.setEnv()
 		}
 		a.wake <- struct{}{}
