@@ -268,13 +268,21 @@ func (w *world) teardown(a *actor, sb *sandbox) {
 		att.delStarted = true
 		for attempt := 1; ; attempt++ {
 			stdin := w.delConfig(att)
+			// An ADD of the attachment may still be under way: a node
+			// agent's, whose client went away, goes on with what it had
+			// begun (see checkDel).
+			beside := w.addUnderWay(att)
 			_, err := w.call(a, n, "DEL", att, stdin)
 			if a.killed {
 				a.killed = false
 			}
 			if err == nil {
 				w.tr.add("DEL %s ok", att)
-				w.checkDel(att)
+				if beside {
+					w.stats["DEL checks: beside its own ADD still under way"]++
+				} else {
+					w.checkDel(att)
+				}
 				break
 			}
 			w.tr.add("DEL %s failed: %s", att, errText(err))

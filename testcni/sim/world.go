@@ -258,6 +258,8 @@ users:
     token: sim
 `
 
+var debugRequests = os.Getenv("SIM_DEBUG") != ""
+
 // errKilled fails what a crashed process still tries: nothing of it happens.
 var errKilled = errors.New("the process was killed")
 
@@ -281,6 +283,9 @@ func (w *world) request(c *fake.Call) error {
 		panic(goExit{})
 	}
 	w.stats["requests"]++
+	if debugRequests {
+		w.tr.add("  %s %s %s (ctx %v)", c.Verb, c.Resource, c.Name, c.Ctx != nil && c.Ctx.Err() != nil)
+	}
 	if a.proc != nil && c.Verb == "patch" && c.Resource == fake.Pools {
 		adds := 0
 		for _, op := range c.Patch.Ops() {
