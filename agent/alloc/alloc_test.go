@@ -12,12 +12,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/harvester/harvester-ipam/agent/alloc"
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
 	"github.com/harvester/harvester-ipam/shim/names"
@@ -493,4 +496,34 @@ func TestNoPodNameIsWhereaboutsOwnRefusal(t *testing.T) {
 	c.PodName = ""
 	_, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(fake.New(), c, "c1"))
 	require.EqualError(t, err, "error at storage engine: IPAM client initialization error: no pod name")
+}
+
+// Delegate records each address in the attachment's checkpoint before the
+// patch that writes its entry: whereabouts v0.7.0's CRD prunes the entry's
+// ifname, and a DEL after the agent and the plugin died right after the
+// patch finds the entry only by the recorded address.
+func TestDelegateRecordsTheAddressBeforeItWritesTheEntry(t *testing.T) {
+	api := fake.New()
+	api.PruneIfName = true
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	cp := checkpoint.Dir(t.TempDir())
+	require.NoError(t, cp.Write(checkpoint.Record{ContainerID: "c1", IfName: "lhnet1", PodRef: "longhorn-system/im-a", Network: "storagenetwork",
+		Namespace: ns, Pools: []checkpoint.Pool{{Name: "10.0.0.0-24", Range: "10.0.0.0/24"}}}))
+	var recorded [][]string
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" && c.Resource == fake.Pools {
+			rec, ok, err := cp.Read("c1", "lhnet1")
+			require.NoError(t, err)
+			require.True(t, ok)
+			recorded = append(recorded, rec.IPs)
+		}
+		return nil
+	}
+	d := alloc.Delegate{Allocator: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+		return ipam("10.0.0.0/24"), "0.3.1", nil
+	}}
+	cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
+	_, err := d.Add(context.Background(), store(api), cfg, &skel.CmdArgs{ContainerID: "c1", IfName: "lhnet1"})
+	require.NoError(t, err)
+	assert.Equal(t, [][]string{{"10.0.0.1/32"}}, recorded, "the address was in the checkpoint when its entry was written")
 }
