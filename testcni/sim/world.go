@@ -310,6 +310,13 @@ func (w *world) request(c *fake.Call) error {
 			}
 		}
 	}
+	if a.proc != nil && c.Verb == "create" && c.Resource == fake.Reservations {
+		if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil && strings.HasPrefix(*l.Spec.HolderIdentity, "harvester-ipam-agent/") {
+			w.stats["agent: reservations created under whereabouts' Lease"]++
+		} else {
+			w.stats["agent: reservations created without whereabouts' Lease"]++
+		}
+	}
 	if c.Verb != "get" && c.Verb != "list" {
 		w.s.dirty = true
 	}
