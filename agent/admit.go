@@ -42,8 +42,8 @@ var ipamKeys = map[string]bool{
 // kubeconfig's namespace and, for DEL, the checkpoint; it writes nothing.
 // A decline is a short reason (the metrics' label) and what to log and
 // tell the client.
-func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
-	decline := func(reason, format string, a ...any) (*job, string, string) {
+func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
+	decline := func(reason, format string, a ...any) (*Job, string, string) {
 		return nil, reason, fmt.Sprintf(format, a...)
 	}
 	if s.stopping.Load() {
@@ -55,7 +55,7 @@ func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
 	if req.Env[wire.EnvGuard] != "" {
 		return decline("guard", "started as a delegate of harvester-ipam (%s is set)", wire.EnvGuard)
 	}
-	j = &job{req: req, args: &skel.CmdArgs{
+	j = &Job{req: req, args: &skel.CmdArgs{
 		ContainerID:   req.Env[wire.EnvContainerID],
 		Netns:         req.Env[wire.EnvNetns],
 		IfName:        req.Env[wire.EnvIfName],
@@ -146,7 +146,7 @@ func (s *Server) admit(req wire.Request) (j *job, reason, detail string) {
 // cannot read by the attachment's checkpoint ("" when it would): the
 // checkpoint must be in a directory of the agent's, and name a pool
 // namespace it serves. It reads, and writes nothing.
-func (s *Server) admitByCheckpoint(j *job) string {
+func (s *Server) admitByCheckpoint(j *Job) string {
 	salvage := conf.SalvageConfig(j.args.StdinData)
 	if !slices.Contains(s.o.CheckpointDirs, salvage.CheckpointDir) {
 		return fmt.Sprintf("checkpoint directory %s is not the agent's", salvage.CheckpointDir)

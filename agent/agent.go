@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
@@ -86,9 +87,11 @@ type Options struct {
 	// ones mounted in its container); a config naming another is declined.
 	// Nil is conf.DefaultCheckpointDir.
 	CheckpointDirs []string
-	// AtStep, when set, is called at each step boundary of the plugin's
-	// verbs it runs ("add-after-checkpoint", "del-after-release", ...):
-	// crashpoints builds kill the agent there.
+	// Exec runs the verbs' delegates; nil runs the binaries, each dying with
+	// the agent (delegate.Orphanless). The simulation runs its model.
+	Exec invoke.Exec
+	// AtStep, when set, is called at each step boundary of the verbs the
+	// agent runs (plugin.Plugin.AtStep): the simulation kills the agent there.
 	AtStep func(step string)
 }
 
@@ -223,18 +226,12 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	}
 	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start) }
 
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		s.decline(c, done, "busy", fmt.Sprintf("busy: %d requests in flight", cap(s.slots)))
-		return
-	}
-	j, reason, detail := s.admit(req)
+	j, free, reason, detail := s.Take(req)
 	if reason != "" {
 		s.decline(c, done, reason, detail)
 		return
 	}
+	defer free()
 	if err := wire.Write(c, wire.Serve()); err != nil {
 		done(outcomeAbandoned, "", "the client left before the acknowledgement")
 		return
@@ -260,7 +257,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		_, _ = c.Read(b[:]) // the client sends nothing more: this returns when it goes
 		cancel()
 	}()
-	ans := s.run(ctx, j)
+	ans := s.Run(ctx, j)
 	gone := ctx.Err() != nil
 	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if err := wire.Write(c, ans); err != nil || gone {
@@ -319,8 +316,28 @@ func (s *Server) decline(c *net.UnixConn, done func(outcome, reason, detail stri
 	_ = wire.Write(c, wire.Decline(detail))
 }
 
-// job is an admitted request: the verb's arguments and environment.
-type job struct {
+// Take is what the agent does with a request before its acknowledgement:
+// it takes one of MaxInFlight slots and admits the request. It returns the
+// job to run once the client says go and the function that frees its slot,
+// or why it declines: a short reason (the metrics' label) and what to tell
+// the client. It writes nothing.
+func (s *Server) Take(req wire.Request) (j *Job, free func(), reason, detail string) {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return nil, nil, "busy", fmt.Sprintf("busy: %d requests in flight", cap(s.slots))
+	}
+	free = func() { <-s.slots }
+	j, reason, detail = s.admit(req)
+	if reason != "" {
+		free()
+		return nil, nil, reason, detail
+	}
+	return j, free, "", ""
+}
+
+// Job is an admitted request: the verb's arguments and environment.
+type Job struct {
 	req  wire.Request
 	args *skel.CmdArgs
 	env  []string
@@ -329,8 +346,9 @@ type job struct {
 // stderrLimit bounds the log a verb may hand back on the plugin's stderr.
 const stderrLimit = 64 << 10
 
-// run does the verb of j, as the plugin would, and makes its answer.
-func (s *Server) run(ctx context.Context, j *job) (ans wire.Answer) {
+// Run does the verb of j, as the plugin would, once the client said go,
+// and makes its answer; ctx ends when the client is gone.
+func (s *Server) Run(ctx context.Context, j *Job) (ans wire.Answer) {
 	if j.req.Command == wire.Probe {
 		return wire.NewAnswer(nil, nil, nil)
 	}
@@ -354,6 +372,9 @@ func (s *Server) run(ctx context.Context, j *job) (ans wire.Answer) {
 		// does the verb again, and must not race what the agent started.
 		Exec:   delegate.Orphanless(stderr),
 		AtStep: s.o.AtStep,
+	}
+	if s.o.Exec != nil {
+		p.Exec = s.o.Exec
 	}
 	if s.o.Allocator != nil {
 		p.Allocator = s.o.Allocator

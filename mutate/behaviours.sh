@@ -100,6 +100,48 @@ plant 10 'the watcher blind to a write into the file at the name (GNU cp -f)' in
   's#const mask = unix\.IN_CLOSE_WRITE \| #const mask = #' \
   ./install/standin '^TestWatchSeesEveryWrite$'
 
+# The node agent (agent/alloc, the plugin's lost ADD): each bug planted is
+# caught by a unit test and, where it found it on its own, by the
+# simulation's regression seed (testcni/sim, TestRegressionSeeds). A6 and A7
+# undo a fix of what the simulation found.
+seeds='^TestRegressionSeeds$/^'
+plant A1 "the agent keeps an address another pod reserved (no give-up)" agent/alloc/reserve.go \
+  's#\t\tif err := a\.giveUp\(ctx, c\); err != nil \{#\t\tif true {\n\t\t\tdeliver(m, c.ip, nil)\n\t\t\treturn\n\t\t}\n\t\tif err := a.giveUp(ctx, c); err != nil {#' \
+  ./testcni/sim "${seeds}the_agent_keeps_an_address_another_pod_reserved\$"
+plant A1u '(the same bug)' agent/alloc/reserve.go \
+  's#\t\tif err := a\.giveUp\(ctx, c\); err != nil \{#\t\tif true {\n\t\t\tdeliver(m, c.ip, nil)\n\t\t\treturn\n\t\t}\n\t\tif err := a.giveUp(ctx, c); err != nil {#' \
+  ./agent/alloc '^TestAnAddressReservedByAnotherPodIsGivenUp$'
+plant A2 "the agent writes an entry before it records the address" agent/alloc/delegate.go \
+  's#(\tips, err := d\.Allocator\.Allocate\([^\n]*?)Chosen: record\}\)#\t_ = record\n$1Chosen: nil})#' \
+  ./testcni/sim "${seeds}the_agent_writes_before_it_records_the_address\$"
+plant A2u '(the same bug)' agent/alloc/delegate.go \
+  's#(\tips, err := d\.Allocator\.Allocate\([^\n]*?)Chosen: record\}\)#\t_ = record\n$1Chosen: nil})#' \
+  ./agent/alloc '^TestDelegateRecordsTheAddressBeforeItWritesTheEntry$'
+plant A3 "a lost ADD allocates again without releasing first" plugin/agent.go \
+  's#\tif err := p\.releaseLost\(ctx, args\); err != nil \{\n\t\treturn err\n\t\}\n##' \
+  ./testcni/sim "${seeds}a_lost_ADD_allocates_again_without_releasing\$"
+plant A3u '(the same bug)' plugin/agent.go \
+  's#\tif err := p\.releaseLost\(ctx, args\); err != nil \{\n\t\treturn err\n\t\}\n##' \
+  ./plugin '^TestALostAddLeavesThePodOneAddress$'
+plant A4 "the agent keeps the pod's own reservation without the Lease" agent/alloc/reserve.go \
+  's#\t\tif err := a\.keepOwn\(ctx, m, name, spec\); err != nil \{#\t\tif false {#' \
+  ./agent/alloc '^TestThePodsOwnReservationIsKept$'
+plant A5 "the agent's pool patch without its resourceVersion test" shim/assign.go \
+  's#Guarded\(base\.ResourceVersion, ops\.\.\.\)#Patch{ops: ops}#' \
+  ./shim '^TestAssignWritesNothingOnAStaleBase$'
+plant A6 "a give-up misses its entry whose ifname v0.7.0's CRD pruned" agent/alloc/reserve.go \
+  's#\(e\.IfName == m\.ifName \|\| e\.IfName == ""\)#e.IfName == m.ifName#' \
+  ./testcni/sim "${seeds}the_agent_gives_up_an_address_whose_entry.s_ifname_was_pruned"
+plant A6u '(the same bug)' agent/alloc/reserve.go \
+  's#\(e\.IfName == m\.ifName \|\| e\.IfName == ""\)#e.IfName == m.ifName#' \
+  ./agent/alloc '^TestAnAddressGivenUpIsRemovedWhenTheCRDPrunedItsIfName$'
+plant A7 "a reservation another pool may share created without the Lease" agent/alloc/reserve.go \
+  's#\tif a\.o\.Pools == nil \{\n\t\treturn false#\tif true {\n\t\treturn false#' \
+  ./testcni/sim "${seeds}whereabouts._ADD_loses_the_reservation_to_the_agent"
+plant A7u '(the same bug)' agent/alloc/reserve.go \
+  's#\tif a\.o\.Pools == nil \{\n\t\treturn false#\tif true {\n\t\treturn false#' \
+  ./agent/alloc '^TestAReservationAnotherPoolMayShareIsCreatedUnderTheLease$'
+
 # The stand-in (install/standin): each bug of the review that found ways to
 # lose whereabouts' binary, planted again, is caught by its unit test and by
 # the bin-dir model (TestModel explores every interleaving of every scenario).

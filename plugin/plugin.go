@@ -63,7 +63,7 @@ type Plugin struct {
 	Allocator Allocator
 	// Agent is the node agent each verb is offered to first (Funcs); nil
 	// does every verb here.
-	Agent *client.Client
+	Agent AgentClient
 
 	// NodeConfig is the node's own settings file, which the chart's
 	// installer writes (its plugin.* values); "" is conf.DefaultNodeConfig.
@@ -83,6 +83,12 @@ type Allocator interface {
 	// *types.Error, whose message the plugin prefixes with the delegate's
 	// name and explains when the range is full.
 	Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error)
+}
+
+// AgentClient hands a verb to the node agent and says what became of it:
+// a *client.Client over the agent's socket (the simulation has its own).
+type AgentClient interface {
+	Do(ctx context.Context, req wire.Request) client.Result
 }
 
 // DefaultTimeout stays within the runtime's own CNI timeout, and above

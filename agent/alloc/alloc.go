@@ -16,7 +16,12 @@
 //     ranges): an address whose reservation another pod holds is given up
 //     (the entry removed by a guarded patch) and another chosen. Only taking
 //     over a reservation the pod itself already holds, which whereabouts does
-//     silently and a release may be deleting, is judged under the Lease.
+//     silently and a release may be deleting, is judged under the Lease; and
+//     where another pool may hold the same addresses, the create itself is
+//     made under the Lease, since whereabouts' ADD, which looks at the
+//     reservation before it writes its entry and creates it after, fails
+//     when one is made in between, and its DEL of the entry left then
+//     deletes the reservation by name, the winner's.
 //
 // ADDs of one node waiting for the same pool are written together (group
 // commit): each member is allocated in turn on the accumulated list, one
@@ -46,9 +51,21 @@ type Options struct {
 	// informer's cache): a hint that skips an address another pod has
 	// reserved before writing it. It never decides that an address is free.
 	Reserved func(namespace, name string) *shim.Reservation
+	// Pools, when set, are a namespace's pools as last seen (an informer's
+	// cache) and whether they were listed: where another pool may hold a
+	// pool's addresses (overlapping ranges), or the pools are not listed
+	// yet, its reservations are created under whereabouts' Lease (see
+	// reserveOne). Nil creates them without.
+	Pools func(namespace string) ([]*shim.Pool, bool)
 	// AtStep, when set, is called at each step boundary ("alloc-after-patch",
 	// ...): test builds and the simulation crash the agent there.
 	AtStep func(step string)
+	// Go and Wait, when set, run the allocator's concurrency under a
+	// scheduler of the caller's (the simulation's, which runs one goroutine
+	// at a time): Go starts f beside the caller (nil: a goroutine), Wait
+	// returns once done is closed (nil: a receive).
+	Go   func(f func())
+	Wait func(done <-chan struct{})
 }
 
 // Allocator allocates for ADDs of one node. It is safe for concurrent use.
@@ -107,7 +124,7 @@ func (a *Allocator) Allocate(ctx context.Context, r Request) ([]net.IPNet, error
 			podRef:      podRef,
 			ifName:      r.IfName,
 			chosen:      r.Chosen,
-			done:        make(chan outcome, 1),
+			done:        make(chan struct{}),
 		}
 		o := a.enqueue(m)
 		if o.err != nil {
@@ -139,4 +156,22 @@ func (a *Allocator) at(step string) {
 	if a.o.AtStep != nil {
 		a.o.AtStep(step)
 	}
+}
+
+// goAside runs f beside the caller.
+func (a *Allocator) goAside(f func()) {
+	if a.o.Go != nil {
+		a.o.Go(f)
+		return
+	}
+	go f()
+}
+
+// wait returns once done is closed.
+func (a *Allocator) wait(done <-chan struct{}) {
+	if a.o.Wait != nil {
+		a.o.Wait(done)
+		return
+	}
+	<-done
 }

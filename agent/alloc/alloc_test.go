@@ -12,14 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/harvester/harvester-ipam/agent/alloc"
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 const ns = "kube-system"
@@ -290,28 +294,81 @@ func TestAnAddressReservedByAnotherPodIsGivenUp(t *testing.T) {
 	assert.Equal(t, "default/elsewhere", r.Spec.PodRef, "the other pod's reservation stays")
 }
 
-// whereabouts v0.7.0's CRD prunes the ifname of what the agent writes: the
-// entry given up is still found as its own.
-func TestAnAddressGivenUpIsRemovedEvenWithItsIfnamePruned(t *testing.T) {
+// On whereabouts v0.7.0's CRDs the API server prunes the entry's ifname:
+// the address given up is still removed, and the sandbox holds one entry.
+func TestAnAddressGivenUpIsRemovedWhenTheCRDPrunedItsIfName(t *testing.T) {
 	api := fake.New()
+	api.PruneIfName = true
 	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),
 		fake.NewReservation("10.0.0.1", "default/elsewhere"))
-	api.Hook = func(c *fake.Call) error {
-		if c.Verb == "create" && c.Resource == fake.Reservations && c.Name == "10.0.0.1" {
-			p := api.Pool(ns, "10.0.0.0-24")
-			e := p.Spec.Allocations["1"]
-			e.IfName = ""
-			p.Spec.Allocations["1"] = e
-			_, err := api.UpdatePool(ns, p)
-			require.NoError(t, err)
-		}
-		return nil
-	}
 	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
-	_, held := api.Pool(ns, "10.0.0.0-24").Spec.Allocations["1"]
-	assert.False(t, held, "the pruned entry at .1 was removed")
+	assert.Equal(t, map[string]shim.IPAllocation{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}},
+		api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "the entry at .1, its ifname pruned, was removed again")
+}
+
+// whereabouts checks an address's reservation and creates it later, under
+// its Lease; a reservation created meanwhile fails its ADD after it wrote
+// its entry, and its DEL of that entry then deletes the reservation by name,
+// another pod's. So where another pool may hold this pool's addresses
+// (overlapping ranges under one network name), or the agent's copy has not
+// listed the pools yet, the reservation is created under the Lease; where
+// none can, without it.
+func TestAReservationAnotherPoolMayShareIsCreatedUnderTheLease(t *testing.T) {
+	pools := func(api *fake.API, listed bool) func(string) ([]*shim.Pool, bool) {
+		return func(namespace string) ([]*shim.Pool, bool) {
+			var out []*shim.Pool
+			for _, p := range api.AllPools(namespace) {
+				out = append(out, p.DeepCopy())
+			}
+			return out, listed
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		network string
+		other   *shim.Pool
+		listed  bool
+		lease   bool
+	}{
+		{"no other pool", "", nil, true, false},
+		{"another pool whose range overlaps", "", fake.NewPool("10.0.0.0-25", "10.0.0.0/25", nil), true, true},
+		{"a node slice of the network, overlapping", "red", fake.NewPool("red-node1-10.0.0.0-25", "10.0.0.0/25", nil), true, true},
+		{"another network's pool over the same range", "red", fake.NewPool("blue-10.0.0.0-25", "10.0.0.0/25", nil), true, false},
+		{"another pool, apart", "", fake.NewPool("10.0.1.0-24", "10.0.1.0/24", nil), true, false},
+		{"the pools not listed yet", "", nil, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api := fake.New()
+			api.Put(fake.NewPool(names.Pool("10.0.0.0/24", tc.network), "10.0.0.0/24", map[string]shim.IPAllocation{}))
+			if tc.other != nil {
+				api.Put(tc.other)
+			}
+			var holders []string
+			api.Hook = func(c *fake.Call) error {
+				if c.Verb == "create" && c.Resource == fake.Reservations {
+					holder := ""
+					if l := api.Lease(ns, "whereabouts"); l != nil && l.Spec.HolderIdentity != nil {
+						holder = *l.Spec.HolderIdentity
+					}
+					holders = append(holders, holder)
+				}
+				return nil
+			}
+			c := ipam("10.0.0.0/24")
+			c.NetworkName = tc.network
+			_, err := alloc.New(alloc.Options{Pools: pools(api, tc.listed)}).Allocate(context.Background(), req(api, c, "c1"))
+			require.NoError(t, err)
+			require.Len(t, holders, 1)
+			if tc.lease {
+				assert.NotEmpty(t, holders[0], "created under whereabouts' Lease")
+			} else {
+				assert.Empty(t, holders[0], "created without whereabouts' Lease")
+				assert.Nil(t, api.Lease(ns, "whereabouts"), "the Lease never taken")
+			}
+		})
+	}
 }
 
 func TestTheCacheHintSkipsAReservedAddressBeforeWriting(t *testing.T) {
@@ -439,4 +496,34 @@ func TestNoPodNameIsWhereaboutsOwnRefusal(t *testing.T) {
 	c.PodName = ""
 	_, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(fake.New(), c, "c1"))
 	require.EqualError(t, err, "error at storage engine: IPAM client initialization error: no pod name")
+}
+
+// Delegate records each address in the attachment's checkpoint before the
+// patch that writes its entry: whereabouts v0.7.0's CRD prunes the entry's
+// ifname, and a DEL after the agent and the plugin died right after the
+// patch finds the entry only by the recorded address.
+func TestDelegateRecordsTheAddressBeforeItWritesTheEntry(t *testing.T) {
+	api := fake.New()
+	api.PruneIfName = true
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	cp := checkpoint.Dir(t.TempDir())
+	require.NoError(t, cp.Write(checkpoint.Record{ContainerID: "c1", IfName: "lhnet1", PodRef: "longhorn-system/im-a", Network: "storagenetwork",
+		Namespace: ns, Pools: []checkpoint.Pool{{Name: "10.0.0.0-24", Range: "10.0.0.0/24"}}}))
+	var recorded [][]string
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" && c.Resource == fake.Pools {
+			rec, ok, err := cp.Read("c1", "lhnet1")
+			require.NoError(t, err)
+			require.True(t, ok)
+			recorded = append(recorded, rec.IPs)
+		}
+		return nil
+	}
+	d := alloc.Delegate{Allocator: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+		return ipam("10.0.0.0/24"), "0.3.1", nil
+	}}
+	cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
+	_, err := d.Add(context.Background(), store(api), cfg, &skel.CmdArgs{ContainerID: "c1", IfName: "lhnet1"})
+	require.NoError(t, err)
+	assert.Equal(t, [][]string{{"10.0.0.1/32"}}, recorded, "the address was in the checkpoint when its entry was written")
 }

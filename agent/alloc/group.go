@@ -44,7 +44,9 @@ type member struct {
 	// skip are addresses found reserved by another pod (an overlapping
 	// range): never chosen again by this member.
 	skip []net.IP
-	done chan outcome
+	// done is closed once out is the member's outcome.
+	done chan struct{}
+	out  outcome
 }
 
 // enqueue waits until m is allocated or has failed.
@@ -64,9 +66,10 @@ func (a *Allocator) enqueue(m *member) outcome {
 	q.busy = true
 	q.mu.Unlock()
 	if start {
-		go a.work(q)
+		a.goAside(func() { a.work(q) })
 	}
-	return <-m.done
+	a.wait(m.done)
+	return m.out
 }
 
 // requeue puts m back for the next round (its address was taken elsewhere).
@@ -94,7 +97,8 @@ func (a *Allocator) work(q *queue) {
 
 // deliver ends a member's wait. Every member is delivered exactly once.
 func deliver(m *member, ip net.IPNet, err error) {
-	m.done <- outcome{ip: ip, err: err}
+	m.out = outcome{ip: ip, err: err}
+	close(m.done)
 }
 
 // live drops the members whose ADD gave up (its client went away, its

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/harvester/harvester-ipam/shim"
@@ -20,19 +19,22 @@ const reserveTimeout = 20 * time.Second
 // address another pod has reserved (an overlapping range allocated it) is
 // given up: its entry removed, and the member allocated again without it.
 func (a *Allocator) reserve(q *queue, chosen []choice) {
-	var wg sync.WaitGroup
+	var dones []chan struct{}
 	for _, c := range chosen {
 		if !c.m.overlapping {
 			deliver(c.m, c.ip, nil)
 			continue
 		}
-		wg.Add(1)
-		go func(c choice) {
-			defer wg.Done()
+		done := make(chan struct{})
+		dones = append(dones, done)
+		a.goAside(func() {
+			defer close(done)
 			a.reserveOne(q, c)
-		}(c)
+		})
 	}
-	wg.Wait()
+	for _, done := range dones {
+		a.wait(done)
+	}
 }
 
 func (a *Allocator) reserveOne(q *queue, c choice) {
@@ -41,7 +43,19 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 	defer cancel()
 	name := names.Reservation(c.ip.IP, m.network)
 	spec := shim.ReservationSpec{ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName}
-	existing, err := m.store.Reserve(ctx, name, spec)
+	var existing *shim.Reservation
+	var err error
+	if a.shared(m) {
+		err = m.store.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
+			if err := l.Keep(ctx); err != nil {
+				return err
+			}
+			existing, err = m.store.Reserve(ctx, name, spec)
+			return err
+		})
+	} else {
+		existing, err = m.store.Reserve(ctx, name, spec)
+	}
 	a.at("alloc-after-reserve")
 	switch {
 	case err != nil:
@@ -58,6 +72,7 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("reserve %s in %s", c.ip.IP, m.store.Namespace()), err))
 			return
 		}
+		a.at("alloc-after-keep-own")
 		deliver(m, c.ip, nil)
 	default:
 		// Another pod's: the address is taken in an overlapping range.
@@ -65,9 +80,37 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("give up %s, reserved by %s", c.ip.IP, existing.Spec.PodRef), err))
 			return
 		}
+		a.at("alloc-after-give-up")
 		m.skip = append(m.skip, c.ip.IP)
 		a.requeue(q, m)
 	}
+}
+
+// shared says whether another pool may hold m's addresses under m's network
+// name (an overlapping range, a node slice), as the pools were last seen; an
+// unlisted namespace may.
+func (a *Allocator) shared(m *member) bool {
+	if a.o.Pools == nil {
+		return false
+	}
+	pools, listed := a.o.Pools(m.store.Namespace())
+	if !listed {
+		return true
+	}
+	_, mine, err := net.ParseCIDR(m.rng.Range)
+	if err != nil {
+		return true
+	}
+	for _, p := range pools {
+		if p.Name == m.pool || !names.MayHoldReservationsOf(p.Name, p.Spec.Range, m.network) {
+			continue
+		}
+		_, theirs, err := net.ParseCIDR(p.Spec.Range)
+		if err != nil || theirs.Contains(mine.IP) || mine.Contains(theirs.IP) {
+			return true
+		}
+	}
+	return false
 }
 
 // keepOwn makes sure the pod's reservation of an address stays: under the
@@ -93,19 +136,22 @@ func (a *Allocator) keepOwn(ctx context.Context, m *member, name string, spec sh
 }
 
 // giveUp removes the member's entry at an address it could not reserve, if
-// the entry is still its own: its container and pod, with its ifname or
-// none (whereabouts v0.7.0's CRD prunes the ifname the agent wrote).
+// the entry is still its own: its container and pod, with the ifname it
+// wrote or none (whereabouts v0.7.0's CRD prunes the ifname as the entry is
+// stored). Planned on a fresh read; removed while it is still as read.
 func (a *Allocator) giveUp(ctx context.Context, c choice) error {
 	m := c.m
-	p, err := m.store.Pool(ctx, m.pool)
-	if err != nil || p == nil {
-		return err
-	}
-	e, ok := p.Spec.Allocations[c.offset]
-	if !ok || e.ContainerID != m.containerID || e.PodRef != m.podRef || (e.IfName != m.ifName && e.IfName != "") {
+	own := func(p *shim.Pool) []string {
+		e, ok := p.Spec.Allocations[c.offset]
+		if ok && e.ContainerID == m.containerID && e.PodRef == m.podRef && (e.IfName == m.ifName || e.IfName == "") {
+			return []string{c.offset}
+		}
 		return nil
 	}
-	own := shim.Allocation{Pool: m.pool, Offset: c.offset, IP: c.ip.IP, IPAllocation: e}
-	_, err = m.store.RemoveAllocations(ctx, shim.Plan{Pool: m.pool, Network: m.network, Entries: []shim.Allocation{own}})
+	plan, err := m.store.Plan(ctx, m.pool, m.network, own)
+	if err != nil {
+		return err
+	}
+	_, err = m.store.RemoveAllocations(ctx, plan)
 	return err
 }

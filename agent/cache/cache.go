@@ -16,6 +16,7 @@ package cache
 
 import (
 	"context"
+	"sort"
 	"strconv"
 	"sync"
 
@@ -29,11 +30,36 @@ type Objects struct {
 	mu           sync.RWMutex
 	pools        map[key]*shim.Pool
 	reservations map[key]*shim.Reservation
+	// listed are the namespaces whose pools an informer has listed.
+	listed map[string]bool
 }
 
 // New is an empty copy.
 func New() *Objects {
-	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}}
+	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}, listed: map[string]bool{}}
+}
+
+// Pools are the pools of a namespace as last seen, by name, and whether an
+// informer has listed them: until then, a pool may exist that the copy does
+// not hold.
+func (o *Objects) Pools(namespace string) ([]*shim.Pool, bool) {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	var out []*shim.Pool
+	for k, p := range o.pools {
+		if k.namespace == namespace {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, o.listed[namespace]
+}
+
+// Listed records that an informer has listed the pools of namespace.
+func (o *Objects) Listed(namespace string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.listed[namespace] = true
 }
 
 // Pool is the pool as last seen; nil when none was.

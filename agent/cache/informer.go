@@ -11,11 +11,12 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 )
 
-// Watch keeps o filled from informers of pools and reservations (each
-// ListerWatcher of one namespace), until ctx ends. It returns once both
-// have listed, or with ctx's error. managedFields are dropped as objects
-// arrive: a 10,000-entry pool carries them for every writer.
-func (o *Objects) Watch(ctx context.Context, pools, reservations toolscache.ListerWatcher) error {
+// Watch keeps o filled from informers of the pools and reservations of
+// namespace (each ListerWatcher of that namespace), until ctx ends. It
+// returns once both have listed (and Pools says so), or with ctx's error.
+// managedFields are dropped as objects arrive: a 10,000-entry pool carries
+// them for every writer.
+func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservations toolscache.ListerWatcher) error {
 	pi := toolscache.NewSharedIndexInformer(pools, &shim.Pool{}, 0, toolscache.Indexers{})
 	ri := toolscache.NewSharedIndexInformer(reservations, &shim.Reservation{}, 0, toolscache.Indexers{})
 	for _, inf := range []toolscache.SharedIndexInformer{pi, ri} {
@@ -50,6 +51,7 @@ func (o *Objects) Watch(ctx context.Context, pools, reservations toolscache.List
 	if !toolscache.WaitForCacheSync(ctx.Done(), pi.HasSynced, ri.HasSynced) {
 		return errors.Join(errors.New("pools and reservations not listed"), ctx.Err())
 	}
+	o.Listed(namespace)
 	return nil
 }
 

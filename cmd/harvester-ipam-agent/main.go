@@ -155,7 +155,7 @@ func run(o options) error {
 	var allocator agent.Allocator
 	if !o.execWB {
 		allocator = alloc.Delegate{
-			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, AtStep: atStep}),
+			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, Pools: objs.Pools, AtStep: atStep}),
 			Load:      conf.Loader{Quiet: true}.Whereabouts,
 		}
 	}
@@ -353,7 +353,7 @@ func watchPools(ctx context.Context, rc *rest.Config, objs *cache.Objects, names
 			},
 		}
 		go func() {
-			if err := objs.Watch(ctx, pools, reservations); err != nil && ctx.Err() == nil {
+			if err := objs.Watch(ctx, ns, pools, reservations); err != nil && ctx.Err() == nil {
 				fmt.Fprintf(os.Stderr, "%s informers of %s: %v\n", time.Now().Format(time.RFC3339), ns, err)
 			}
 		}()

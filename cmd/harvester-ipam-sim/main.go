@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +35,7 @@ func main() {
 	wbReconciler := flag.Bool("wb-reconciler", false, "run whereabouts' own reconciler now and then (it frees live entries Multus' status does not name, alone too)")
 	leftovers := flag.Bool("leftovers", true, "start with entries whereabouts v0.7.0 left in the storage pool (false: replay seeds found before they were modelled)")
 	podController := flag.Bool("pod-controller", true, "run whereabouts' pod controller on pod deletions (false: replay seeds found before it was modelled)")
+	agents := flag.Bool("agents", true, "run harvester-ipam's node agent on the first node, and on the second in half the schedules (false: replay seeds found before it was modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -51,6 +53,7 @@ func main() {
 		o.PodController = *podController
 		o.WBReconciler = *wbReconciler
 		o.Leftovers = *leftovers
+		o.Agents = *agents
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -97,7 +100,7 @@ func main() {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
 				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
-				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers))
+				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome
@@ -119,6 +122,7 @@ func main() {
 	var total, bad int64
 	var last uint64
 	per := map[string]int64{}
+	stats := map[string]int64{}
 	for _, o := range results {
 		total += o.Schedules
 		bad += o.Violations
@@ -126,6 +130,21 @@ func main() {
 		for v, n := range o.PerVersion {
 			per[v] += n
 		}
+		for k, n := range o.Stats {
+			stats[k] += n
+		}
+	}
+	// What the schedules did: the node agents' verbs (served, lost, fallen
+	// back and why), the liveness checks, the kills.
+	var keys []string
+	for k := range stats {
+		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Printf("  %s: %d\n", k, stats[k])
 	}
 	var parts []string
 	for _, v := range vs {
@@ -142,7 +161,7 @@ func main() {
 // deadline, printing each violation and then a DONE line with its counts.
 func runWorker(i, n int, start uint64, d time.Duration, vs []string, options func(string) sim.Options) int {
 	deadline := time.Now().Add(d)
-	o := outcome{PerVersion: map[string]int64{}}
+	o := outcome{PerVersion: map[string]int64{}, Stats: map[string]int64{}}
 	for seed := start + uint64(i); time.Now().Before(deadline); seed += uint64(n) {
 		for _, v := range vs {
 			res, err := sim.Run(seed, options(v))
@@ -152,6 +171,9 @@ func runWorker(i, n int, start uint64, d time.Duration, vs []string, options fun
 			}
 			o.Schedules++
 			o.PerVersion[v]++
+			for k, n := range res.Stats {
+				o.Stats[k] += int64(n)
+			}
 			if len(res.Violations) > 0 {
 				o.Violations++
 				report(v, res)
@@ -170,6 +192,8 @@ type outcome struct {
 	Violations int64            `json:"violations"`
 	Last       uint64           `json:"last"`
 	PerVersion map[string]int64 `json:"perVersion"`
+	// Stats sum the schedules' counts (sim.Result.Stats).
+	Stats map[string]int64 `json:"stats"`
 }
 
 func report(v string, res sim.Result) {

@@ -50,6 +50,18 @@ type Call struct {
 	// LoseResponse, set by Hook, applies the request and then fails it as a
 	// timeout does: the caller cannot tell that it happened.
 	LoseResponse bool
+	// Ctx is the request's context (the server itself ignores it: Hook may
+	// fail a request whose context ended, as a client would).
+	Ctx context.Context
+}
+
+// Change is one write as a watch delivers it: the object as stored (nil when
+// deleted), and as it was before (nil when new). The objects are the
+// server's own: never change them.
+type Change struct {
+	Resource, Namespace, Name string
+	Rev                       int
+	Object, Previous          any
 }
 
 // API is the in-memory server. The zero value is not usable: call New.
@@ -64,6 +76,13 @@ type API struct {
 	// served an older revision than the latest (under the server's lock: it
 	// must not make requests).
 	StaleRead func(c Call)
+	// OnChange, when set, is told of every change, in the order of the
+	// resourceVersions (under the server's lock: it must not make requests).
+	OnChange func(c Change)
+	// PruneIfName stores pools and reservations as the API server does with
+	// whereabouts v0.7.0's CRDs, which know no ifname: an entry's ifname
+	// and a reservation's are dropped.
+	PruneIfName bool
 
 	mu      sync.Mutex
 	rev     int
@@ -122,20 +141,44 @@ func (a *API) cached(k key, lag int) any {
 	return nil
 }
 
-func (a *API) put(k key, obj any) {
+// put stores obj as the newest state at k (nil: deleted) and returns, as
+// the caller's type, a copy of what was stored: what the API server answers.
+func put[T any](a *API, k key, obj T) T {
+	stored := a.store(k, any(obj))
+	if stored == nil {
+		var zero T
+		return zero
+	}
+	return any(roundTrip(stored)).(T)
+}
+
+func (a *API) store(k key, obj any) any {
 	if obj != nil {
 		obj = roundTrip(obj)
+		if a.PruneIfName {
+			pruneIfName(obj)
+		}
 	}
 	e := a.objects[k]
 	if e == nil {
 		e = &entry{}
 		a.objects[k] = e
 	}
+	if a.OnChange != nil {
+		var prev any
+		if len(e.revs) > 0 {
+			prev = e.revs[len(e.revs)-1].obj
+		}
+		if obj != nil || prev != nil {
+			a.OnChange(Change{Resource: k.resource, Namespace: k.namespace, Name: k.name, Rev: a.rev, Object: obj, Previous: prev})
+		}
+	}
 	e.revs = append(e.revs, revision{rev: a.rev, obj: obj})
 	// A short history is all a lagging cache needs.
 	if len(e.revs) > 64 {
 		e.revs = append([]revision(nil), e.revs[len(e.revs)-32:]...)
 	}
+	return obj
 }
 
 // roundTrip stores an object as the API server does: what JSON cannot tell
@@ -156,6 +199,21 @@ func roundTrip(obj any) any {
 		return c
 	}
 	panic(fmt.Sprintf("fake: cannot store a %T", obj))
+}
+
+// pruneIfName drops what whereabouts v0.7.0's CRDs do not know.
+func pruneIfName(obj any) {
+	switch o := obj.(type) {
+	case *shim.Pool:
+		for off, e := range o.Spec.Allocations {
+			if e.IfName != "" {
+				e.IfName = ""
+				o.Spec.Allocations[off] = e
+			}
+		}
+	case *shim.Reservation:
+		o.Spec.IfName = ""
+	}
 }
 
 func normalize(m *metav1.ObjectMeta) {
@@ -212,10 +270,10 @@ func (a *API) do(c Call, apply func() error) error {
 
 // ---- pools
 
-func (a *API) GetPool(_ context.Context, ns, name string, from shim.Source) (*shim.Pool, error) {
+func (a *API) GetPool(ctx context.Context, ns, name string, from shim.Source) (*shim.Pool, error) {
 	var out *shim.Pool
 	k := key{Pools, ns, name}
-	err := a.do(Call{Verb: "get", Resource: Pools, Namespace: ns, Name: name, From: from}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "get", Resource: Pools, Namespace: ns, Name: name, From: from}, func() error {
 		obj := a.current(k)
 		if from == shim.Cache && a.CacheLag != nil {
 			obj = a.cached(k, a.CacheLag())
@@ -232,10 +290,10 @@ func (a *API) GetPool(_ context.Context, ns, name string, from shim.Source) (*sh
 	return out, err
 }
 
-func (a *API) ListPools(_ context.Context, ns string, page shim.Page) ([]shim.Pool, string, error) {
+func (a *API) ListPools(ctx context.Context, ns string, page shim.Page) ([]shim.Pool, string, error) {
 	var out []shim.Pool
 	var next string
-	err := a.do(Call{Verb: "list", Resource: Pools, Namespace: ns}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "list", Resource: Pools, Namespace: ns}, func() error {
 		objs, cont := a.list(Pools, ns, page)
 		for _, o := range objs {
 			out = append(out, *o.(*shim.Pool).DeepCopy())
@@ -273,10 +331,10 @@ const maxPatchOps = 10000
 // maxAnnotations is the API server's limit on an object's annotations.
 const maxAnnotations = 256 * 1024
 
-func (a *API) PatchPool(_ context.Context, ns, name string, patch shim.Patch) (*shim.Pool, error) {
+func (a *API) PatchPool(ctx context.Context, ns, name string, patch shim.Patch) (*shim.Pool, error) {
 	var out *shim.Pool
 	k := key{Pools, ns, name}
-	err := a.do(Call{Verb: "patch", Resource: Pools, Namespace: ns, Name: name, Patch: patch}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "patch", Resource: Pools, Namespace: ns, Name: name, Patch: patch}, func() error {
 		cur, _ := a.current(k).(*shim.Pool)
 		if cur == nil {
 			return notFound(k)
@@ -286,8 +344,7 @@ func (a *API) PatchPool(_ context.Context, ns, name string, patch shim.Patch) (*
 			return err
 		}
 		a.stamp(next, false)
-		a.put(k, next)
-		out = next.DeepCopy()
+		out = put(a, k, next)
 		return nil
 	})
 	return out, err
@@ -329,9 +386,9 @@ func applyPatch(k key, cur any, patch shim.Patch, next any) error {
 	return nil
 }
 
-func (a *API) DeletePool(_ context.Context, ns, name string, pre shim.Preconditions) error {
+func (a *API) DeletePool(ctx context.Context, ns, name string, pre shim.Preconditions) error {
 	k := key{Pools, ns, name}
-	return a.do(Call{Verb: "delete", Resource: Pools, Namespace: ns, Name: name}, func() error {
+	return a.do(Call{Ctx: ctx, Verb: "delete", Resource: Pools, Namespace: ns, Name: name}, func() error {
 		cur, _ := a.current(k).(*shim.Pool)
 		if cur == nil {
 			return notFound(k)
@@ -350,23 +407,22 @@ func (a *API) deleteAt(k key, cur metaObject, pre shim.Preconditions) error {
 		return conflict(k, fmt.Sprintf("Precondition failed: ResourceVersion in precondition: %s, ResourceVersion in object meta: %s", pre.ResourceVersion, cur.GetResourceVersion()))
 	}
 	a.rev++
-	a.put(k, nil)
+	a.store(k, nil)
 	return nil
 }
 
 // CreatePool creates a pool, as whereabouts does on its first ADD in a range.
-func (a *API) CreatePool(_ context.Context, ns string, p *shim.Pool) (*shim.Pool, error) {
+func (a *API) CreatePool(ctx context.Context, ns string, p *shim.Pool) (*shim.Pool, error) {
 	var out *shim.Pool
 	k := key{Pools, ns, p.Name}
-	err := a.do(Call{Verb: "create", Resource: Pools, Namespace: ns, Name: p.Name}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "create", Resource: Pools, Namespace: ns, Name: p.Name}, func() error {
 		if a.current(k) != nil {
 			return apierrors.NewAlreadyExists(groups[Pools], p.Name)
 		}
 		obj := p.DeepCopy()
 		obj.Namespace = ns
 		a.stamp(obj, true)
-		a.put(k, obj)
-		out = obj.DeepCopy()
+		out = put(a, k, obj)
 		return nil
 	})
 	return out, err
@@ -387,8 +443,7 @@ func (a *API) UpdatePool(ns string, p *shim.Pool) (*shim.Pool, error) {
 		obj := p.DeepCopy()
 		obj.UID = cur.UID
 		a.stamp(obj, false)
-		a.put(k, obj)
-		out = obj.DeepCopy()
+		out = put(a, k, obj)
 		return nil
 	})
 	return out, err
@@ -396,10 +451,10 @@ func (a *API) UpdatePool(ns string, p *shim.Pool) (*shim.Pool, error) {
 
 // ---- reservations
 
-func (a *API) GetReservation(_ context.Context, ns, name string) (*shim.Reservation, error) {
+func (a *API) GetReservation(ctx context.Context, ns, name string) (*shim.Reservation, error) {
 	var out *shim.Reservation
 	k := key{Reservations, ns, name}
-	err := a.do(Call{Verb: "get", Resource: Reservations, Namespace: ns, Name: name}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "get", Resource: Reservations, Namespace: ns, Name: name}, func() error {
 		o, _ := a.current(k).(*shim.Reservation)
 		if o == nil {
 			return notFound(k)
@@ -410,10 +465,10 @@ func (a *API) GetReservation(_ context.Context, ns, name string) (*shim.Reservat
 	return out, err
 }
 
-func (a *API) ListReservations(_ context.Context, ns string, page shim.Page) ([]shim.Reservation, string, error) {
+func (a *API) ListReservations(ctx context.Context, ns string, page shim.Page) ([]shim.Reservation, string, error) {
 	var out []shim.Reservation
 	var next string
-	err := a.do(Call{Verb: "list", Resource: Reservations, Namespace: ns}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "list", Resource: Reservations, Namespace: ns}, func() error {
 		objs, cont := a.list(Reservations, ns, page)
 		for _, o := range objs {
 			out = append(out, *o.(*shim.Reservation).DeepCopy())
@@ -424,10 +479,10 @@ func (a *API) ListReservations(_ context.Context, ns string, page shim.Page) ([]
 	return out, next, err
 }
 
-func (a *API) PatchReservation(_ context.Context, ns, name string, patch shim.Patch) (*shim.Reservation, error) {
+func (a *API) PatchReservation(ctx context.Context, ns, name string, patch shim.Patch) (*shim.Reservation, error) {
 	var out *shim.Reservation
 	k := key{Reservations, ns, name}
-	err := a.do(Call{Verb: "patch", Resource: Reservations, Namespace: ns, Name: name, Patch: patch}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "patch", Resource: Reservations, Namespace: ns, Name: name, Patch: patch}, func() error {
 		cur, _ := a.current(k).(*shim.Reservation)
 		if cur == nil {
 			return notFound(k)
@@ -437,16 +492,15 @@ func (a *API) PatchReservation(_ context.Context, ns, name string, patch shim.Pa
 			return err
 		}
 		a.stamp(next, false)
-		a.put(k, next)
-		out = next.DeepCopy()
+		out = put(a, k, next)
 		return nil
 	})
 	return out, err
 }
 
-func (a *API) DeleteReservation(_ context.Context, ns, name string, pre shim.Preconditions) error {
+func (a *API) DeleteReservation(ctx context.Context, ns, name string, pre shim.Preconditions) error {
 	k := key{Reservations, ns, name}
-	return a.do(Call{Verb: "delete", Resource: Reservations, Namespace: ns, Name: name}, func() error {
+	return a.do(Call{Ctx: ctx, Verb: "delete", Resource: Reservations, Namespace: ns, Name: name}, func() error {
 		cur, _ := a.current(k).(*shim.Reservation)
 		if cur == nil {
 			return notFound(k)
@@ -456,18 +510,17 @@ func (a *API) DeleteReservation(_ context.Context, ns, name string, pre shim.Pre
 }
 
 // CreateReservation creates a reservation, as whereabouts does.
-func (a *API) CreateReservation(_ context.Context, ns string, o *shim.Reservation) (*shim.Reservation, error) {
+func (a *API) CreateReservation(ctx context.Context, ns string, o *shim.Reservation) (*shim.Reservation, error) {
 	var out *shim.Reservation
 	k := key{Reservations, ns, o.Name}
-	err := a.do(Call{Verb: "create", Resource: Reservations, Namespace: ns, Name: o.Name}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "create", Resource: Reservations, Namespace: ns, Name: o.Name}, func() error {
 		if a.current(k) != nil {
 			return apierrors.NewAlreadyExists(groups[Reservations], o.Name)
 		}
 		obj := o.DeepCopy()
 		obj.Namespace = ns
 		a.stamp(obj, true)
-		a.put(k, obj)
-		out = obj.DeepCopy()
+		out = put(a, k, obj)
 		return nil
 	})
 	return out, err
@@ -475,10 +528,10 @@ func (a *API) CreateReservation(_ context.Context, ns string, o *shim.Reservatio
 
 // ---- leases
 
-func (a *API) GetLease(_ context.Context, ns, name string) (*shim.Lease, error) {
+func (a *API) GetLease(ctx context.Context, ns, name string) (*shim.Lease, error) {
 	var out *shim.Lease
 	k := key{Leases, ns, name}
-	err := a.do(Call{Verb: "get", Resource: Leases, Namespace: ns, Name: name}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "get", Resource: Leases, Namespace: ns, Name: name}, func() error {
 		l, _ := a.current(k).(*shim.Lease)
 		if l == nil {
 			return notFound(k)
@@ -489,26 +542,25 @@ func (a *API) GetLease(_ context.Context, ns, name string) (*shim.Lease, error) 
 	return out, err
 }
 
-func (a *API) CreateLease(_ context.Context, l *shim.Lease) (*shim.Lease, error) {
+func (a *API) CreateLease(ctx context.Context, l *shim.Lease) (*shim.Lease, error) {
 	var out *shim.Lease
 	k := key{Leases, l.Namespace, l.Name}
-	err := a.do(Call{Verb: "create", Resource: Leases, Namespace: l.Namespace, Name: l.Name}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "create", Resource: Leases, Namespace: l.Namespace, Name: l.Name}, func() error {
 		if a.current(k) != nil {
 			return apierrors.NewAlreadyExists(groups[Leases], l.Name)
 		}
 		obj := l.DeepCopy()
 		a.stamp(obj, true)
-		a.put(k, obj)
-		out = obj.DeepCopy()
+		out = put(a, k, obj)
 		return nil
 	})
 	return out, err
 }
 
-func (a *API) UpdateLease(_ context.Context, l *shim.Lease) (*shim.Lease, error) {
+func (a *API) UpdateLease(ctx context.Context, l *shim.Lease) (*shim.Lease, error) {
 	var out *shim.Lease
 	k := key{Leases, l.Namespace, l.Name}
-	err := a.do(Call{Verb: "update", Resource: Leases, Namespace: l.Namespace, Name: l.Name}, func() error {
+	err := a.do(Call{Ctx: ctx, Verb: "update", Resource: Leases, Namespace: l.Namespace, Name: l.Name}, func() error {
 		cur, _ := a.current(k).(*shim.Lease)
 		if cur == nil {
 			return notFound(k)
@@ -519,8 +571,7 @@ func (a *API) UpdateLease(_ context.Context, l *shim.Lease) (*shim.Lease, error)
 		obj := l.DeepCopy()
 		obj.UID = cur.UID
 		a.stamp(obj, false)
-		a.put(k, obj)
-		out = obj.DeepCopy()
+		out = put(a, k, obj)
 		return nil
 	})
 	return out, err
@@ -585,6 +636,16 @@ func (a *API) View(ns string, see func(pools []*shim.Pool, reservations map[stri
 	see(pools, res)
 }
 
+// ResourceVersion is an object's resourceVersion now ("" when there is none).
+func (a *API) ResourceVersion(resource, ns, name string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if m, ok := a.current(key{resource, ns, name}).(metaObject); ok {
+		return m.GetResourceVersion()
+	}
+	return ""
+}
+
 // Lease is a Lease as it is now; nil when there is none.
 func (a *API) Lease(ns, name string) *shim.Lease {
 	a.mu.Lock()
@@ -606,15 +667,15 @@ func (a *API) Put(objs ...any) {
 		case *shim.Pool:
 			c := o.DeepCopy()
 			a.stamp(c, true)
-			a.put(key{Pools, c.Namespace, c.Name}, c)
+			a.store(key{Pools, c.Namespace, c.Name}, c)
 		case *shim.Reservation:
 			c := o.DeepCopy()
 			a.stamp(c, true)
-			a.put(key{Reservations, c.Namespace, c.Name}, c)
+			a.store(key{Reservations, c.Namespace, c.Name}, c)
 		case *shim.Lease:
 			c := o.DeepCopy()
 			a.stamp(c, true)
-			a.put(key{Leases, c.Namespace, c.Name}, c)
+			a.store(key{Leases, c.Namespace, c.Name}, c)
 		default:
 			panic(fmt.Sprintf("fake: cannot store a %T", obj))
 		}
@@ -627,7 +688,7 @@ func (a *API) Remove(resource, ns, name string) {
 	defer a.mu.Unlock()
 	if a.current(key{resource, ns, name}) != nil {
 		a.rev++
-		a.put(key{resource, ns, name}, nil)
+		a.store(key{resource, ns, name}, nil)
 	}
 }
 

@@ -96,3 +96,49 @@ func TestTheFakeServesAsTheAPIServerDoes(t *testing.T) {
 	_, err = api.PatchPool(ctx, "ns", "p", shim.Guarded(fresh.ResourceVersion, ops...))
 	assert.ErrorContains(t, err, "maximum operations")
 }
+
+// With whereabouts v0.7.0's CRDs the API server prunes what they do not
+// know: an entry's ifname and a reservation's.
+func TestPruneIfNameStoresAsV070sCRDsDo(t *testing.T) {
+	ctx := context.Background()
+	api := fake.New()
+	api.PruneIfName = true
+	api.Put(fake.NewPool("p", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	p := api.Pool("kube-system", "p")
+	got, err := api.PatchPool(ctx, "kube-system", "p", shim.Guarded(p.ResourceVersion,
+		shim.PatchOp{Op: "add", Path: "/spec/allocations/2", Value: shim.IPAllocation{ContainerID: "c", PodRef: "ns/pod", IfName: "lhnet1"}}))
+	require.NoError(t, err)
+	assert.Equal(t, shim.IPAllocation{ContainerID: "c", PodRef: "ns/pod"}, got.Spec.Allocations["2"])
+	_, err = api.CreateReservation(ctx, "kube-system", &shim.Reservation{ObjectMeta: metav1.ObjectMeta{Name: "10.0.0.2"},
+		Spec: shim.ReservationSpec{ContainerID: "c", PodRef: "ns/pod", IfName: "lhnet1"}})
+	require.NoError(t, err)
+	assert.Equal(t, shim.ReservationSpec{ContainerID: "c", PodRef: "ns/pod"}, api.AllReservations("kube-system")[0].Spec)
+}
+
+// OnChange is told of every change in order, a deletion with the state
+// before it.
+func TestOnChangeTellsEveryChangeInOrder(t *testing.T) {
+	ctx := context.Background()
+	api := fake.New()
+	var seen []fake.Change
+	api.OnChange = func(c fake.Change) { seen = append(seen, c) }
+	api.Put(fake.NewPool("p", "10.0.0.0/24", nil))
+	p := api.Pool("kube-system", "p")
+	_, err := api.PatchPool(ctx, "kube-system", "p", shim.Guarded(p.ResourceVersion,
+		shim.PatchOp{Op: "add", Path: "/spec/allocations", Value: map[string]shim.IPAllocation{"1": {ContainerID: "c", PodRef: "ns/pod"}}}))
+	require.NoError(t, err)
+	require.NoError(t, api.DeletePool(ctx, "kube-system", "p", shim.Preconditions{}))
+	require.Len(t, seen, 3)
+	for i, c := range seen {
+		assert.Equal(t, fake.Pools, c.Resource)
+		assert.Equal(t, "p", c.Name)
+		if i > 0 {
+			assert.Greater(t, c.Rev, seen[i-1].Rev)
+			assert.Same(t, seen[i-1].Object, c.Previous)
+		}
+	}
+	assert.Nil(t, seen[0].Previous)
+	assert.Len(t, seen[1].Object.(*shim.Pool).Spec.Allocations, 1)
+	assert.Nil(t, seen[2].Object, "a deletion")
+	assert.Empty(t, api.ResourceVersion(fake.Pools, "kube-system", "p"), "gone now")
+}

@@ -3,12 +3,15 @@ package sim
 import (
 	"fmt"
 	"net"
+	"regexp"
 	"sort"
 	"strings"
 
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
+
+var agentPID = regexp.MustCompile(`^(harvester-ipam-agent/[^/]*/)[0-9]+/`)
 
 // live are the attachments in use: the sandbox runs (each of its ADDs
 // returned), or is being stopped and its network namespace still holds the
@@ -19,10 +22,14 @@ func (w *world) live() []*attachment {
 	for _, sb := range w.sbs {
 		switch {
 		case sb.state == sbLive:
-			out = append(out, sb.atts...)
+			for _, att := range sb.atts {
+				if !att.freedByWhereabouts {
+					out = append(out, att)
+				}
+			}
 		case sb.state == sbDead && sb.netns:
 			for _, att := range sb.atts {
-				if att.ip != nil && !att.delStarted && !att.podControllerFreed {
+				if att.ip != nil && !att.delStarted && !att.podControllerFreed && !att.freedByWhereabouts {
 					out = append(out, att)
 				}
 			}
@@ -49,7 +56,8 @@ func (w *world) running() []*attachment {
 func (w *world) checkLive() []string {
 	if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != w.holder {
 		w.holder = *l.Spec.HolderIdentity
-		w.tr.add("(whereabouts' Lease now held by %q)", w.holder)
+		// An agent's identity names its process: the same in every replay.
+		w.tr.add("(whereabouts' Lease now held by %q)", agentPID.ReplaceAllString(w.holder, "${1}PID/"))
 	}
 	var bad []string
 	// The model's own rule: the kubelet's pod worker makes one sandbox of a
@@ -126,7 +134,9 @@ func (w *world) checkQuiet() []string {
 	liveRes := map[string]string{} // reservation -> podref
 	for _, att := range w.running() {
 		liveEntry[att.net.pool()+"/"+att.ip.String()+"/"+att.sb.id] = true
-		liveRes[names.Reservation(att.ip, att.net.netName)] = att.sb.pod.ref()
+		if !att.freedByWhereabouts { // its reservation is gone, maybe another's now
+			liveRes[names.Reservation(att.ip, att.net.netName)] = att.sb.pod.ref()
+		}
 	}
 	for _, p := range w.api.AllPools(poolNS) {
 		as, err := shim.Allocations(&p)

@@ -112,8 +112,10 @@ func (w *world) collectPod(a *actor, p *pod, status map[string]string, nets map[
 					}
 				}
 			}
+			a.whereabouts = w.attachmentOf(e.ContainerID, e.IfName, n)
 			wb.Del(ctx, fake.Request{ContainerID: e.ContainerID, IfName: e.IfName, PodRef: p.ref(),
 				Range: n.rng, Exclude: n.exclude, NetworkName: n.netName})
+			a.whereabouts = nil
 			if a.killed {
 				return nil
 			}

@@ -52,10 +52,14 @@ type addRun struct {
 	// earlier: the pool held entries of the pod's earlier sandboxes when
 	// it began.
 	earlier bool
+	// users are the actors doing it: the plugin's, and the node agent's
+	// that took it (which may go on after the plugin is gone). It is under
+	// way until both are done.
+	users int
 }
 
 func (w *world) beginAdd(a *actor, att *attachment) *addRun {
-	run := &addRun{att: att, stale: map[string]bool{}}
+	run := &addRun{att: att, stale: map[string]bool{}, users: 1}
 	for _, o := range w.adds {
 		if o.att.sb != att.sb && o.att.sb.pod.ref() == att.sb.pod.ref() {
 			o.overlapped, run.overlapped = true, true
@@ -75,6 +79,9 @@ func (w *world) beginAdd(a *actor, att *attachment) *addRun {
 
 func (w *world) endAdd(a *actor, run *addRun) {
 	a.add = nil
+	if run.users--; run.users > 0 {
+		return
+	}
 	for i, o := range w.adds {
 		if o == run {
 			w.adds = append(w.adds[:i], w.adds[i+1:]...)
@@ -155,4 +162,45 @@ func (w *world) podHoldsOnly(sb *sandbox, att *attachment, ip net.IP) []string {
 // name names an attachment before its ADD returned.
 func (a *attachment) name() string {
 	return fmt.Sprintf("%s/%s %s (%s)", a.sb.pod.ref(), a.ifname, a.sb.id, a.net.name)
+}
+
+// checkDel holds a DEL of harvester-ipam that succeeded to its promise
+// ("a DEL that says success must never leave the allocation behind") for
+// what a node agent's allocator wrote for the attachment: the agent records
+// the address in the checkpoint before it writes the entry, so DEL finds
+// the entry even when whereabouts v0.7.0's CRD pruned its ifname, and even
+// when the agent and the plugin died together right after the write. (An
+// entry whereabouts v0.7.0 wrote, without an ifname, at an address no
+// checkpoint recorded, DEL leaves by design: FindAttachment's Ambiguous.)
+// Not checked when the DEL began while an ADD of the attachment was still
+// under way: a node agent's, whose client went away, goes on with the
+// allocation it had begun (the patch sent, the reservation made on a
+// context of its own, the address recorded), and what it writes after the
+// DEL looked is left for the pod's next ADD or the reconciler.
+func (w *world) checkDel(att *attachment) {
+	p := w.api.Pool(poolNS, att.net.pool())
+	if p == nil {
+		return
+	}
+	w.stats["DEL checks"]++
+	for _, off := range sortedKeys(p.Spec.Allocations) {
+		e := p.Spec.Allocations[off]
+		wrote, ok := w.agentWrote[p.Name+"/"+off]
+		if !ok || e.ContainerID != att.sb.id || wrote.ContainerID != att.sb.id || wrote.IfName != att.ifname {
+			continue
+		}
+		bad := fmt.Sprintf("after DEL of %s succeeded, the entry the agent wrote for it at offset %s of pool %s is left (ifname %q)", att, off, p.Name, e.IfName)
+		w.tr.add("LIVENESS: %s", bad)
+		w.s.violations = append(w.s.violations, bad)
+	}
+}
+
+// addUnderWay says whether an ADD of att is under way.
+func (w *world) addUnderWay(att *attachment) bool {
+	for _, run := range w.adds {
+		if run.att == att {
+			return true
+		}
+	}
+	return false
 }

@@ -41,6 +41,14 @@ type Options struct {
 	// random number each, and of a pod that is gone, as after an upgrade from
 	// a 2024 Harvester (see leftovers).
 	Leftovers bool
+	// Agents puts harvester-ipam's node agent on the first node, and on
+	// the second in half the schedules (agent.go): the verbs of those nodes
+	// go to it first, beside the exec path of the others on the same pools.
+	Agents bool
+	// AgentCrashRate kills an agent at each step boundary of its work (and
+	// before each of its requests, a twentieth of that); its informers'
+	// watches deliver late, break and list again (informer.go).
+	AgentCrashRate float64
 	// Dir holds the nodes' checkpoints ("" is a temporary dir).
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
@@ -56,7 +64,8 @@ type Options struct {
 
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
-	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true, Leftovers: true}
+	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true, Leftovers: true,
+		Agents: true, AgentCrashRate: 0.02}
 }
 
 // Result is one schedule's outcome.
@@ -107,14 +116,14 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	}
 	defer func() { res.Trace, res.State = tr.String(), w.describe() }()
 
+	defer s.abandon() // the agents' informers and checks run on
+	w.startAgents()
 	s.spawn("director", func(a *actor) { w.direct(a) })
 	if !s.run(time.Time{}) {
-		s.abandon()
 		res.Violations = s.violations
 		return res, nil
 	}
 	if !w.settle() {
-		s.abandon()
 		res.Violations = s.violations
 		return res, nil
 	}
@@ -130,6 +139,16 @@ func (w *world) setup() error {
 	second := &network{name: "storagenetwork-b", rng: "10.0.0.0/27", exclude: []string{"10.0.0.1/32"}}
 	plain := &network{name: "plainnetwork", rng: "10.0.0.0/27", exclude: []string{"10.0.0.1/32"}, plain: true}
 	w.nets = []*network{storage, second, plain}
+	names := []string{"instance-manager-a", "instance-manager-b", "backing-image-manager-c", "plain-d"}
+	// With node agents, a pod on a range that overlaps the storage
+	// network's (whereabouts' overlapping ranges: another pool, the same
+	// reservations), on the first node: its agent then gives up addresses
+	// the other pool's pods reserved.
+	overlap := &network{name: "rwxnetwork", rng: "10.0.0.0/28", exclude: []string{"10.0.0.1/32"}}
+	if w.o.Agents {
+		w.nets = append(w.nets, overlap)
+		names = append(names, "share-manager-e")
+	}
 	for i := 1; i <= 2; i++ {
 		n := &node{name: fmt.Sprintf("node-%d", i), exists: true, cpDir: filepath.Join(w.dir, fmt.Sprintf("node-%d", i))}
 		if err := os.MkdirAll(n.cpDir, 0o700); err != nil {
@@ -137,11 +156,13 @@ func (w *world) setup() error {
 		}
 		w.nodes = append(w.nodes, n)
 	}
-	for i, name := range []string{"instance-manager-a", "instance-manager-b", "backing-image-manager-c", "plain-d"} {
+	for i, name := range names {
 		p := w.newPod(name, w.nodes[i%2].name)
 		switch {
 		case name == "plain-d":
 			p.nets = map[string]*network{"eth1": plain}
+		case name == "share-manager-e":
+			p.nets = map[string]*network{"lhnet1": overlap}
 		case i == 0 && w.s.chance(0.5):
 			p.nets = map[string]*network{"lhnet1": storage, "lhnet2": second}
 		default:
@@ -185,6 +206,21 @@ func (w *world) leftovers(rng *rand.Rand) {
 	}
 	w.api.Put(append(objs, fake.NewPool(storage.pool(), storage.rng, allocs))...)
 	w.tr.add("left by whereabouts v0.7.0: %d entries", len(allocs))
+}
+
+// startAgents starts the node agents: on the first node, and on the
+// second in half the schedules.
+func (w *world) startAgents() {
+	if !w.o.Agents {
+		return
+	}
+	for i, n := range w.nodes {
+		if i > 0 && !w.s.chance(0.5) {
+			continue
+		}
+		w.agents[n.name] = nil
+		w.s.spawn("daemonset "+n.name, func(a *actor) { w.startAgent(a, n) })
+	}
 }
 
 func (w *world) newPod(name, node string) *pod {
@@ -249,13 +285,7 @@ func (w *world) event(a *actor) {
 		// no new sandbox until the old one's StopPodSandbox (its DELs)
 		// succeeded.
 		// One at a time: the pod worker is busy until the start it began ends.
-		if p.exists && !p.starting && (p.current == nil || p.current.state != sbCreating) && !w.stopping(p.name) && !w.plainTearing(p.name) {
-			p.starting = true
-			w.spawnKubelet("start "+p.name, func(k *actor) {
-				defer func() { p.starting = false }()
-				w.startSandbox(k, p)
-			})
-		}
+		w.start(p, 0)
 	case r < 35: // a sandbox dies without DEL: a crash loop, a failed creation
 		if p.current != nil && p.current.state == sbLive {
 			w.kill(p.current, "crashed", false)
@@ -271,11 +301,41 @@ func (w *world) event(a *actor) {
 		n := w.nodes[w.s.pick(len(w.nodes))]
 		lost := w.s.chance(0.3)
 		w.tr.add("node %s reboots (root lost: %v)", n.name, lost)
+		// The node is back in a second or two: the kubelet starts the
+		// agent's pod (host network, no CNI) and then every pod of the
+		// node at once, a storm on its pools (the agent's group commit).
+		var back time.Duration
+		if w.o.Agents {
+			back = time.Duration(1000+w.s.pick(1000)) * time.Millisecond
+		}
+		if ag := w.agents[n.name]; ag != nil {
+			ag.kill("by the reboot", back)
+		}
+		if w.o.Agents {
+			// The plugin's processes in flight die with the node too.
+			for _, x := range w.s.actors {
+				if x.inCall == n && !x.done && !x.killed {
+					x.killed = true
+					if x.at.After(w.s.now) {
+						x.at = w.s.now
+					}
+					w.tr.add("the plugin's process of %s dies with the node", x.name)
+				}
+			}
+		}
 		for _, sb := range w.sbs {
 			if sb.node == n.name && sb.state != sbDeleted {
 				w.kill(sb, "reboot", false)
 				if lost {
 					sb.lostCache = true
+				}
+			}
+		}
+		if w.o.Agents {
+			storm := back + time.Duration(500+w.s.pick(2000))*time.Millisecond
+			for _, q := range w.pods_() {
+				if q.node == n.name {
+					w.start(q, storm+time.Duration(w.s.pick(20))*time.Millisecond)
 				}
 			}
 		}
@@ -305,6 +365,9 @@ func (w *world) event(a *actor) {
 		if n.exists && w.liveNodes() > 1 {
 			w.tr.add("node %s removed", n.name)
 			n.exists = false
+			if ag := w.agents[n.name]; ag != nil {
+				ag.kill("with its node", 0)
+			}
 			for _, q := range w.pods_() {
 				if q.node == n.name && q.exists {
 					q.exists = false
@@ -348,6 +411,17 @@ func (w *world) event(a *actor) {
 			w.tr.add("SABOTAGE: %s removed from its pool", att)
 			break
 		}
+	case r < 91 && w.o.Agents:
+		n := w.nodes[w.s.pick(len(w.nodes))]
+		if w.s.chance(0.5) { // a node's agent is killed (OOM, its pod deleted)
+			if ag := w.agents[n.name]; ag != nil {
+				ag.kill("by the world", 0)
+			}
+			break
+		}
+		if n = w.nodes[0]; n.exists { // the node that has an agent
+			w.storm(n)
+		}
 	case r < 94: // the API server has a bad moment
 		if w.o.Faults {
 			d := time.Duration(500+w.s.pick(4500)) * time.Millisecond
@@ -366,6 +440,56 @@ func (w *world) event(a *actor) {
 				w.spawnKubelet("resync", func(k *actor) { w.cleanup(k) })
 			}
 		}
+	}
+}
+
+// storm is new pods created on n at once (a Longhorn upgrade replacing its
+// instance managers, a volume attached to many workloads): their sandboxes'
+// ADDs meet in the node's agent with no earlier sandbox to release first,
+// so that its allocator commits them together. They are deleted again, each
+// stopped with its DELs, a while later.
+func (w *world) storm(n *node) {
+	k := 2 + w.s.pick(2)
+	w.tr.add("%d new pods on %s at once", k, n.name)
+	var ps []*pod
+	for i := 0; i < k; i++ {
+		w.storms++
+		p := w.newPod(fmt.Sprintf("share-manager-s%d", w.storms), n.name)
+		p.nets = map[string]*network{"lhnet1": w.successor(w.nets[0])}
+		w.start(p, time.Duration(w.s.pick(3))*time.Millisecond)
+		ps = append(ps, p)
+	}
+	w.s.spawn("storm", func(a *actor) {
+		a.sleep(time.Duration(5+w.s.pick(25)) * time.Second)
+		for _, p := range ps {
+			if !p.exists {
+				continue
+			}
+			w.tr.add("pod %s deleted", p.ref())
+			p.exists = false
+			w.podDeleted(p)
+			if sb := p.current; sb != nil && (sb.state == sbLive || sb.state == sbCreating) {
+				w.kill(sb, "pod deleted", true)
+				w.spawnKubelet("stop "+p.name, func(k *actor) { w.teardown(k, sb) })
+			}
+		}
+	})
+}
+
+// start has the kubelet start a sandbox of p after d (and kill the one it
+// replaces), if it would: not while a sandbox of the pod is being made, nor
+// while one is being stopped (the kubelet makes no new sandbox until the old
+// one's StopPodSandbox, its DELs, succeeded).
+func (w *world) start(p *pod, d time.Duration) {
+	if p.exists && !p.starting && (p.current == nil || p.current.state != sbCreating) && !w.stopping(p.name) && !w.plainTearing(p.name) {
+		p.starting = true
+		w.spawnKubelet("start "+p.name, func(k *actor) {
+			defer func() { p.starting = false }()
+			if d > 0 {
+				k.sleep(d)
+			}
+			w.startSandbox(k, p)
+		})
 	}
 }
 

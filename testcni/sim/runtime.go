@@ -14,6 +14,7 @@ import (
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/plugin"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
@@ -34,13 +35,14 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 	sb := att.sb
 	cniArgs := fmt.Sprintf("IgnoreUnknown=true;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_INFRA_CONTAINER_ID=%s", sb.pod.ns, sb.pod.name, sb.id)
 	env := map[string]string{"CNI_COMMAND": verb, "CNI_CONTAINERID": sb.id, "CNI_IFNAME": att.ifname, "CNI_ARGS": cniArgs,
-		"CNI_NETNS": "/var/run/netns/" + sb.id, "CNI_PATH": "/opt/cni/bin"}
+		"CNI_NETNS": "/var/run/netns/" + sb.id, "CNI_PATH": w.bin}
 	a.env = env // the delegate reads them from the process's environment
 	a.setEnv()
-	defer func() { a.env = nil }()
+	a.inCall = n
+	defer func() { a.env, a.inCall = nil, nil }()
 	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
 	del := &fake.Delegate{WB: wb}
-	args := &skel.CmdArgs{ContainerID: sb.id, IfName: att.ifname, Netns: env["CNI_NETNS"], Args: cniArgs, Path: "/opt/cni/bin", StdinData: stdin}
+	args := &skel.CmdArgs{ContainerID: sb.id, IfName: att.ifname, Netns: env["CNI_NETNS"], Args: cniArgs, Path: w.bin, StdinData: stdin}
 	var out bytes.Buffer
 	defer func() {
 		// A process killed mid-way unwinds to here (the runtime lives on);
@@ -60,7 +62,17 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 			defer w.endAdd(a, run)
 		}
 		var res []byte
+		if verb == "DEL" {
+			a.whereabouts = att
+		}
 		res, err = del.ExecPlugin(context.Background(), "/opt/cni/bin/whereabouts", stdin, environ(env))
+		a.whereabouts = nil
+		if verb == "ADD" && err != nil && strings.Contains(err.Error(), "already exists") {
+			// whereabouts' ADD wrote its entry and found the address's
+			// reservation made meanwhile: under its Lease, only a writer
+			// without the Lease can have made it.
+			att.lostReservationRace = true
+		}
 		out.Write(res)
 		if run != nil && err == nil && !a.killed {
 			ip, err = result(a, verb, out.Bytes(), nil)
@@ -84,22 +96,30 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 				}
 			},
 		}
+		// On a node with an agent, each verb is offered to it first.
+		outcome := client.Fallback
+		verbs := skel.CNIFuncs{Add: p.Add, Del: p.Del, GC: p.GC}
+		if _, ok := w.agents[n.name]; ok {
+			p.Agent = agentClient{w: w, n: n, a: a, outcome: &outcome}
+			verbs = p.Funcs()
+		}
 		switch verb {
 		case "ADD":
 			run := w.beginAdd(a, att)
 			defer w.endAdd(a, run)
-			err = p.Add(args)
+			err = verbs.Add(args)
 			if err == nil && !a.killed {
 				ip, err = result(a, verb, out.Bytes(), nil)
-				if err == nil {
+				if err == nil && outcome != client.Served {
+					// (one the agent served was checked as it returned)
 					w.checkAdd(run, ip)
 				}
 				return ip, err
 			}
 		case "DEL":
-			err = p.Del(args)
+			err = verbs.Del(args)
 		case "GC":
-			err = p.GC(args)
+			err = verbs.GC(args)
 		}
 	}
 	return result(a, verb, out.Bytes(), err)
@@ -248,12 +268,21 @@ func (w *world) teardown(a *actor, sb *sandbox) {
 		att.delStarted = true
 		for attempt := 1; ; attempt++ {
 			stdin := w.delConfig(att)
+			// An ADD of the attachment may still be under way: a node
+			// agent's, whose client went away, goes on with what it had
+			// begun (see checkDel).
+			beside := w.addUnderWay(att)
 			_, err := w.call(a, n, "DEL", att, stdin)
 			if a.killed {
 				a.killed = false
 			}
 			if err == nil {
 				w.tr.add("DEL %s ok", att)
+				if beside {
+					w.stats["DEL checks: beside its own ADD still under way"]++
+				} else {
+					w.checkDel(att)
+				}
 				break
 			}
 			w.tr.add("DEL %s failed: %s", att, errText(err))

@@ -18,6 +18,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/harvester/harvester-ipam/shim"
 )
 
 // sched runs actors one at a time. An actor is a goroutine that hands the
@@ -69,7 +71,24 @@ type actor struct {
 	env map[string]string
 	// add is the harvester-ipam ADD the actor runs, if any (checkAdd).
 	add *addRun
-	s   *sched
+	// until, while set, blocks the actor until it says so (waitFor), or
+	// until deadline when that is set (waitUntil).
+	until    func() bool
+	deadline time.Time
+	// whereabouts is set while the actor runs whereabouts' own DEL (its
+	// binary alone, its pod controller): of the entry of that attachment.
+	whereabouts *attachment
+	// adding are the entries the pool patch it makes adds (an agent's).
+	adding map[string]shim.IPAllocation
+	// inCall is the node whose plugin process the actor runs now (call).
+	inCall *node
+	// daemon: the actor runs beside the world for as long as it lasts (a
+	// node agent's informers); a run does not wait for it to end.
+	daemon bool
+	// proc is the node agent the actor is part of: a crash of the actor is
+	// the agent's (see killAgent).
+	proc *agentProc
+	s    *sched
 }
 
 func newSched(seed uint64, t *trace) *sched {
@@ -91,6 +110,13 @@ func (s *sched) spawn(name string, f func(a *actor)) *actor {
 	s.actors = append(s.actors, a)
 	go func() {
 		<-a.wake
+		if a.killed {
+			// Killed before its first turn (its process died first): it
+			// never ran.
+			a.done = true
+			s.back <- struct{}{}
+			return
+		}
 		defer func() {
 			if r := recover(); r != nil {
 				if _, ok := r.(goExit); !ok {
@@ -156,6 +182,34 @@ func (a *actor) yield() {
 	<-a.wake
 }
 
+// waitFor blocks until ready says so, as a goroutine blocked on a channel:
+// the scheduler asks ready between turns (so it must only read), and the
+// actor is runnable once it is true. A killed actor unwinds.
+func (a *actor) waitFor(ready func() bool) {
+	if !ready() {
+		a.until = ready
+		a.at = a.s.now
+		a.yield()
+		a.until = nil
+	}
+	if a.killed {
+		panic(goExit{})
+	}
+}
+
+// waitUntil is waitFor, for at most until deadline.
+func (a *actor) waitUntil(ready func() bool, deadline time.Time) {
+	if !ready() && a.s.now.Before(deadline) {
+		a.until, a.deadline = ready, deadline
+		a.at = a.s.now
+		a.yield()
+		a.until, a.deadline = nil, time.Time{}
+	}
+	if a.killed {
+		panic(goExit{})
+	}
+}
+
 // sleep waits d of simulated time.
 func (a *actor) sleep(d time.Duration) {
 	if d < 0 {
@@ -176,14 +230,27 @@ func (s *sched) run(until time.Time) bool {
 		var runnable []*actor
 		next := time.Time{}
 		alive := 0
+		var blocked []string
 		for _, a := range s.actors {
 			if a.done {
 				continue
 			}
-			alive++
-			if !a.at.After(s.now) {
+			if !a.daemon {
+				alive++
+			}
+			waiting := a.until != nil && !a.killed && !a.until()
+			switch {
+			case waiting && a.deadline.IsZero():
+				if !a.daemon {
+					blocked = append(blocked, a.name)
+				}
+			case waiting && a.deadline.After(s.now):
+				if next.IsZero() || a.deadline.Before(next) {
+					next = a.deadline
+				}
+			case !a.at.After(s.now):
 				runnable = append(runnable, a)
-			} else if next.IsZero() || a.at.Before(next) {
+			case next.IsZero() || a.at.Before(next):
 				next = a.at
 			}
 		}
@@ -192,6 +259,10 @@ func (s *sched) run(until time.Time) bool {
 			return true
 		}
 		if len(runnable) == 0 {
+			if next.IsZero() {
+				s.violations = append(s.violations, fmt.Sprintf("deadlock: %s wait for what no one will do", strings.Join(blocked, ", ")))
+				return false
+			}
 			if !until.IsZero() && next.After(until) {
 				s.now = until
 				return true
@@ -201,7 +272,9 @@ func (s *sched) run(until time.Time) bool {
 		}
 		a := s.choose(runnable)
 		s.cur = a
-		if s.envOf != a {
+		// Only a plugin's process reads the CNI environment (its delegate
+		// inherits it): an actor making no CNI call leaves it as it is.
+		if s.envOf != a && a.env != nil {
 			a.setEnv()
 		}
 		a.wake <- struct{}{}

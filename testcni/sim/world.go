@@ -136,6 +136,15 @@ type attachment struct {
 	// after its pod object was deleted, while the runtime was still stopping
 	// its sandbox (see podDeleted): no longer the product's to keep.
 	podControllerFreed bool
+	// freedByWhereabouts: whereabouts' own DEL (its binary, or its pod
+	// controller) deleted the reservation of this attachment's address
+	// (see whereaboutsDeletes): whereabouts' own hazard, no longer the
+	// product's to keep.
+	freedByWhereabouts bool
+	// lostReservationRace: whereabouts' ADD of this attachment (alone)
+	// failed after writing its entry, the address's reservation made under
+	// it by a writer without whereabouts' Lease.
+	lostReservationRace bool
 }
 
 func (a *attachment) String() string {
@@ -169,14 +178,47 @@ type world struct {
 	holder string
 	// adds are harvester-ipam's ADDs under way (checkAdd).
 	adds []*addRun
+	// bin is the CNI bin dir the runtime names (CNI_PATH).
+	bin string
+
+	// agents are the node agents, by node: the current run of each node's
+	// (see agent.go); a node without an agent has none.
+	agents    map[string]*agentProc
+	agentRuns int
+	// storms counts the pods storms made.
+	storms int
+	// feed is every change of the pools and reservations, by resource, in
+	// order, for the agents' informers (informer.go); rev is the latest
+	// resourceVersion.
+	feed map[string][]fake.Change
+	rev  int
+	// agentWrote are the entries the agents' allocators wrote, by pool and
+	// offset, as written (an old CRD may prune their ifname): checkDel.
+	agentWrote map[string]shim.IPAllocation
 }
 
 func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
-	w := &world{s: s, tr: tr, o: o, api: fake.New(), dir: dir, pods: map[string]*pod{}, stats: map[string]int{}}
+	w := &world{s: s, tr: tr, o: o, api: fake.New(), dir: dir, pods: map[string]*pod{}, stats: map[string]int{},
+		agents: map[string]*agentProc{}, feed: map[string][]fake.Change{}, agentWrote: map[string]shim.IPAllocation{}}
 	kc := filepath.Join(dir, "whereabouts.kubeconfig")
-	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+	// whereabouts' kubeconfig: the plugin in the simulation never reaches
+	// its server (its store is the simulated one); a node agent reads its
+	// namespace, as on a node.
+	if err := os.WriteFile(kc, []byte(simKubeconfig), 0o600); err != nil {
 		return nil, err
 	}
+	// CNI_PATH: the agent looks for the delegate of GC and STATUS there
+	// before it takes them (the simulation runs its model).
+	w.bin = filepath.Join(dir, "bin")
+	if err := os.MkdirAll(w.bin, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(w.bin, "whereabouts"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		return nil, err
+	}
+	w.api.OnChange = w.change
+	// whereabouts v0.7.0's CRDs know no ifname: the API server prunes it.
+	w.api.PruneIfName = o.Whereabouts == fake.V070
 	w.flat = filepath.Join(dir, "whereabouts.conf")
 	if err := os.WriteFile(w.flat, []byte(`{"datastore":"kubernetes","kubernetes":{"kubeconfig":"`+kc+`"}}`), 0o600); err != nil {
 		return nil, err
@@ -196,6 +238,28 @@ func newWorld(s *sched, tr *trace, o Options, dir string) (*world, error) {
 	return w, nil
 }
 
+// simKubeconfig names the pool namespace; its server is never reached.
+const simKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: sim
+  cluster:
+    server: https://127.0.0.1:1
+contexts:
+- name: sim
+  context:
+    cluster: sim
+    user: sim
+    namespace: ` + poolNS + `
+current-context: sim
+users:
+- name: sim
+  user:
+    token: sim
+`
+
+var debugRequests = os.Getenv("SIM_DEBUG") != ""
+
 // errKilled fails what a crashed process still tries: nothing of it happens.
 var errKilled = errors.New("the process was killed")
 
@@ -209,19 +273,71 @@ func (w *world) request(c *fake.Call) error {
 	if a.killed {
 		return errKilled
 	}
+	if cancelled(c.Ctx) {
+		// A client's request after its context ended is never sent.
+		return c.Ctx.Err()
+	}
 	a.at = w.s.now.Add(time.Duration(1+w.s.pick(5)) * time.Millisecond)
 	a.yield()
 	if a.killed {
 		panic(goExit{})
 	}
 	w.stats["requests"]++
+	if debugRequests {
+		w.tr.add("  %s %s %s (ctx %v)", c.Verb, c.Resource, c.Name, c.Ctx != nil && c.Ctx.Err() != nil)
+	}
+	if a.proc != nil && c.Verb == "patch" && c.Resource == fake.Pools {
+		adds := 0
+		for _, op := range c.Patch.Ops() {
+			if op.Op == "add" || op.Op == "replace" {
+				adds++
+			}
+		}
+		if adds > 0 {
+			w.stats[fmt.Sprintf("agent: allocation patches of %d", adds)]++
+		}
+		for _, op := range c.Patch.Ops() {
+			if op.Op == "replace" {
+				w.stats["agent: entries handed over to a new sandbox"]++
+			}
+		}
+		// What it adds, as written: recorded once the server applied it
+		// (change).
+		a.adding = map[string]shim.IPAllocation{}
+		for _, op := range c.Patch.Ops() {
+			if e, ok := op.Value.(shim.IPAllocation); ok && op.Op == "add" {
+				a.adding[strings.TrimPrefix(op.Path, "/spec/allocations/")] = e
+			}
+		}
+	}
+	if a.proc != nil && c.Verb == "create" && c.Resource == fake.Reservations {
+		if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil && strings.HasPrefix(*l.Spec.HolderIdentity, "harvester-ipam-agent/") {
+			w.stats["agent: reservations created under whereabouts' Lease"]++
+		} else {
+			w.stats["agent: reservations created without whereabouts' Lease"]++
+		}
+	}
 	if c.Verb != "get" && c.Verb != "list" {
 		w.s.dirty = true
+	}
+	if cancelled(c.Ctx) {
+		// Cancelled while under way: it reached the server or not.
+		if w.s.chance(0.5) {
+			return c.Ctx.Err()
+		}
+		c.LoseResponse = true
+	}
+	if a.whereabouts != nil && c.Verb == "delete" && c.Resource == fake.Reservations {
+		w.whereaboutsDeletes(a.whereabouts, c.Name)
 	}
 	if w.quiet || !isProcess(a) {
 		return nil
 	}
-	if w.o.Crashes && w.s.chance(w.o.CrashRate/20) {
+	if a.proc != nil && w.o.Agents && w.s.chance(w.o.AgentCrashRate/20) {
+		w.stats["agent kills before a request"]++
+		a.proc.kill(fmt.Sprintf("before %s %s %s", c.Verb, c.Resource, c.Name), 0)
+	}
+	if a.proc == nil && w.o.Crashes && w.s.chance(w.o.CrashRate/20) {
 		w.tr.add("CRASH before %s %s %s", c.Verb, c.Resource, c.Name)
 		w.stats["crashes"]++
 		a.killed = true
@@ -240,6 +356,58 @@ func (w *world) request(c *fake.Call) error {
 		}
 	}
 	return nil
+}
+
+// whereaboutsDeletes is whereabouts' own DEL of the entry of "of" deleting
+// the reservation name (pkg/storage/kubernetes
+// UpdateOverlappingRangeAllocation, every version: a delete by name): that
+// of the entry's address, whoever holds it. In overlapping ranges it may be
+// another pool's live attachment's, when of's ADD failed after writing its
+// entry, before its reservation: whereabouts alone does that after a lost
+// response (its hazard: the live attachment is no longer the product's to
+// keep, and the trace says so); but when of's ADD found the reservation
+// made under its Lease, a writer without the Lease raced it (a node agent),
+// and the live attachment's reservation is freed by the product's doing.
+func (w *world) whereaboutsDeletes(of *attachment, name string) {
+	for _, att := range w.live() {
+		if att == of || names.Reservation(att.ip, att.net.netName) != name {
+			continue
+		}
+		for _, r := range w.api.AllReservations(poolNS) {
+			if r.Name != name || r.Spec.PodRef != att.sb.pod.ref() {
+				continue
+			}
+			if of != nil && of.lostReservationRace {
+				w.s.violations = append(w.s.violations, fmt.Sprintf("whereabouts' DEL of %s deletes the reservation of live attachment %s: its ADD had lost the reservation to a writer without whereabouts' Lease", of, att))
+				continue
+			}
+			att.freedByWhereabouts = true
+			w.tr.add("whereabouts' DEL deletes reservation %s, %s's: whereabouts' own hazard across overlapping ranges", name, att)
+			w.stats["whereabouts' DEL frees a live attachment of another pool"]++
+		}
+	}
+}
+
+// attachmentOf is the attachment of a container and interface on n.
+func (w *world) attachmentOf(containerID, ifname string, n *network) *attachment {
+	for _, sb := range w.sbs {
+		if sb.id != containerID {
+			continue
+		}
+		for _, att := range sb.atts {
+			if att.ifname == ifname && att.net.pool() == n.pool() {
+				return att
+			}
+		}
+	}
+	return nil
+}
+
+// cancelled says whether a request's context was cancelled: its caller
+// gave up. Deadlines are the wall clock's, which the simulation does not
+// follow (its own are far longer than a schedule takes).
+func cancelled(ctx context.Context) bool {
+	return ctx != nil && errors.Is(ctx.Err(), context.Canceled)
 }
 
 // isProcess says whether an actor stands for a process that can crash or
