@@ -93,6 +93,10 @@ type Options struct {
 	// AtStep, when set, is called at each step boundary of the verbs the
 	// agent runs (plugin.Plugin.AtStep): the simulation kills the agent there.
 	AtStep func(step string)
+	// Wait, when set, waits until done is closed, for a verb that waits for
+	// another of its attachment: the simulation waits under its scheduler.
+	// Nil waits for done or the verb's end, whichever is first.
+	Wait func(done <-chan struct{})
 }
 
 // Server serves the plugin's verbs on a Listener.
@@ -106,6 +110,8 @@ type Server struct {
 	health   atomic.Pointer[health]
 	seq      atomic.Uint64
 	conns    sync.WaitGroup
+	// running serialises the verbs of each attachment.
+	running attachments
 }
 
 // New is a server of o.
@@ -143,6 +149,7 @@ func New(o Options) (*Server, error) {
 		env:    baseEnv(env),
 		slots:  make(chan struct{}, o.MaxInFlight),
 	}
+	s.running.wait = o.Wait
 	s.health.Store(notChecked)
 	return s, nil
 }
@@ -351,6 +358,14 @@ const stderrLimit = 64 << 10
 func (s *Server) Run(ctx context.Context, j *Job) (ans wire.Answer) {
 	if j.req.Command == wire.Probe {
 		return wire.NewAnswer(nil, nil, nil)
+	}
+	if j.args.ContainerID != "" && (j.req.Command == wire.Add || j.req.Command == wire.Del || j.req.Command == wire.Check) {
+		release, err := s.running.hold(ctx, j.args.ContainerID+"/"+j.args.IfName)
+		if err != nil {
+			return wire.NewAnswer(nil, nil, &wire.Error{Code: cnitypes.ErrTryAgainLater,
+				Msg: fmt.Sprintf("node agent: %s of %s/%s waited for another verb of the attachment: %v", j.req.Command, j.args.ContainerID, j.args.IfName, err)})
+		}
+		defer release()
 	}
 	var stdout bytes.Buffer
 	stderr := &capped{max: stderrLimit}

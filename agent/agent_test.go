@@ -366,6 +366,32 @@ func TestTheAgentDeclinesWhatItDoesNotServe(t *testing.T) {
 	}
 }
 
+// A DEL of an attachment whose ADD the agent is still doing waits for it,
+// then releases what it wrote: run beside it, it would look before the write
+// and leave the entry behind.
+func TestADelWaitsForTheAddOfItsAttachment(t *testing.T) {
+	r := newRig(t)
+	r.alloc.block = make(chan struct{})
+	added := make(chan client.Result)
+	go func() { added <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
+	require.Eventually(t, func() bool { return len(r.checkpoints()) == 1 }, 10*time.Second, time.Millisecond, "the ADD is under way")
+	deleted := make(chan client.Result)
+	go func() { deleted <- r.do(wire.Del, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
+	select {
+	case res := <-deleted:
+		t.Fatalf("the DEL answered while its attachment's ADD ran: %+v", res)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// Another attachment's DEL does not wait.
+	other := r.do(wire.Del, env("c2", "lhnet1"), r.config("0.3.1", ""))
+	assert.Equal(t, client.Served, other.Outcome, other.Reason)
+	close(r.alloc.block)
+	require.Equal(t, client.Served, (<-added).Outcome)
+	require.Equal(t, client.Served, (<-deleted).Outcome)
+	assert.Empty(t, r.pool(), "the DEL released what the ADD wrote")
+	assert.Empty(t, r.checkpoints())
+}
+
 // Beyond MaxInFlight requests at once, the agent declines: the plugin then
 // works alone rather than wait in a queue.
 func TestABusyAgentDeclines(t *testing.T) {

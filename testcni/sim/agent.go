@@ -70,6 +70,16 @@ func (w *world) startAgent(a *actor, n *node) {
 	a.proc = ag
 	ag.actors = append(ag.actors, a)
 	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
+	wait := func(done <-chan struct{}) {
+		w.s.cur.waitFor(func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+				return false
+			}
+		})
+	}
 	al := alloc.New(alloc.Options{
 		Reserved: ag.objs.Reservation,
 		Pools:    ag.objs.Pools,
@@ -77,16 +87,7 @@ func (w *world) startAgent(a *actor, n *node) {
 		Go: func(f func()) {
 			ag.spawn("alloc", false, func(*actor) { f() })
 		},
-		Wait: func(done <-chan struct{}) {
-			w.s.cur.waitFor(func() bool {
-				select {
-				case <-done:
-					return true
-				default:
-					return false
-				}
-			})
-		},
+		Wait: wait,
 	})
 	srv, err := agent.New(agent.Options{
 		API:            agentAPI{API: cache.API{API: w.api, Objects: ag.objs}, w: w},
@@ -101,6 +102,7 @@ func (w *world) startAgent(a *actor, n *node) {
 		CheckpointDirs: []string{n.cpDir},
 		Exec:           &fake.Delegate{WB: wb},
 		AtStep:         ag.atStep,
+		Wait:           wait,
 	})
 	if err != nil {
 		panic(err)
