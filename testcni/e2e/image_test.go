@@ -141,15 +141,16 @@ func TestImageArchiveIsReproducibleAndRuns(t *testing.T) {
 	out, err := cmd.Output()
 	require.NoError(t, err)
 	assert.Contains(t, string(out), `"supportedVersions":["0.3.1","0.4.0","1.0.0","1.1.0"]`)
-	cmd = exec.Command(filepath.Join(bin, "harvester-ipam"), "--version")
-	out, _ = cmd.CombinedOutput()
-	assert.Contains(t, string(out), "harvester-ipam "+tag+": ", "the plugin's version is the tag")
 	for c, usage := range map[string]string{
+		"harvester-ipam":            "harvester-ipam " + tag + ": a CNI IPAM plugin",
 		"harvester-ipam-install":    "-cni-bin-dir string",
-		"harvester-ipam-reconciler": "usage: harvester-ipam-reconciler [inspect] [flags]",
+		"harvester-ipam-reconciler": "harvester-ipam-reconciler inspect [--need N]",
 		"harvester-ipam-agent":      "usage: harvester-ipam-agent [flags]",
 	} {
-		out, err := exec.Command(filepath.Join(bin, c), "-h").CombinedOutput()
+		out, err := exec.Command(filepath.Join(bin, c), "--version").Output()
+		require.NoError(t, err, "%s --version", c)
+		assert.Equal(t, c+" "+tag+"\n", string(out), "%s --version prints the tag", c)
+		out, err = exec.Command(filepath.Join(bin, c), "-h").CombinedOutput()
 		assert.Contains(t, string(out), usage, "%s -h: %v", c, err)
 	}
 }
