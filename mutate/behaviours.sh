@@ -111,10 +111,10 @@ plant S1m '(the same bug)' install/standin/layout.go \
   's#return contains\(fsys, path, \[\]byte\(Mark\)\)#info, err := buildinfo.ReadFile(path); _ = fsys; return err == nil \&\& info.Path == Module+"/cmd/harvester-ipam", nil#' \
   $sm '^TestModel$'
 plant S2 'without the exchange, harvester-ipam renamed over the real binary' install/standin/take.go \
-  's#return d\.replaceWithoutExchange\(ctx, self, n, aside\)#_, _ = n, aside; if err := fsys.Rename(self, d.name()); err != nil { return false, err }; return true, fsys.SyncDir(d.Path)#' \
+  's#return d\.replaceWithoutExchange\(ctx, self, n\)#_ = n; if err := fsys.Rename(self, d.name()); err != nil { return false, err }; return true, fsys.SyncDir(d.Path)#' \
   ./install/standin '^TestWithoutExchangeTheRealBinaryIsKept$'
 plant S2m '(the same bug)' install/standin/take.go \
-  's#return d\.replaceWithoutExchange\(ctx, self, n, aside\)#_, _ = n, aside; if err := fsys.Rename(self, d.name()); err != nil { return false, err }; return true, fsys.SyncDir(d.Path)#' \
+  's#return d\.replaceWithoutExchange\(ctx, self, n\)#_ = n; if err := fsys.Rename(self, d.name()); err != nil { return false, err }; return true, fsys.SyncDir(d.Path)#' \
   $sm '^TestModel$'
 plant S3 'every stop gives the name back' install/standin/take.go \
   's#\tif !uninstall \{\n\t\treturn false, why, nil#\tif false \&\& !uninstall {\n\t\treturn false, why, nil#' \

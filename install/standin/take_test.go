@@ -295,6 +295,7 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 		{"take", StepSelfReady, true, true},
 		{"take", StepExchanged, true, true},
 		{"take", StepAsideKept, true, true},
+		{"giveback", StepMarked, true, false},
 		{"giveback", StepGivenBack, true, false},
 	}
 	for _, tt := range tests {
@@ -321,7 +322,15 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 			require.True(t, bytes.Equal(at, self) || bytes.Equal(at, want), "a whole binary at the name: %.40q", at)
 			require.NoError(t, probeVersion(ctx, d.name()), "it runs")
 			aside := read(t, d.aside())
-			assert.False(t, bytes.Equal(aside, self), "harvester-ipam is never aside")
+			if tt.op == "giveback" && bytes.Equal(at, self) {
+				// An uninstall's give-back has no run after it: the name must
+				// run on its own, harvester-ipam with its delegate aside.
+				assert.True(t, bytes.Equal(want, aside), "harvester-ipam at the name, the real binary aside: aside %s", whatIs(t, aside))
+			} else {
+				// Right after a give-back's exchange what came out of the name
+				// is at the aside's name; the real binary is at the name.
+				assert.True(t, tt.op == "giveback" && tt.step == StepGivenBack || !bytes.Equal(aside, self), "harvester-ipam is never aside")
+			}
 			realSomewhere := bytes.Equal(at, want) || bytes.Equal(aside, want)
 			for _, tmp := range temps(t, d) {
 				realSomewhere = realSomewhere || bytes.Equal(read(t, tmp), want)
@@ -614,4 +623,169 @@ func ino(t *testing.T, path string) uint64 {
 	st, err := OS{}.Stat(path)
 	require.NoError(t, err)
 	return st.Ino
+}
+
+// cpF writes b over path as GNU cp -f does (into the file, truncated), and
+// dates it at: a clock that was somewhere else when it wrote.
+func cpF(t *testing.T, path string, b []byte, at time.Time) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|os.O_CREATE, 0o755)
+	require.NoError(t, err)
+	_, err = f.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Chtimes(path, at, at))
+}
+
+// busyboxCP writes b at path as busybox cp -f does (the old file unlinked, a
+// new one written), dated at.
+func busyboxCP(t *testing.T, path string, b []byte, at time.Time) {
+	t.Helper()
+	require.NoError(t, os.Remove(path))
+	cpF(t, path, b, at)
+}
+
+// Which real binary is the newer is what whereabouts' installer wrote last,
+// never the files' times: whereabouts.real written while the node's clock
+// was an hour ahead (NTP then stepped it back), and v0.9.4 written after it
+// at an earlier time, is still the newer: aside when standing in, at the
+// name when given back.
+func TestNoClockOrdersTheRealBinaries(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	ahead, now := time.Now().Add(time.Hour), time.Now()
+	for _, cp := range []struct {
+		name  string
+		write func(t *testing.T, path string, b []byte, at time.Time)
+	}{{"GNU cp -f", cpF}, {"busybox cp -f", busyboxCP}} {
+		t.Run(cp.name, func(t *testing.T) {
+			d := newDir(t, v093)
+			_, err := d.Take(ctx, true)
+			require.NoError(t, err)
+			require.NoError(t, os.Chtimes(d.aside(), ahead, ahead))
+			cp.write(t, d.name(), v094, now)
+			_, err = d.Take(ctx, false)
+			require.NoError(t, err)
+			holds(t, "harvester-ipam", d.name(), "standing in")
+			holds(t, "whereabouts v0.9.4", d.aside(), "v0.9.4, written last, aside")
+
+			// Given back while whereabouts writes its binary again, dated
+			// earlier still: the last write is what the name holds.
+			require.NoError(t, os.Chtimes(d.aside(), ahead, ahead))
+			cp.write(t, d.name(), v093, now.Add(-time.Hour))
+			require.NoError(t, d.GiveBack(ctx))
+			holds(t, "whereabouts v0.9.3", d.name(), "v0.9.3, written last (a downgrade), at the name")
+			holds(t, "missing", d.aside(), "given back")
+			assert.Empty(t, temps(t, d))
+		})
+	}
+}
+
+// whereabouts' installer writes its binary at the name while harvester-ipam
+// gives the name back, after the give-back has looked: what the exchange
+// moves out of the name is the newer, whatever its time says, and ends at
+// the name; after a kill there, the next run (a Take, or the give-back
+// again) settles the same way.
+func TestAGiveBackMeetsANewerBinary(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	for _, next := range []string{"", "take", "giveback"} {
+		t.Run("next run: "+next, func(t *testing.T) {
+			d := newDir(t, v093)
+			_, err := d.Take(ctx, true)
+			require.NoError(t, err)
+			require.NoError(t, os.Chtimes(d.aside(), time.Now().Add(time.Hour), time.Now().Add(time.Hour)))
+			write := func(step string) {
+				if step == StepMarked {
+					busyboxCP(t, d.name(), v094, time.Now().Add(-time.Hour))
+				}
+			}
+			if next == "" {
+				d.AtStep = write
+				require.NoError(t, d.GiveBack(ctx))
+			} else {
+				// The child is killed right after the exchange: the write is
+				// made by the parent before it runs, at the same point.
+				d.AtStep = nil
+				require.NoError(t, d.writeMarker(stat(t, d.aside())))
+				write(StepMarked)
+				require.NoError(t, OS{}.Exchange(d.aside(), d.name()))
+				holds(t, "whereabouts v0.9.4", d.aside(), "what came out of the name")
+				if next == "take" {
+					_, err := d.Take(ctx, true)
+					require.NoError(t, err)
+					holds(t, "harvester-ipam", d.name(), "standing in")
+					holds(t, "whereabouts v0.9.4", d.aside(), "the newer aside")
+					assert.Empty(t, temps(t, d))
+					return
+				}
+				require.NoError(t, d.GiveBack(ctx))
+			}
+			holds(t, "whereabouts v0.9.4", d.name(), "the newer at the name")
+			holds(t, "missing", d.aside(), "given back")
+			assert.Empty(t, temps(t, d))
+		})
+	}
+}
+
+// whatIs names a binary of these tests by its bytes, for a message.
+func whatIs(t *testing.T, b []byte) string {
+	switch {
+	case b == nil:
+		return "missing"
+	case bytes.Equal(b, read(t, harvesterIPAM(t))):
+		return "harvester-ipam"
+	}
+	for _, v := range []string{"v0.9.3", "v0.9.4"} {
+		if bytes.Equal(b, realBinary(v)) {
+			return "whereabouts " + v
+		}
+	}
+	return fmt.Sprintf("%d other bytes", len(b))
+}
+
+// holds asserts what the file at path is, by name.
+func holds(t *testing.T, want, path, msg string) {
+	t.Helper()
+	assert.Equal(t, want, whatIs(t, read(t, path)), "%s: %s", path, msg)
+}
+
+func stat(t *testing.T, path string) File {
+	t.Helper()
+	f, err := OS{}.Stat(path)
+	require.NoError(t, err)
+	return f
+}
+
+// A whole binary that crashes once (the node out of memory, a passing
+// failure) is run again before it is taken for a fragment: whereabouts'
+// new binary at the name is kept aside, not removed.
+func TestABinaryThatCrashedOnceIsNotAFragment(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	for _, standing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("standing in %v", standing), func(t *testing.T) {
+			d := newDir(t, v093)
+			want := v093
+			if standing {
+				_, err := d.Take(ctx, true)
+				require.NoError(t, err)
+				cpF(t, d.name(), v094, time.Now())
+				want = v094
+			}
+			crashed := 0
+			d.Probe = func(ctx context.Context, path string) error {
+				if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, want) && crashed == 0 {
+					crashed++
+					return fmt.Errorf("signal: killed: %w", ErrBroken)
+				}
+				return probeVersion(ctx, path)
+			}
+			_, err := d.Take(ctx, false)
+			require.NoError(t, err)
+			assert.Equal(t, 1, crashed)
+			holds(t, "harvester-ipam", d.name(), "standing in")
+			holds(t, whatIs(t, want), d.aside(), "the real binary aside, not removed for a fragment")
+		})
+	}
 }
