@@ -99,7 +99,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 	}{
 		{
 			name: "defaults", namespace: "kube-system",
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.Equal(t, "rancher/harvester-ipam:v0.1.0", ds.Spec.Template.Spec.Containers[0].Image)
@@ -109,7 +109,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "reconciler as a deployment, dry run", namespace: "harvester-system",
 			set:  []string{"reconciler.mode=deployment", "reconciler.dryRun=true", "reconciler.grace=30m", "image.tag=v9.9.9"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "Deployment": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 1, "Deployment": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				d := typed[appsv1.Deployment](t, objs, "Deployment")
 				c := d.Spec.Template.Spec.Containers[0]
@@ -121,7 +121,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "deleting orphaned pools", namespace: "kube-system",
 			set:  []string{"reconciler.deleteOrphanedPools=true"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				assert.Contains(t, string(mustJSON(t, objs, "CronJob")), `"--delete-orphaned-pools"`)
 				for _, o := range objs {
@@ -136,33 +136,51 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "installer only", namespace: "kube-system",
 			set:  []string{"reconciler.enabled=false", "rbac.plugin=false"},
-			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1},
+			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
-				// Standing in, the installer reads its own DaemonSet when it
-				// stops, with its own token, and nothing else.
+				// Standing in, the installer reads and watches its own
+				// DaemonSet, its namespace and its node, with its own token,
+				// and nothing else; it knows its pod and node by name.
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.True(t, *ds.Spec.Template.Spec.AutomountServiceAccountToken)
-				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--daemonset=harvester-ipam")
+				c := ds.Spec.Template.Spec.Containers[0]
+				assert.Contains(t, c.Args, "--daemonset=harvester-ipam")
+				assert.Contains(t, c.Args, "--host-cni-bin-dir=/opt/cni/bin")
+				assert.Contains(t, c.StartupProbe.Exec.Command, "--daemonset=harvester-ipam", "the probe knows its release: another's stand-in is no failure")
+				env := map[string]string{}
+				for _, e := range c.Env {
+					env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+				}
+				assert.Equal(t, map[string]string{"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name", "NODE_NAME": "spec.nodeName"}, env)
 				role := typed[rbacv1.Role](t, objs, "Role")
 				assert.Equal(t, "kube-system", role.Namespace)
-				assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"harvester-ipam"}, Verbs: []string{"get"}}}, role.Rules)
+				assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"harvester-ipam"}, Verbs: []string{"get", "list", "watch"}}}, role.Rules)
+				cr := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
+				assert.Equal(t, []rbacv1.PolicyRule{
+					{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{"kube-system"}, Verbs: []string{"get", "list", "watch"}},
+					{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+				}, cr.Rules)
 			},
 		},
 		{
 			name: "installer only, not standing in", namespace: "kube-system",
 			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "standIn.enabled=false"},
-			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1},
+			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.False(t, *ds.Spec.Template.Spec.AutomountServiceAccountToken, "no API access, no token")
-				assert.NotContains(t, strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), "--daemonset")
+				// Its DaemonSet named, to give back what a revision before
+				// took; its Role kept, for that revision's pods to read
+				// through while they stop.
+				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--daemonset=harvester-ipam")
+				assert.NotContains(t, strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), "--stand-in")
 			},
 		},
 		{
 			name: "other host paths and pool namespace", namespace: "kube-system",
 			set: []string{"hostPaths.cniBinDir=/var/lib/rancher/rke2/data/cni/bin", "hostPaths.cniConfDir=/var/lib/rancher/cni/net.d",
 				"whereabouts.poolNamespace=whereabouts-pools", "whereabouts.serviceAccount.name=wb", "whereabouts.serviceAccount.namespace=whereabouts-system"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				paths := map[string]string{}
@@ -170,9 +188,10 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 					paths[v.Name] = v.HostPath.Path
 				}
 				assert.Equal(t, map[string]string{"cni-bin": "/var/lib/rancher/rke2/data/cni/bin", "cni-conf": "/var/lib/rancher/cni/net.d"}, paths)
+				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--host-cni-bin-dir=/var/lib/rancher/rke2/data/cni/bin")
 				for _, o := range objs {
 					switch {
-					case o.GetName() == "harvester-ipam-installer" && o.GetKind() != "ServiceAccount":
+					case o.GetName() == "harvester-ipam-installer" && (o.GetKind() == "Role" || o.GetKind() == "RoleBinding"):
 						assert.Equal(t, "kube-system", o.GetNamespace(), "%s %s lives beside its DaemonSet", o.GetKind(), o.GetName())
 					case o.GetKind() == "Role" || o.GetKind() == "RoleBinding":
 						assert.Equal(t, "whereabouts-pools", o.GetNamespace(), "%s %s lives beside the pools", o.GetKind(), o.GetName())
@@ -264,8 +283,11 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "watch", core, "pods", ""}, {reconciler, "watch", core, "nodes", ""}, // the loop's informers
 		{reconciler, "get", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"},
 		{reconciler, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
-		// When it stops, the installer reads its own DaemonSet (an uninstall or a restart?).
-		{installer, "get", "apps", "daemonsets", ns},
+		// The installer reads and watches its own DaemonSet, its namespace
+		// and its node (does the chart still stand in here?).
+		{installer, "get", "apps", "daemonsets", ns}, {installer, "watch", "apps", "daemonsets", ns},
+		{installer, "get", core, "namespaces", ""}, {installer, "watch", core, "namespaces", ""},
+		{installer, "get", core, "nodes", ""}, {installer, "list", core, "nodes", ""}, {installer, "watch", core, "nodes", ""},
 	}
 	denied := []q{
 		{plugin, "create", wb, "ippools", "kube-system"}, {plugin, "delete", wb, "ippools", "kube-system"},
@@ -284,6 +306,8 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{installer, "list", core, "secrets", ns},
 		{installer, "list", "apps", "daemonsets", ns}, {installer, "delete", "apps", "daemonsets", ns},
 		{installer, "get", "apps", "daemonsets", "kube-system"},
+		{installer, "update", core, "nodes", ""}, {installer, "delete", core, "namespaces", ""},
+		{installer, "get", core, "namespaces", "other"},
 	}
 	can := func(x q) bool {
 		user := strings.Split(x.user, ":")
@@ -293,6 +317,13 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		}
 		if x.resource == "daemonsets" && x.verb != "list" {
 			name = release + "-harvester-ipam" // the installer's own, the one its Role names
+		}
+		if x.resource == "namespaces" {
+			name = ns // the installer's own, the one its ClusterRole names
+			if x.namespace != "" {
+				name = x.namespace // another
+			}
+			x.namespace = ""
 		}
 		sar, err := rig.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
 			Spec: authorizationv1.SubjectAccessReviewSpec{

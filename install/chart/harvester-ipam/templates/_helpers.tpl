@@ -102,5 +102,6 @@ exec:
     {{- if .Values.standIn.enabled }}
     - --stand-in={{ .Values.standIn.name }}
     {{- end }}
+    - --daemonset={{ include "harvester-ipam.fullname" . }}
 timeoutSeconds: 15
 {{- end }}
