@@ -133,6 +133,15 @@ func main() {
 			wctx, wcancel := context.WithCancel(context.Background())
 			defer wcancel()
 			t.ds.Watch(wctx)
+			go func() {
+				for ctx.Err() == nil {
+					if _, ok := t.ds.Seen(); ok {
+						logf("watching DaemonSet %s/%s, its namespace and node %q: a stop whose reads are refused goes by what they last showed", ns, owner, node)
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
 			// Said now, not only when it matters: a stop must read it.
 			if _, err := t.ds.Get(ctx); err != nil {
 				logf("warning: cannot read DaemonSet %s/%s (%v): when stopped, harvester-ipam keeps standing in unless it can tell the chart no longer does", ns, owner, err)

@@ -600,7 +600,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 
 	// The container's main loop: ready once installed; SIGTERM ends it, the
 	// binary stays; the stand-in's name is given back only on an uninstall.
-	start := func(kubeconfig string) (stop func() string) {
+	start := func(kubeconfig string) (stop func() string, logsNow func() string) {
 		cmd := c.cmd(append(c.command, c.args...), "--kubeconfig="+kubeconfig)
 		cmd.Env = append(os.Environ(), "POD_NAMESPACE="+ns) // the chart's downward API
 		var logs syncBuffer
@@ -632,9 +632,9 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 				t.Fatalf("no exit within the grace period:\n%s", logs.String())
 			}
 			return logs.String()
-		}
+		}, logs.String
 	}
-	stop := start(kubeconfig)
+	stop, _ := start(kubeconfig)
 	self := sha(t, rig.PluginBinary())
 	assert.Equal(t, self, sha(t, name), "harvester-ipam stands in at whereabouts' name")
 	assert.Equal(t, v093, sha(t, aside), "the real whereabouts aside, byte for byte")
@@ -703,11 +703,14 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	poolsBefore := mustAllocs(t, n)
 
 	v094 := sha(t, rig.Tools["whereabouts-v0.9.4"])
+	// The stand-in's record (which release took the name) and the release's
+	// lock (an installer of it runs here), beside the binaries.
+	const record, alive = ".harvester-ipam.owner.whereabouts", ".harvester-ipam.alive.installer-e2e.harvester-ipam"
 	standsIn := func(when string) {
 		t.Helper()
 		assert.Equal(t, self, sha(t, name), "%s: harvester-ipam stands in", when)
 		assert.Equal(t, v094, sha(t, aside), "%s: the real whereabouts aside", when)
-		assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "%s: no temporary file left", when)
+		assert.Equal(t, []string{alive, record, "bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "%s: no temporary file left", when)
 	}
 
 	// A restart, a rollout or a node's shutdown: its DaemonSet is in place.
@@ -715,7 +718,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	t.Logf("the DaemonSet's container, stopped with its DaemonSet in place:\n%s", logs)
 	assert.Contains(t, logs, "installed "+installed)
 	assert.Contains(t, logs, "stays installed")
-	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is in place (a restart, an upgrade or a node's shutdown): harvester-ipam keeps standing in at "+name)
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is in place and stands in here (a restart, an upgrade, a node's shutdown or a force-deleted pod): harvester-ipam keeps standing in at "+name)
 	assert.NotContains(t, logs, "gave ")
 	assert.NotContains(t, logs, "warning", "whereabouts and its flat file are in place")
 	standsIn("stopped with its DaemonSet in place")
@@ -728,21 +731,66 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 		cl.Server = "https://127.0.0.1:1" // nothing listens there
 	}
 	require.NoError(t, clientcmd.WriteToFile(*cfg, unreachable))
-	logs = start(unreachable)()
+	stopUnreachable, _ := start(unreachable)
+	logs = stopUnreachable()
 	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam could not be read")
 	assert.Contains(t, logs, "so this may be a restart: harvester-ipam keeps standing in at "+name)
 	standsIn("stopped with the API server unreachable")
 
-	// helm uninstall: the DaemonSet is deleted, then its pods stop.
-	stop = start(kubeconfig)
+	// Its reads refused when it stops (a force-deleted pod's token, an
+	// uninstall's deleted role): what its watch saw decides. Here its
+	// binding goes (every read of it is refused from then on) while its
+	// watch, opened before, runs on.
+	unbind := func() {
+		require.NoError(t, rig.Kube.RbacV1().RoleBindings(ns).Delete(ctx(t), "harvester-ipam-installer", metav1.DeleteOptions{}))
+		require.Eventually(t, func() bool {
+			sar, err := rig.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: "system:serviceaccount:" + ns + ":harvester-ipam-installer", Groups: []string{"system:serviceaccounts"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "get", Group: "apps", Resource: "daemonsets", Namespace: ns, Name: "harvester-ipam"}}}, metav1.CreateOptions{})
+			return err == nil && !sar.Status.Allowed
+		}, 10*time.Second, 50*time.Millisecond, "the API server sees the binding gone")
+	}
+	watching := func(logs func() string) {
+		require.Eventually(t, func() bool { return strings.Contains(logs(), "watching DaemonSet installer-e2e/harvester-ipam") },
+			30*time.Second, 50*time.Millisecond, "the installer watches its DaemonSet")
+	}
+	stop, logsNow := start(kubeconfig)
+	watching(logsNow)
+	unbind()
+	logs = stop()
+	t.Logf("the DaemonSet's container, stopped with its reads refused, its DaemonSet in place:\n%s", logs)
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam could not be read now")
+	assert.Contains(t, logs, "as last seen, it stands in here (a force-deleted pod, a restart): harvester-ipam keeps standing in at "+name)
+	standsIn("stopped with its reads refused, its DaemonSet in place")
+	require.NoError(t, rig.Apply(ctx(t), own, false))
+
+	// helm uninstall as it goes: the DaemonSet deleted, its role and account
+	// after it, and only then its pods stopped. The reads are refused; the
+	// watch saw the DaemonSet go.
+	stop, logsNow = start(kubeconfig)
+	watching(logsNow)
+	require.NoError(t, rig.Kube.AppsV1().DaemonSets(ns).Delete(ctx(t), "harvester-ipam", metav1.DeleteOptions{}))
+	unbind()
+	logs = stop()
+	t.Logf("the DaemonSet's container, stopped with its DaemonSet deleted and its reads refused:\n%s", logs)
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam could not be read now")
+	assert.Contains(t, logs, "as last seen, its DaemonSet is gone: the chart no longer stands in here, so "+name+" goes back to the real binary")
+	assert.Contains(t, logs, "gave "+name+" back to the real binary")
+	assert.Equal(t, v094, sha(t, name), "uninstalled: the real whereabouts at its name, byte for byte")
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, record, lock or temporary file left")
+
+	// helm uninstall, read as it is: the DaemonSet is gone when its pods stop.
+	require.NoError(t, rig.Apply(ctx(t), own, false))
+	stop, _ = start(kubeconfig)
+	standsIn("standing in again")
 	require.NoError(t, rig.Kube.AppsV1().DaemonSets(ns).Delete(ctx(t), "harvester-ipam", metav1.DeleteOptions{}))
 	logs = stop()
 	t.Logf("the DaemonSet's container, stopped with its DaemonSet deleted:\n%s", logs)
-	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is gone: an uninstall, so "+name+" goes back to the real binary")
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is gone: the chart no longer stands in here, so "+name+" goes back to the real binary")
 	assert.Contains(t, logs, "gave "+name+" back to the real binary")
 	assert.Equal(t, sha(t, rig.PluginBinary()), sha(t, installed))
 	assert.Equal(t, v094, sha(t, name), "uninstalled: the real whereabouts at its name, byte for byte")
-	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, no temporary file left")
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, record, lock or temporary file left")
 	assert.Equal(t, poolsBefore, mustAllocs(t, n), "the pool as it was")
 
 	once := func(extra ...string) run {
@@ -774,7 +822,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	assert.Contains(t, r.stderr, "the new binary does not run")
 	assert.Contains(t, r.stderr, installed+" left as it was")
 	assert.Equal(t, good, sha(t, installed))
-	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "no temporary file left")
+	assert.Equal(t, []string{record, "bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "no temporary file left")
 	r = c.run(t, c.probe)
 	assert.Equal(t, 1, r.exit, "not ready with a broken image")
 	assert.Contains(t, r.stderr, "is not the image's")
