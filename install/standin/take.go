@@ -178,8 +178,9 @@ func pending(path string, l look) error {
 // idempotent, and it is what runs again whenever the plugin's own installer
 // (whereabouts' install-cni.sh: `cp -f`) has written the name: the binary it
 // finds there becomes the one aside. Another build of harvester-ipam at the
-// name is replaced only when claim is set (an installer's first Take): two
-// installers of two builds never undo each other's Take for ever. A Take
+// name is replaced only when claim is set (the caller holds the name: the
+// stand-in's record names it, see install.StandInAs): two installers of two
+// builds never undo each other's Take for ever. A Take
 // that finds nothing to change writes nothing, so the watcher's own events
 // end. changed says whether it wrote.
 func (d Dir) Take(ctx context.Context, claim bool) (changed bool, err error) {
@@ -788,10 +789,11 @@ func (d Dir) Pending() []string {
 func IsTemp(name string) bool { return strings.HasPrefix(name, tempPrefix) }
 
 // Stop is what an installer does when it is told to stop: it gives the name
-// back only when removing says this is an uninstall (its DaemonSet gone or
-// being deleted). A restart, a rollout or a node's shutdown keeps
-// harvester-ipam standing in: giving back then would leave the node to the
-// real binary alone exactly while pods get new sandboxes.
+// back only when removing says the chart no longer stands in here
+// (uninstalled, turned off, the node no longer selected). A restart, a
+// rollout, a node's shutdown or a force-deleted pod keeps harvester-ipam
+// standing in: giving back then would leave the node to the real binary
+// alone exactly while pods get new sandboxes.
 func (d Dir) Stop(ctx context.Context, removing func(context.Context) (uninstall bool, why string)) (gaveBack bool, why string, err error) {
 	uninstall, why := removing(ctx)
 	if !uninstall {
