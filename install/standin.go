@@ -187,7 +187,10 @@ func GiveBackReleased(ctx context.Context, opt Options, me Identity, keep string
 		if rec.Release != me.Release() || rec.Name == keep {
 			continue
 		}
-		if err := giveBackAndForget(ctx, opt, rec.Name, func(Record) bool { return true }); err != nil {
+		gctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a writer still writing: the next pass
+		err := giveBackAndForget(gctx, opt, rec.Name, func(r Record) bool { return r.Release == me.Release() })
+		cancel()
+		if err != nil {
 			return given, fmt.Errorf("give %s back (this release stands in for it no more): %w", rec.Name, err)
 		}
 		given = append(given, rec.Name)

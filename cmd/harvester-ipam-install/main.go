@@ -223,6 +223,7 @@ type taker struct {
 	ds            *install.Owner // nil: no DaemonSet to watch
 	mu            sync.Mutex
 	said          string // the last state logged that is not an event
+	started       bool   // the first take (the main loop's) has run
 }
 
 // note logs a state once, not at every pass.
@@ -245,6 +246,13 @@ func (t *taker) note(msg string) {
 // While the chart's newest revision no longer stands in here (this pod is
 // about to be replaced, or stopped), it takes nothing.
 func (t *taker) take(ctx context.Context, first bool) {
+	t.mu.Lock()
+	started := t.started || first
+	t.started = started
+	t.mu.Unlock()
+	if !first && !started {
+		return // the watcher, before the main loop's first take: that one looks
+	}
 	at := filepath.Join(t.opt.BinDir, t.name)
 	if t.ds != nil {
 		if ok, why := t.ds.StillStandsIn(); !ok {
