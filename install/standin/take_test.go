@@ -789,3 +789,104 @@ func TestABinaryThatCrashedOnceIsNotAFragment(t *testing.T) {
 		})
 	}
 }
+
+// hookFS is the operating system's filesystem with a hook after each Stat,
+// given the path and how many times it was stat'ed: a writer acting at one
+// exact point of a step.
+type hookFS struct {
+	OS
+	stats     map[string]int
+	afterStat func(path string, n int)
+}
+
+func (h *hookFS) Stat(path string) (File, error) {
+	f, err := h.OS.Stat(path)
+	if h.stats == nil {
+		h.stats = map[string]int{}
+	}
+	h.stats[path]++
+	if h.afterStat != nil {
+		h.afterStat(path, h.stats[path])
+	}
+	return f, err
+}
+
+// A look says what the file it stat'ed is: a file replaced while it was
+// probed is reported as not answering (looked at again later), never as
+// what the probe of the other file said.
+func TestALookIsOfTheFileItStats(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	for _, tt := range []struct {
+		name    string
+		before  []byte
+		replace func(t *testing.T, path string)
+	}{
+		{"a fragment replaced by a whole binary (busybox cp -f)", v094[:len(v094)/3], func(t *testing.T, path string) { busyboxCP(t, path, v094, time.Now()) }},
+		{"a whole binary rewritten in place (GNU cp -f)", v093, func(t *testing.T, path string) { cpF(t, path, v094, time.Now().Add(-time.Hour)) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := newDir(t, tt.before)
+			d.Probe = func(ctx context.Context, path string) error {
+				err := probeVersion(ctx, path)
+				tt.replace(t, path) // after the probe answered, before the look ends
+				return err
+			}
+			l, err := d.look(ctx, d.name())
+			require.NoError(t, err)
+			assert.Equal(t, unknown, l.kind, "changed while it was looked at: %v", l.why)
+			assert.ErrorContains(t, l.why, "changed while it was looked at")
+		})
+	}
+}
+
+// Without the exchange, the real binary at the name is linked aside as it
+// was looked at; a name replaced since gets no capture (the link would be
+// of the new file, and the aside would share the name's inode, which
+// whereabouts' next cp -f writes into).
+func TestACaptureIsOfTheFileLookedAt(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	d := newDir(t, v093)
+	n, err := d.look(ctx, d.name())
+	require.NoError(t, err)
+	require.Equal(t, runs, n.kind)
+	busyboxCP(t, d.name(), v094, time.Now())
+	err = d.capture(n)
+	require.ErrorIs(t, err, ErrPending)
+	assert.Empty(t, temps(t, d), "no capture of the file written since")
+	holds(t, "whereabouts v0.9.4", d.name(), "the new binary untouched")
+
+	// The name as it was looked at: captured, one file under two names.
+	n, err = d.look(ctx, d.name())
+	require.NoError(t, err)
+	require.NoError(t, d.capture(n))
+	c := stat(t, filepath.Join(d.Path, captureName))
+	assert.True(t, c.Same(stat(t, d.name())))
+}
+
+// Giving back with the real binary at the name already (whereabouts wrote it
+// since) removes the aside only once the name is seen to hold it still: a
+// write that left a fragment there meanwhile (a cp -f killed) keeps the
+// aside, which then goes back to the name.
+func TestTheAsideGoesOnlyWhileTheNameHoldsTheRealBinary(t *testing.T) {
+	ctx := context.Background()
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	d := newDir(t, v093)
+	_, err := d.Take(ctx, true)
+	require.NoError(t, err)
+	cpF(t, d.name(), v094, time.Now()) // whereabouts wrote the name since: given back already
+	h := &hookFS{}
+	h.afterStat = func(path string, n int) {
+		// After the give-back's look at the name (its second stat), before
+		// anything else: a cp -f killed halfway leaves a fragment there.
+		if path == d.name() && n == 2 {
+			busyboxCP(t, d.name(), v094[:len(v094)/3], time.Now())
+		}
+	}
+	d.FS = h
+	require.NoError(t, d.GiveBack(ctx))
+	holds(t, "whereabouts v0.9.3", d.name(), "the aside, the only real binary left, back at the name")
+	holds(t, "missing", d.aside(), "given back")
+	assert.Empty(t, temps(t, d))
+}
