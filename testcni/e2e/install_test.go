@@ -425,6 +425,7 @@ type container struct {
 	command     []string
 	args        []string
 	probe       []string
+	env         []string // what the chart's downward API gives the container (its probes too)
 }
 
 func (c *container) path(p string) string {
@@ -449,7 +450,9 @@ func (c *container) cmd(argv []string, extra ...string) *exec.Cmd {
 			out = append(out, c.path(a))
 		}
 	}
-	return exec.Command(out[0], out[1:]...)
+	cmd := exec.Command(out[0], out[1:]...)
+	cmd.Env = append(os.Environ(), c.env...)
+	return cmd
 }
 
 type run struct {
@@ -578,6 +581,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	kubeconfig := filepath.Join(t.TempDir(), "installer.kubeconfig")
 	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
 	c := daemonSetContainer(t, objs)
+	c.env = []string{"POD_NAMESPACE=" + ns, "POD_NAME=harvester-ipam-e2e"} // the chart's downward API (no node here)
 	require.NoError(t, rig.BuildCommand(ctx(t), "./cmd/harvester-ipam-install", c.path("/usr/bin/harvester-ipam-install"), "-s -w"))
 	copyFile(t, rig.PluginBinary(), c.path("/usr/bin/harvester-ipam"))
 	binDir := c.path("/host/opt/cni/bin")
@@ -602,7 +606,6 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	// binary stays; the stand-in's name is given back only on an uninstall.
 	start := func(kubeconfig string) (stop func() string, logsNow func() string) {
 		cmd := c.cmd(append(c.command, c.args...), "--kubeconfig="+kubeconfig)
-		cmd.Env = append(os.Environ(), "POD_NAMESPACE="+ns) // the chart's downward API
 		var logs syncBuffer
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		began := time.Now()
