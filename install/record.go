@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -148,16 +149,23 @@ func alivePath(binDir, release string) string {
 // func is called, or the process ends), a shared lock that tells the other
 // installers on the node that a pod of release runs here. The kernel lets
 // go of it when the process ends, however it ends.
+//
+// The descriptor is a raw one, not an *os.File: nothing closes it until
+// unlock does (an *os.File dropped by the caller is closed by the garbage
+// collector, and the lock with it), and the binaries the installer runs do
+// not inherit it (O_CLOEXEC).
 func HoldAlive(binDir, release string) (unlock func(), err error) {
-	f, err := os.OpenFile(alivePath(binDir, release), os.O_RDONLY|os.O_CREATE, 0o644)
+	path := alivePath(binDir, release)
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CREAT|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("say that %s runs here: %w", release, err)
+		return nil, fmt.Errorf("say that %s runs here: open %s: %w", release, path, err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("say that %s runs here: lock %s: %w", release, f.Name(), err)
+	if err := syscall.Flock(fd, syscall.LOCK_SH); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("say that %s runs here: lock %s: %w", release, path, err)
 	}
-	return func() { f.Close() }, nil
+	var once sync.Once
+	return func() { once.Do(func() { syscall.Close(fd) }) }, nil
 }
 
 // IsAlive says whether an installer of release runs on the node: whether

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -106,6 +107,17 @@ func TestAlive(t *testing.T) {
 	alive, _ = IsAlive(dir, "kube-system/a")
 	assert.False(t, alive, "none runs")
 
+	// Held whether or not the caller keeps what it was given: the garbage
+	// collector lets go of nothing.
+	_, err = HoldAlive(dir, "kube-system/d")
+	require.NoError(t, err)
+	for range 3 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	alive, _ = IsAlive(dir, "kube-system/d")
+	assert.True(t, alive, "still held after the garbage collector ran")
+
 	// A process that holds it and is killed lets go of it.
 	cmd := exec.Command("flock", "-s", "-o", alivePath(dir, "kube-system/c"), "sleep", "30")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -169,11 +181,18 @@ func TestTwoReleasesDoNotFight(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, says, "harvester-ipam stands in at "+name)
 
-	// The other release stops: it gives back nothing, its name or not.
-	gave, why, err := StopAs(ctx, b, "whereabouts", releaseB, func(context.Context) (bool, string) { return true, "uninstalled" })
+	// The other release stops: it gives back nothing, its name or not; when
+	// it leaves the node (an uninstall), its lock file goes.
+	gave, why, err := StopAs(ctx, b, "whereabouts", releaseB, func(context.Context) (bool, string) { return false, "a restart" })
 	require.NoError(t, err)
 	assert.False(t, gave)
 	assert.Contains(t, why, "release kube-system/harvester-ipam holds whereabouts, not this one")
+	assert.FileExists(t, alivePath(dir, releaseB.Release()))
+	gave, why, err = StopAs(ctx, b, "whereabouts", releaseB, func(context.Context) (bool, string) { return true, "uninstalled" })
+	require.NoError(t, err)
+	assert.False(t, gave)
+	assert.Contains(t, why, "uninstalled; release kube-system/harvester-ipam holds whereabouts, not this one")
+	assert.NoFileExists(t, alivePath(dir, releaseB.Release()))
 	assert.Equal(t, "harvester-ipam a", contents(t, name))
 
 	// The first release's installers are gone from the node without giving

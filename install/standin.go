@@ -250,6 +250,11 @@ func StopAs(ctx context.Context, opt Options, name string, me Identity, removing
 		return false, "", err
 	}
 	if ok && rec.Release != me.Release() {
+		// Another release's name: never given back. When this release
+		// leaves the node, its lock file goes with it.
+		if leaves, why := removing(ctx); leaves {
+			return false, fmt.Sprintf("%s; release %s holds %s, not this one", why, rec.Release, name), removeAlive(opt.BinDir, me.Release())
+		}
 		return false, fmt.Sprintf("release %s holds %s, not this one", rec.Release, name), nil
 	}
 	gaveBack, why, err = d.Stop(ctx, removing)
