@@ -45,7 +45,7 @@ func Judge(ds *appsv1.DaemonSet, ns *corev1.Namespace, node *corev1.Node, p Plac
 		return Verdict{false, what + " no longer stands in (its installer runs without --stand-in)"}
 	case name != p.Name:
 		return Verdict{false, fmt.Sprintf("%s stands in for %s now, not %s", what, name, p.Name)}
-	case p.HostDir != "" && dir != "" && filepath.Clean(dir) != filepath.Clean(p.HostDir):
+	case p.HostDir != "" && dir != "" && dir != filepath.Clean(p.HostDir):
 		return Verdict{false, fmt.Sprintf("%s stands in in %s now, not %s", what, dir, p.HostDir)}
 	}
 	if node != nil {
@@ -62,7 +62,7 @@ func Judge(ds *appsv1.DaemonSet, ns *corev1.Namespace, node *corev1.Node, p Plac
 func StandsInAt(spec corev1.PodSpec) (name, hostDir string) {
 	for _, c := range spec.Containers {
 		argv := append(append([]string{}, c.Command...), c.Args...)
-		if len(argv) == 0 || !strings.Contains(strings.Join(argv, " "), "harvester-ipam-install") {
+		if !strings.Contains(strings.Join(argv, " "), "harvester-ipam-install") {
 			continue
 		}
 		name = flagValue(argv, "stand-in")
@@ -94,21 +94,25 @@ func flagValue(argv []string, flag string) string {
 	return v
 }
 
-// hostPathOf is the host's path of path in container c: the hostPath volume
-// mounted at it or at a dir above it.
+// hostPathOf is the host's path (clean) of path in container c: the
+// hostPath volume mounted at it or at the deepest dir above it.
 func hostPathOf(spec corev1.PodSpec, c corev1.Container, path string) string {
-	path = filepath.Clean(path)
-	best, rel := "", ""
+	best, rel, steps := "", "", -1
 	for _, m := range c.VolumeMounts {
-		mp := filepath.Clean(m.MountPath)
-		r, err := filepath.Rel(mp, path)
-		if err != nil || strings.HasPrefix(r, "..") || len(mp) <= len(best) {
+		r, err := filepath.Rel(m.MountPath, path) // cleans both
+		if err != nil || r == ".." || strings.HasPrefix(r, "../") {
 			continue
 		}
-		best, rel = m.Name, r
+		n := 0 // how far below the mount path is
+		if r != "." {
+			n = strings.Count(r, "/") + 1
+		}
+		if steps < 0 || n < steps {
+			best, rel, steps = m.Name, r, n
+		}
 	}
 	for _, v := range spec.Volumes {
-		if v.Name == best && best != "" && v.HostPath != nil {
+		if v.Name == best && v.HostPath != nil {
 			return filepath.Join(v.HostPath.Path, rel)
 		}
 	}

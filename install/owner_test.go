@@ -129,6 +129,10 @@ func TestJudge(t *testing.T) {
 			assert.Contains(t, v.Why, tt.why)
 		})
 	}
+	// The installer's own --host-cni-bin-dir spelt otherwise is the same dir.
+	spelt := here
+	spelt.HostDir = "/opt//cni/bin/"
+	assert.True(t, Judge(chartDaemonSet("whereabouts", "/opt/cni/bin"), nil, node, spelt).StandsIn)
 }
 
 // What a template stands in for, and where on the host, however its flags
@@ -152,6 +156,8 @@ func TestStandsInAt(t *testing.T) {
 		{"the last flag wins", spec([]string{"--stand-in=a", "--stand-in=b"}, []corev1.VolumeMount{{Name: "host", MountPath: "/host/opt/cni/bin"}}, "/opt/cni/bin"), "b", "/opt/cni/bin"},
 		{"the default bin dir, the host's /opt mounted", spec([]string{"--stand-in=whereabouts"}, []corev1.VolumeMount{{Name: "host", MountPath: "/host/opt"}}, "/opt"), "whereabouts", "/opt/cni/bin"},
 		{"the deeper mount wins", spec([]string{"--stand-in=whereabouts"}, []corev1.VolumeMount{{Name: "empty", MountPath: "/host"}, {Name: "host", MountPath: "/host/opt/cni/bin"}}, "/srv/bin"), "whereabouts", "/srv/bin"},
+		{"the deeper mount wins, listed first", spec([]string{"--stand-in=whereabouts"}, []corev1.VolumeMount{{Name: "host", MountPath: "/host/opt/cni/bin/"}, {Name: "empty", MountPath: "/host"}}, "/srv/bin"), "whereabouts", "/srv/bin"},
+		{"a mount beside it, not above it", spec([]string{"--stand-in=whereabouts"}, []corev1.VolumeMount{{Name: "empty", MountPath: "/host/opt/cni/bin2"}, {Name: "host", MountPath: "/host/opt"}}, "/opt"), "whereabouts", "/opt/cni/bin"},
 		{"not a hostPath", spec([]string{"--stand-in=whereabouts"}, []corev1.VolumeMount{{Name: "empty", MountPath: "/host/opt/cni/bin"}}, "/opt/cni/bin"), "whereabouts", ""},
 		{"no stand-in", spec([]string{"--cni-bin-dir=/host/opt/cni/bin"}, []corev1.VolumeMount{{Name: "host", MountPath: "/host/opt/cni/bin"}}, "/opt/cni/bin"), "", "/opt/cni/bin"},
 		{"no installer", corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Args: []string{"--stand-in=whereabouts"}}}}, "", ""},

@@ -65,6 +65,10 @@ func TestRecord(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, rec, got)
+	b, err := os.ReadFile(recordPath(dir, "whereabouts"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, strings.Count(string(b), "\n"), "one line, as cat shows it: %q", b)
+	assert.True(t, strings.HasSuffix(string(b), "}\n"))
 	require.NoError(t, writeRecord(dir, Record{Name: "other", Release: ByHand, Pod: "pid 1"}))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, recordPrefix+"whereabouts.tmp-123"), []byte("{"), 0o644)) // a kill
 	all, err := Records(dir)
@@ -117,6 +121,16 @@ func TestAlive(t *testing.T) {
 	}
 	alive, _ = IsAlive(dir, "kube-system/d")
 	assert.True(t, alive, "still held after the garbage collector ran")
+
+	// The binaries the installer runs (its probes) do not hold it with it.
+	unlock, err = HoldAlive(dir, "kube-system/e")
+	require.NoError(t, err)
+	child := exec.Command("sleep", "30")
+	require.NoError(t, child.Start())
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	unlock()
+	alive, _ = IsAlive(dir, "kube-system/e")
+	assert.False(t, alive, "let go of, though a child it started still runs")
 
 	// A process that holds it and is killed lets go of it.
 	cmd := exec.Command("flock", "-s", "-o", alivePath(dir, "kube-system/c"), "sleep", "30")
