@@ -36,6 +36,7 @@ func forks(t *testing.T) map[string]string {
 	forkOnce.Do(func() {
 		root := moduleRoot(t)
 		dir, err := os.MkdirTemp("", "standin-forks-")
+		builds = append(builds, dir)
 		if err != nil {
 			forkErr = err
 			return

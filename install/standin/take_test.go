@@ -31,6 +31,7 @@ func harvesterIPAM(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "standin-test-")
+		builds = append(builds, dir)
 		if err != nil {
 			buildErr = err
 			return
@@ -54,6 +55,7 @@ func harvesterIPAM(t *testing.T) string {
 func realBinary(version string) []byte {
 	realOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "standin-real-")
+		builds = append(builds, dir)
 		if err != nil {
 			realErr = err
 			return
@@ -97,6 +99,9 @@ var (
 	realOnce sync.Once
 	realELF  []byte
 	realErr  error
+	// builds are the dirs the builds above went to, removed when the
+	// package's tests end (a mutation run runs them hundreds of times).
+	builds []string
 )
 
 func probeVersion(ctx context.Context, path string) error {
@@ -272,7 +277,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "finished without crashing:", err)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, d := range builds {
+		os.RemoveAll(d)
+	}
+	os.Exit(code)
 }
 
 // A kill at any step of taking the name or giving it back leaves a whole
