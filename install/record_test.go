@@ -277,27 +277,65 @@ func TestALaterRevisionGivesBackWhatItNoLongerStandsInFor(t *testing.T) {
 		require.NoError(t, err)
 	}
 	byHand := Identity{Pod: "pid 1"}
-	given, err := GiveBackReleased(ctx, o, byHand, "")
+	given, err := GiveBackReleased(ctx, o, byHand, "", "")
 	require.NoError(t, err)
 	assert.Empty(t, given, "a run by hand gives back nothing this way")
-	given, err = GiveBackReleased(ctx, o, releaseB, "")
+	given, err = GiveBackReleased(ctx, o, releaseB, "", "")
 	require.NoError(t, err)
 	assert.Empty(t, given, "another release gives back nothing")
 
 	later := releaseA
 	later.Pod = "harvester-ipam-a2"
-	given, err = GiveBackReleased(ctx, o, later, "whereabouts")
+	given, err = GiveBackReleased(ctx, o, later, "whereabouts", "")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"other"}, given, "moved to another name: the old one goes back")
 	assert.Equal(t, "whereabouts", contents(t, filepath.Join(dir, "other")))
 	assert.Equal(t, "harvester-ipam a", contents(t, filepath.Join(dir, "whereabouts")))
 
-	given, err = GiveBackReleased(ctx, o, later, "")
+	given, err = GiveBackReleased(ctx, o, later, "", "")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"whereabouts"}, given, "turned off")
 	assert.Equal(t, "whereabouts", contents(t, filepath.Join(dir, "whereabouts")))
 	assert.Equal(t, []string{"other", "whereabouts"}, entries(t, dir), "no aside, no record, no lock file left")
 }
+
+// Turned off in the upgrade from a release before the records: its pods
+// keep the name as they stop (they cannot tell), and the new revision's
+// give back harvester-ipam they find there with no record at all, never a
+// name another release recorded.
+func TestTurnedOffInTheUpgradeFromAReleaseBeforeTheRecords(t *testing.T) {
+	ctx := context.Background()
+	dir := node(t)
+	old := Options{Source: build(t, "before the records"), BinDir: dir}
+	_, err := StandIn(ctx, old, "whereabouts", true) // what that release did: no record
+	require.NoError(t, err)
+	require.NoError(t, removeRecord(dir, "whereabouts"))
+	o := Options{Source: build(t, "a"), BinDir: dir}
+	given, err := GiveBackReleased(ctx, o, releaseA, "", "")
+	require.NoError(t, err)
+	assert.Empty(t, given, "not told which name it no longer stands in for")
+	assert.Equal(t, "harvester-ipam before the records", contents(t, filepath.Join(dir, "whereabouts")))
+
+	// Another release recorded it: not this one's to give back.
+	require.NoError(t, writeRecord(dir, Record{Name: "whereabouts", Release: releaseB.Release(), Pod: releaseB.Pod}))
+	given, err = GiveBackReleased(ctx, o, releaseA, "", "whereabouts")
+	require.NoError(t, err)
+	assert.Empty(t, given)
+	assert.Equal(t, "harvester-ipam before the records", contents(t, filepath.Join(dir, "whereabouts")))
+
+	require.NoError(t, removeRecord(dir, "whereabouts"))
+	given, err = GiveBackReleased(ctx, o, releaseA, "", "whereabouts")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"whereabouts"}, given)
+	assert.Equal(t, "whereabouts", contents(t, filepath.Join(dir, "whereabouts")))
+	assert.Equal(t, []string{"whereabouts"}, entries(t, dir), "nothing else left")
+
+	// Nothing of harvester-ipam there: nothing given back, nothing said.
+	given, err = GiveBackReleased(ctx, o, releaseA, "", "whereabouts")
+	require.NoError(t, err)
+	assert.Empty(t, given)
+}
+
 
 // A stop gives the name back only when its release holds it and the chart
 // says so; then nothing of the stand-in is left. A stop that may not give

@@ -171,8 +171,12 @@ func StandInAs(ctx context.Context, opt Options, name string, me Identity, hostD
 // release stands in for there but keep (the name it stands in for now, ""
 // none): its stand-in was turned off, or moved to another name, by a later
 // revision of its chart, and this pod runs that revision. It removes their
-// records. An installer run by hand gives back nothing this way.
-func GiveBackReleased(ctx context.Context, opt Options, me Identity, keep string) (given []string, err error) {
+// records. unrecorded ("" none) is a name this revision does not stand in
+// for where harvester-ipam found with no record at all is given back too:
+// it was put there by a release from before the records (an upgrade from it
+// that turns the stand-in off: its pods keep the name as they stop). An
+// installer run by hand gives back nothing this way.
+func GiveBackReleased(ctx context.Context, opt Options, me Identity, keep, unrecorded string) (given []string, err error) {
 	if me.DaemonSet == "" {
 		return nil, nil
 	}
@@ -182,6 +186,11 @@ func GiveBackReleased(ctx context.Context, opt Options, me Identity, keep string
 	recs, err := Records(opt.BinDir)
 	if err != nil {
 		return nil, err
+	}
+	if unrecorded != "" && unrecorded != keep && standin.IsHarvesterIPAM(filepath.Join(opt.BinDir, unrecorded)) {
+		if _, ok, err := ReadRecord(opt.BinDir, unrecorded); err == nil && !ok {
+			recs = append(recs, Record{Name: unrecorded, Release: me.Release()})
+		}
 	}
 	for _, rec := range recs {
 		if rec.Release != me.Release() || rec.Name == keep {

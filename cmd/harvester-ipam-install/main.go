@@ -53,6 +53,7 @@ func main() {
 		hostDir  string
 		node     string
 		pod      string
+		notFor   string
 	)
 	flag.StringVar(&opt.Source, "source", "/usr/bin/harvester-ipam", "the binary to install")
 	flag.StringVar(&opt.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the host's CNI bin dir, as mounted")
@@ -71,6 +72,7 @@ func main() {
 	flag.StringVar(&hostDir, "host-cni-bin-dir", "", "the --cni-bin-dir's path on the host (the chart's hostPaths.cniBinDir): a DaemonSet that stands in in another dir now gives this one back; \"\" does not check")
 	flag.StringVar(&node, "node", os.Getenv("NODE_NAME"), "the node this runs on: a DaemonSet that no longer runs on it gives the name back; \"\" does not check")
 	flag.StringVar(&pod, "pod", os.Getenv("POD_NAME"), "this pod's name, in the stand-in's record; \"\" is this process")
+	flag.StringVar(&notFor, "not-stand-in", "", "a name this DaemonSet does not stand in for (the chart's standIn.name, turned off): harvester-ipam found there with no record of who put it there (a release from before the records) is given back")
 	version := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *version {
@@ -181,7 +183,7 @@ func main() {
 			// The stand-in turned off, or moved to another name, by the
 			// revision this pod runs: what an earlier pod of this release
 			// took is given back.
-			given, err := install.GiveBackReleased(ctx, opt, me, standIn)
+			given, err := install.GiveBackReleased(ctx, opt, me, standIn, notFor)
 			for _, name := range given {
 				logf("gave %s back to the real binary: this release (%s) no longer stands in for it", filepath.Join(opt.BinDir, name), me.Release())
 			}

@@ -174,6 +174,9 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 				// through while they stop.
 				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--daemonset=harvester-ipam")
 				assert.NotContains(t, strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), "--stand-in")
+				// harvester-ipam a release from before the stand-in's records
+				// left at the name goes back too.
+				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--not-stand-in=whereabouts")
 			},
 		},
 		{
