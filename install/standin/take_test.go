@@ -154,7 +154,7 @@ func temps(t *testing.T, d Dir) []string {
 }
 
 func TestTakeAndGiveBack(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	self := read(t, harvesterIPAM(t))
 	v093 := realBinary("v0.9.3")
 	d := newDir(t, v093)
@@ -184,7 +184,7 @@ func TestTakeAndGiveBack(t *testing.T) {
 // (`cp -f`), at every start of its pod and at an upgrade: the next Take keeps
 // that binary aside and stands in again; harvester-ipam is never put aside.
 func TestTakeAgainAfterTheRealInstallerWroteTheName(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	self := read(t, harvesterIPAM(t))
 	d := newDir(t, realBinary("v0.9.3"))
 	_, err := d.Take(ctx, true)
@@ -212,7 +212,7 @@ func TestTakeAgainAfterTheRealInstallerWroteTheName(t *testing.T) {
 }
 
 func TestTakeRefusesWhatItCannotDo(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	t.Run("nothing to stand in for", func(t *testing.T) {
 		d := newDir(t, nil)
 		_, err := d.Take(ctx, true)
@@ -238,7 +238,7 @@ func TestTakeRefusesWhatItCannotDo(t *testing.T) {
 // An older harvester-ipam at the name (an upgrade of the DaemonSet) is
 // replaced; the aside, the real binary, is kept.
 func TestTakeReplacesAnotherHarvesterIPAM(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	d := newDir(t, realBinary("v0.9.3"))
 	_, err := d.Take(ctx, true)
 	require.NoError(t, err)
@@ -270,9 +270,13 @@ func TestMain(m *testing.M) {
 			}}
 		var err error
 		if parts[0] == "take" {
-			_, err = d.Take(context.Background(), true)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			_, err = d.Take(ctx, true)
 		} else {
-			err = d.GiveBack(context.Background())
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			err = d.GiveBack(ctx)
 		}
 		fmt.Fprintln(os.Stderr, "finished without crashing:", err)
 		os.Exit(0)
@@ -288,7 +292,7 @@ func TestMain(m *testing.M) {
 // runnable binary at the name, the real one at the name or aside, and never
 // harvester-ipam aside; the next run of the same operation finishes it.
 func TestAKillAtAnyStepLosesNothing(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	self := read(t, harvesterIPAM(t))
 	v093 := realBinary("v0.9.3")
 	tests := []struct {
@@ -365,7 +369,7 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 // A loop that execs the name throughout take, rewrite, retake and give-back
 // never fails to start a whole binary.
 func TestTheNameAlwaysRuns(t *testing.T) {
-	ctx := context.Background()
+	ctx := context.Background() // 20 rounds, long on a loaded machine: earlier tests catch a hang first (-failfast)
 	d := newDir(t, realBinary("v0.9.3"))
 	var execs, failures atomic.Int64
 	var firstFailure atomic.Value
@@ -410,7 +414,7 @@ func TestTheNameAlwaysRuns(t *testing.T) {
 // name, at the first Take and at a Take after an upgrade; giving back puts
 // the newest back.
 func TestWithoutExchangeTheRealBinaryIsKept(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	d := newDir(t, nil)
 	d.Path = bindfs(t)
 	for _, f := range []string{"a", "b"} {
@@ -461,7 +465,7 @@ func bindfs(t *testing.T) string {
 // it is kept, not deleted for failing a probe, and becomes the aside once
 // its writer is done.
 func TestAWriterStillWritingWhenTakenIsKept(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	d := newDir(t, v093)
 	_, err := d.Take(ctx, true)
@@ -505,7 +509,7 @@ func TestAWriterStillWritingWhenTakenIsKept(t *testing.T) {
 // timeout on a loaded node, a cancelled context) keeps it; the next one
 // makes it the aside.
 func TestRecoveryWithoutAnAnswerKeepsTheOnlyRealBinary(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093 := realBinary("v0.9.3")
 	d := newDir(t, v093)
 	killedAt(t, d, "take", StepExchanged)
@@ -535,7 +539,7 @@ func TestRecoveryWithoutAnAnswerKeepsTheOnlyRealBinary(t *testing.T) {
 // gets harvester-ipam back, the good aside kept; giving back never replaces
 // a runnable aside by a file that does not run.
 func TestAHalfWrittenNameIsRepaired(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	fragment := v094[:len(v094)/3]
 	for _, op := range []string{"take", "give back"} {
@@ -569,7 +573,7 @@ func TestAHalfWrittenNameIsRepaired(t *testing.T) {
 // busybox cp's unlink and create): harvester-ipam is put back, without an
 // error.
 func TestTheNameMissingIsFilled(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093 := realBinary("v0.9.3")
 	d := newDir(t, v093)
 	_, err := d.Take(ctx, true)
@@ -594,6 +598,16 @@ func killedAt(t *testing.T, d Dir, op, step string) {
 	require.Equal(t, "signal: killed", exit.Error())
 }
 
+// bounded is a test's context: a step that would wait for ever (a writer
+// that never finishes, a bug that makes every file look changed) fails the
+// test after five minutes (a loaded machine's whole test) instead of
+// hanging it until the test binary's own timeout.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func canceled() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -603,7 +617,7 @@ func canceled() context.Context {
 // Stopping gives the name back only on an uninstall: a restart, a rollout
 // or a node's shutdown leaves the dir exactly as it was.
 func TestStopGivesBackOnlyOnUninstall(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093 := realBinary("v0.9.3")
 	for _, uninstall := range []bool{false, true} {
 		t.Run(fmt.Sprintf("uninstall %v", uninstall), func(t *testing.T) {
@@ -660,7 +674,7 @@ func busyboxCP(t *testing.T, path string, b []byte, at time.Time) {
 // at an earlier time, is still the newer: aside when standing in, at the
 // name when given back.
 func TestNoClockOrdersTheRealBinaries(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	ahead, now := time.Now().Add(time.Hour), time.Now()
 	for _, cp := range []struct {
@@ -696,7 +710,7 @@ func TestNoClockOrdersTheRealBinaries(t *testing.T) {
 // the name; after a kill there, the next run (a Take, or the give-back
 // again) settles the same way.
 func TestAGiveBackMeetsANewerBinary(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	for _, next := range []string{"", "take", "giveback"} {
 		t.Run("next run: "+next, func(t *testing.T) {
@@ -770,7 +784,7 @@ func stat(t *testing.T, path string) File {
 // failure) is run again before it is taken for a fragment: whereabouts'
 // new binary at the name is kept aside, not removed.
 func TestABinaryThatCrashedOnceIsNotAFragment(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	for _, standing := range []bool{false, true} {
 		t.Run(fmt.Sprintf("standing in %v", standing), func(t *testing.T) {
@@ -824,7 +838,7 @@ func (h *hookFS) Stat(path string) (File, error) {
 // probed is reported as not answering (looked at again later), never as
 // what the probe of the other file said.
 func TestALookIsOfTheFileItStats(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	for _, tt := range []struct {
 		name    string
@@ -854,7 +868,7 @@ func TestALookIsOfTheFileItStats(t *testing.T) {
 // of the new file, and the aside would share the name's inode, which
 // whereabouts' next cp -f writes into).
 func TestACaptureIsOfTheFileLookedAt(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	d := newDir(t, v093)
 	n, err := d.look(ctx, d.name())
@@ -879,7 +893,7 @@ func TestACaptureIsOfTheFileLookedAt(t *testing.T) {
 // write that left a fragment there meanwhile (a cp -f killed) keeps the
 // aside, which then goes back to the name.
 func TestTheAsideGoesOnlyWhileTheNameHoldsTheRealBinary(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	d := newDir(t, v093)
 	_, err := d.Take(ctx, true)
