@@ -336,7 +336,6 @@ func TestTurnedOffInTheUpgradeFromAReleaseBeforeTheRecords(t *testing.T) {
 	assert.Empty(t, given)
 }
 
-
 // A stop gives the name back only when its release holds it and the chart
 // says so; then nothing of the stand-in is left. A stop that may not give
 // back leaves the dir as it was.

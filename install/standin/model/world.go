@@ -38,11 +38,11 @@ type World struct {
 	// were written while it was ahead. No rule may order real binaries by
 	// their times (DESIGN.md's invariant 7): the model's times say the
 	// opposite of the truth.
-	clock, cpClock  int64
-	nextIno         uint64
-	temps           int
-	maxVersion      int
-	dirty           bool // the installer wrote since it last fsynced the dir
+	clock, cpClock int64
+	nextIno        uint64
+	temps          int
+	maxVersion     int
+	dirty          bool // the installer wrote since it last fsynced the dir
 	// cpStepped: cp took a step since the installer's last; raced: it had
 	// when the installer's current step began.
 	cpStepped, raced bool
@@ -62,9 +62,9 @@ type World struct {
 	noAnswers int // probes that may still not answer, or crash once
 	// crashedOnce: a whole binary's probe crashed once in this run.
 	crashedOnce bool
-	kills     int // installer kills still allowed
-	cpKills   int
-	steps     int
+	kills       int // installer kills still allowed
+	cpKills     int
+	steps       int
 	// stopNotUninstall: the installer is stopping without an uninstall;
 	// giving the name back now is a violation.
 	stopNotUninstall bool
