@@ -312,7 +312,6 @@ func (w *World) probe(ctx context.Context, path string) error {
 			return fmt.Errorf("run %s: no answer within 10s: %w", path, errNoAnswer)
 		case 2:
 			w.noAnswers--
-			w.crashedOnce = true
 			return fmt.Errorf("run %s: signal: killed by the node running out of memory: %w", path, standin.ErrBroken)
 		}
 	}

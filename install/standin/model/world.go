@@ -60,8 +60,6 @@ type World struct {
 
 	ch        *chooser
 	noAnswers int // probes that may still not answer, or crash once
-	// crashedOnce: a whole binary's probe crashed once in this run.
-	crashedOnce bool
 	kills       int // installer kills still allowed
 	cpKills     int
 	steps       int
