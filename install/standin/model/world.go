@@ -60,9 +60,9 @@ type World struct {
 
 	ch        *chooser
 	noAnswers int // probes that may still not answer, or crash once
-	kills       int // installer kills still allowed
-	cpKills     int
-	steps       int
+	kills     int // installer kills still allowed
+	cpKills   int
+	steps     int
 	// stopNotUninstall: the installer is stopping without an uninstall;
 	// giving the name back now is a violation.
 	stopNotUninstall bool
