@@ -56,6 +56,13 @@ func TestVerifyStandIn(t *testing.T) {
 		{"the real binary aside only", func(t *testing.T, opt Options) {
 			script(t, opt.BinDir, "whereabouts.real", fakeReal)
 		}, false, "not standing in for whereabouts"},
+		{"another build stands in (the pod before this one's)", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts", fakeReal)
+			other := opt
+			other.Source = build(t, "the one before")
+			_, err := StandIn(ctx, other, "whereabouts", true)
+			require.NoError(t, err)
+		}, false, "is another build of harvester-ipam than"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

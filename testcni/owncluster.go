@@ -24,15 +24,16 @@ type ClusterOptions struct {
 
 // clusterControllers are the controller manager's controllers a cluster of
 // the rig's own runs: DaemonSets make their pods, the garbage collector
-// deletes the pods of a deleted DaemonSet (helm uninstall), each namespace
-// gets its default ServiceAccount, and the kube-root-ca.crt ConfigMap that
-// every pod's service account token volume projects; Jobs run their pods
-// (helm-controller's). No other controller acts on what the tests make (the
-// node lifecycle controller would taint a node whose kubelet a test stops,
-// the pod garbage collector would delete its pods, the CronJob controller
-// would start the reconciler's passes at times of its own).
+// deletes the pods of a deleted DaemonSet (helm uninstall), a deleted
+// namespace's contents are deleted, each namespace gets its default
+// ServiceAccount, and the kube-root-ca.crt ConfigMap that every pod's service
+// account token volume projects; Jobs run their pods (helm-controller's). No
+// other controller acts on what the tests make (the node lifecycle controller
+// would taint a node whose kubelet a test stops, the pod garbage collector
+// would delete its pods, the CronJob controller would start the reconciler's
+// passes at times of its own).
 var clusterControllers = []string{
-	"daemonset-controller", "garbage-collector-controller",
+	"daemonset-controller", "garbage-collector-controller", "namespace-controller",
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller",
 	"job-controller",
 }

@@ -78,6 +78,7 @@ func main() {
 		again      = flag.String("again", "", "the own pass: take the mutants an earlier run kept with -out in this dir killed as killed, and run the others again")
 		list       = flag.Bool("list", false, "list the own operators' mutants of the packages, and run nothing")
 		passes     = flag.String("passes", "gremlins,own", "the passes to run: gremlins' operators, the project's own (COUNT_SHIFT, DROP_ELEMENT, RETURN_INPUT, DROP_FLAG), or both")
+		withFlag   = flag.String("with", "", "packages whose tests run with a package's own, for both passes: PKG=OTHER+OTHER,... (install/standin=install/standin/model: the model runs the stand-in's code)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: %s [flags] PKGDIR...\n", os.Args[0])
@@ -106,7 +107,11 @@ func main() {
 	check(err)
 	realGo, err = filepath.Abs(realGo)
 	check(err)
-	wrapper, err := writeGoWrapper(dir, realGo, *minTimeout/time.Duration(*coeff))
+	with, err := parseWith(*withFlag)
+	check(err)
+	modPath, err := modulePath(root)
+	check(err)
+	wrapper, err := writeGoWrapper(dir, realGo, *minTimeout/time.Duration(*coeff), modPath, with)
 	check(err)
 
 	start := time.Now()
@@ -165,7 +170,7 @@ func main() {
 					}
 					check(err)
 				}
-				run, err = runOwn(root, pkg, scratch, *workers, *coeff, *minTimeout, prev, os.Stderr)
+				run, err = runOwn(root, pkg, with[pkg], scratch, *workers, *coeff, *minTimeout, prev, os.Stderr)
 				if err == nil {
 					err = writeOwn(keep, run)
 				}
@@ -226,31 +231,74 @@ func check(err error) {
 	}
 }
 
+// parseWith reads -with: PKG=OTHER+OTHER,PKG2=OTHER.
+func parseWith(s string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		pkg, others, ok := strings.Cut(part, "=")
+		if !ok || pkg == "" || others == "" {
+			return nil, fmt.Errorf("-with %q: want PKG=OTHER+OTHER", part)
+		}
+		for _, o := range strings.Split(others, "+") {
+			out[strings.Trim(pkg, "./")] = append(out[strings.Trim(pkg, "./")], strings.Trim(o, "./"))
+		}
+	}
+	return out, nil
+}
+
 // writeGoWrapper writes a `go` that narrows gremlins' coverage run
-// (`go test ... -coverprofile F ./PKG/...`) to the package itself.
-// writeGoWrapper writes a `go` that narrows gremlins' coverage run to the
-// package itself, turns vet off in test runs, and makes the coverage run last
-// at least minCoverage: gremlins gives each mutant's test run its coverage
-// run's time times the coefficient, and on a loaded machine a fast coverage
-// run would leave a mutant too little time to compile (a timeout that no test
-// caused).
-func writeGoWrapper(dir, real string, minCoverage time.Duration) (string, error) {
+// (`go test ... -coverprofile F ./PKG/...`) to the package itself, with the
+// packages with[PKG] whose tests run its code too (their coverage of PKG
+// counted: -coverpkg), turns vet off in test runs, adds with[PKG] to each
+// mutant's test run of PKG, and makes the coverage run last at least
+// minCoverage: gremlins gives each mutant's test run its coverage run's time
+// times the coefficient, and on a loaded machine a fast coverage run would
+// leave a mutant too little time to compile (a timeout that no test caused).
+func writeGoWrapper(dir, real string, minCoverage time.Duration, module string, with map[string][]string) (string, error) {
 	bin := filepath.Join(dir, "gowrap")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return "", err
 	}
+	var cases strings.Builder
+	for pkg, others := range with {
+		fmt.Fprintf(&cases, "    %s) with=(%s) ;;\n", shellQuote(pkg), shellQuote(strings.Join(others, " ")))
+	}
 	script := `#!/usr/bin/env bash
 # Written by harvester-ipam-mutate. gremlins measures coverage over ./PKG/...:
-# count only the package's own tests on its own code, and take at least
-# MIN_MS ms (a floor under each mutant's timeout). And no vet in a mutant's
-# test run: a mutant is killed by a failing test, not by vet.
+# count only the package's own tests (and those of the packages that run its
+# code too, below) on its own code, and take at least MIN_MS ms (a floor
+# under each mutant's timeout). And no vet in a mutant's test run: a mutant
+# is killed by a failing test, not by vet.
 MIN_MS=` + fmt.Sprint(minCoverage.Milliseconds()) + `
+MODULE=` + shellQuote(module) + `
+companions() { # PKG (module-relative) -> the packages whose tests run its code too
+  with=()
+  case "$1" in
+` + cases.String() + `  esac
+  [[ ${#with[@]} -gt 0 ]] && read -r -a with <<<"${with[0]}"
+}
 args=("$@")
 if [[ ${1:-} == test ]]; then
   cover=0
-  if [[ " $* " == *" -coverprofile "* && ${args[-1]} == ./*/... ]]; then
-    args[-1]=${args[-1]%/...}
+  last=${args[-1]}
+  if [[ " $* " == *" -coverprofile "* && $last == ./*/... ]]; then
+    pkg=${last%/...}
+    args[-1]=$pkg
     cover=1
+    companions "${pkg#./}"
+    if [[ ${#with[@]} -gt 0 ]]; then
+      args=("${args[@]:0:${#args[@]}-1}" "-coverpkg=$pkg" "$pkg")
+      for o in "${with[@]}"; do args+=("./$o"); done
+    fi
+  else
+    rel=${last#$MODULE/}
+    companions "${rel#./}"
+    for o in "${with[@]}"; do
+      if [[ $last == "$MODULE/"* ]]; then args+=("$MODULE/$o"); else args+=("./$o"); fi
+    done
   fi
   args=(test -vet=off "${args[@]:1}")
   if (( cover )); then

@@ -80,12 +80,25 @@ func TestGoWrapper(t *testing.T) {
 	// The wrapper over a `go` that prints its arguments.
 	fakeGo := filepath.Join(dir, "fake go")
 	require.NoError(t, os.WriteFile(fakeGo, []byte("#!/bin/sh\necho \"$@\"\n"), 0o755))
-	bin, err := writeGoWrapper(dir, fakeGo, 300*time.Millisecond)
+	with, err := parseWith("install/standin=install/standin/model+install/standin/other, shim/x=shim/y")
+	require.NoError(t, err)
+	assert.Equal(t, map[string][]string{"install/standin": {"install/standin/model", "install/standin/other"}, "shim/x": {"shim/y"}}, with)
+	_, err = parseWith("install/standin")
+	assert.Error(t, err)
+	bin, err := writeGoWrapper(dir, fakeGo, 300*time.Millisecond, "github.com/x", with)
 	require.NoError(t, err)
 	wrapper := filepath.Join(bin, "go")
 	for _, tt := range []struct{ args, want string }{
 		{"test -cover -coverprofile /tmp/w/coverage ./shim/...", "test -vet=off -cover -coverprofile /tmp/w/coverage ./shim"},
 		{"test -timeout 3s -failfast github.com/x/shim", "test -vet=off -timeout 3s -failfast github.com/x/shim"},
+		// A package whose code other packages' tests run too: their tests
+		// count, in coverage and in each mutant's run.
+		{"test -cover -coverprofile /tmp/w/coverage ./install/standin/...",
+			"test -vet=off -cover -coverprofile /tmp/w/coverage -coverpkg=./install/standin ./install/standin ./install/standin/model ./install/standin/other"},
+		{"test -timeout 3s -failfast github.com/x/install/standin",
+			"test -vet=off -timeout 3s -failfast github.com/x/install/standin github.com/x/install/standin/model github.com/x/install/standin/other"},
+		{"test -timeout 3s -failfast ./install/standin", "test -vet=off -timeout 3s -failfast ./install/standin ./install/standin/model ./install/standin/other"},
+		{"test -timeout 3s -failfast github.com/x/install/standin/model", "test -vet=off -timeout 3s -failfast github.com/x/install/standin/model"},
 		{"mod download", "mod download"},
 	} {
 		start := time.Now()

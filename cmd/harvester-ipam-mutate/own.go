@@ -217,13 +217,17 @@ func modulePath(root string) (string, error) {
 
 // goTest runs the package's unit tests in the module copy at dir, bound
 // by timeout: its status in gremlins' words, and the output.
-func goTest(dir, pkg string, timeout time.Duration, extra ...string) (string, []byte) {
+func goTest(dir, pkg string, with []string, timeout time.Duration, extra ...string) (string, []byte) {
 	// The test binary's own timeout panics with its stacks; the outer
 	// bound (twice it: the build comes first) kills what still runs.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*timeout)
 	defer cancel()
 	args := append([]string{"test", "-count=1", "-vet=off", "-failfast", "-timeout", timeout.String()}, extra...)
-	cmd := exec.CommandContext(ctx, "go", append(args, "./"+pkg)...)
+	args = append(args, "./"+pkg)
+	for _, o := range with {
+		args = append(args, "./"+o)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -254,7 +258,7 @@ func testStatus(err error, outerTimeout bool, out []byte) string {
 // With prev (an earlier run of the package, -again), a mutant it killed is
 // taken as it was, and only the others are run again: the tests written
 // since are to kill them (and a mutant that did not compile may now).
-func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Duration, prev *ownRun, progress io.Writer) (*ownRun, error) {
+func runOwn(root, pkg string, with []string, scratch string, workers, coeff int, minTimeout time.Duration, prev *ownRun, progress io.Writer) (*ownRun, error) {
 	start := time.Now()
 	copies := make([]string, max(1, workers))
 	for i := range copies {
@@ -279,7 +283,7 @@ func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Durat
 	// take (build included) sets each mutant's timeout.
 	profile := filepath.Join(scratch, strings.ReplaceAll(pkg, "/", "_")+".cover")
 	t0 := time.Now()
-	status, out := goTest(copies[0], pkg, 30*time.Minute, "-coverprofile", profile)
+	status, out := goTest(copies[0], pkg, with, 30*time.Minute, "-coverprofile", profile, "-coverpkg", "./"+pkg)
 	if status != "LIVED" {
 		return nil, fmt.Errorf("the tests of %s fail before any mutant:\n%s", pkg, out)
 	}
@@ -317,7 +321,7 @@ func runOwn(root, pkg, scratch string, workers, coeff int, minTimeout time.Durat
 				if err != nil {
 					m.Status = "NOT VIABLE"
 				} else {
-					m.Status, _ = goTest(dir, pkg, timeout)
+					m.Status, _ = goTest(dir, pkg, with, timeout)
 				}
 				m.Seconds = time.Since(t).Seconds()
 				if err := os.WriteFile(file, orig, 0o644); err != nil {

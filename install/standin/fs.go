@@ -106,8 +106,7 @@ func (OS) CreateTemp(dir, prefix string, r io.Reader) (string, error) {
 		return "", err
 	}
 	tmp := f.Name()
-	_, err = io.Copy(f, r)
-	if err == nil {
+	if _, err = io.Copy(f, r); err == nil {
 		err = f.Chmod(0o755) // whatever the umask
 	}
 	if err == nil {
@@ -164,7 +163,7 @@ func (OS) Sleep(d time.Duration)                 { time.Sleep(d) }
 
 func (OS) SyncDir(dir string) error {
 	f, err := os.Open(dir)
-	if err != nil {
+	if f == nil { // err says why
 		return err
 	}
 	defer f.Close()

@@ -1,7 +1,6 @@
 package standin
 
 import (
-	"context"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -36,6 +35,7 @@ func forks(t *testing.T) map[string]string {
 	forkOnce.Do(func() {
 		root := moduleRoot(t)
 		dir, err := os.MkdirTemp("", "standin-forks-")
+		builds = append(builds, dir)
 		if err != nil {
 			forkErr = err
 			return
@@ -127,7 +127,7 @@ func TestEveryBuildIsHarvesterIPAM(t *testing.T) {
 // write feeds the watcher its own events), and giving back restores the
 // real binary.
 func TestAForkStandsInAndGivesBack(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093 := realBinary("v0.9.3")
 	for what, self := range forks(t) {
 		t.Run(what, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"path/filepath"
 	"slices"
@@ -43,6 +44,7 @@ const (
 	StepCaptured  = "captured"   // without an exchange: the real binary linked or copied to a temporary name
 	StepExchanged = "exchanged"  // harvester-ipam at the name; what was there at a temporary name
 	StepAsideKept = "aside-kept" // the real binary renamed to the aside
+	StepMarked    = "marked"     // giving back: the record of the binary given back written
 	StepGivenBack = "given-back" // the aside back at the name
 )
 
@@ -53,6 +55,13 @@ const tempPrefix = ".harvester-ipam.standin-"
 // captureName is the one temporary name a capture uses (without an
 // exchange): under the installers' lock, after recovery, it is free.
 const captureName = tempPrefix + "captured"
+
+// givingBackName is the record a give-back writes before it exchanges the
+// aside with the name: which file it gives back. It is what orders two real
+// binaries that meet after a kill, without a clock (see settleGiveBack).
+// Its own temporary file, before it is renamed into place, starts with it
+// too.
+const givingBackName = tempPrefix + "giving-back"
 
 // confirmBroken is how long a file that crashed is left before it is run
 // once more: a whole binary that failed for a passing reason (the node out of
@@ -169,8 +178,9 @@ func pending(path string, l look) error {
 // idempotent, and it is what runs again whenever the plugin's own installer
 // (whereabouts' install-cni.sh: `cp -f`) has written the name: the binary it
 // finds there becomes the one aside. Another build of harvester-ipam at the
-// name is replaced only when claim is set (an installer's first Take): two
-// installers of two builds never undo each other's Take for ever. A Take
+// name is replaced only when claim is set (the caller holds the name: the
+// stand-in's record names it, see install.StandInAs): two installers of two
+// builds never undo each other's Take for ever. A Take
 // that finds nothing to change writes nothing, so the watcher's own events
 // end. changed says whether it wrote.
 func (d Dir) Take(ctx context.Context, claim bool) (changed bool, err error) {
@@ -233,13 +243,13 @@ func (d Dir) Take(ctx context.Context, claim bool) (changed bool, err error) {
 			return changed, noReal(d.name() + " does not run")
 		}
 	}
-	wrote, err := d.replace(ctx, n, &a)
+	wrote, err := d.replace(ctx, n)
 	return changed || wrote, err
 }
 
 // replace puts harvester-ipam at the name, which holds what n looked at:
 // nothing, harvester-ipam, a real binary (kept aside first) or a fragment.
-func (d Dir) replace(ctx context.Context, n look, aside *look) (changed bool, err error) {
+func (d Dir) replace(ctx context.Context, n look) (changed bool, err error) {
 	fsys := d.fs()
 	// What goes to the name must be known for harvester-ipam when looked at
 	// again, or the next Take would keep it aside as the real binary.
@@ -297,7 +307,7 @@ func (d Dir) replace(ctx context.Context, n look, aside *look) (changed bool, er
 	if errors.Is(err, ErrNoExchange) {
 		self := tmp
 		tmp = "" // its own to remove
-		return d.replaceWithoutExchange(ctx, self, n, aside)
+		return d.replaceWithoutExchange(ctx, self, n)
 	}
 	if err != nil {
 		return false, fmt.Errorf("put harvester-ipam at %s: %w; left as it was", d.name(), err)
@@ -307,7 +317,7 @@ func (d Dir) replace(ctx context.Context, n look, aside *look) (changed bool, er
 	// the file looked at, or one the plugin's installer wrote since.
 	out := tmp
 	tmp = ""
-	if err := d.settle(ctx, out, &n, aside); err != nil {
+	if err := d.settle(ctx, out, &n); err != nil {
 		return true, err
 	}
 	return true, fsys.SyncDir(d.Path)
@@ -318,7 +328,7 @@ func (d Dir) replace(ctx context.Context, n look, aside *look) (changed bool, er
 // verified copy) before harvester-ipam is renamed over the name. One window
 // is left (SAFETY.md): a file created at the name between the last look and
 // the rename is replaced unseen.
-func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look, aside *look) (changed bool, err error) {
+func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look) (changed bool, err error) {
 	fsys := d.fs()
 	defer func() {
 		if err != nil {
@@ -330,7 +340,7 @@ func (d Dir) replaceWithoutExchange(ctx context.Context, tmp string, n look, asi
 			return false, err
 		}
 		d.at(StepCaptured)
-		if err := d.keepAside(ctx, filepath.Join(d.Path, captureName), aside); err != nil {
+		if err := d.keepAside(filepath.Join(d.Path, captureName)); err != nil {
 			return true, err
 		}
 		changed = true
@@ -407,7 +417,7 @@ func (d Dir) still(n look, path string) error {
 // fragment whose writer is gone, is removed; anything else (being written,
 // not answering) is kept, and looked at again when its writer is done.
 // Nothing that may be the real binary is deleted because a probe failed.
-func (d Dir) settle(ctx context.Context, tmp string, was, aside *look) error {
+func (d Dir) settle(ctx context.Context, tmp string, was *look) error {
 	fsys := d.fs()
 	// What an exchange moved out as it was looked at at the name, unwritten
 	// since (a writer that opened it since has truncated it: its size or
@@ -427,32 +437,25 @@ func (d Dir) settle(ctx context.Context, tmp string, was, aside *look) error {
 		}
 		return nil
 	case runs:
-		return d.keepAside(ctx, tmp, aside)
+		return d.keepAside(tmp)
 	default:
 		return pending(tmp, l)
 	}
 }
 
-// keepAside makes the real binary at tmp the aside, unless the aside is a
-// real binary written no earlier (then tmp is the older, or a link to the
-// aside itself, and is removed). Real binaries are ordered by when they
-// were written (their mtime; whereabouts' cp -f writes a new one, every
-// step here only moves it): "the newest ever written" is the last write.
-func (d Dir) keepAside(ctx context.Context, tmp string, aside *look) error {
+// keepAside makes the real binary at tmp the aside, unless tmp is the aside
+// itself (a second link to it, which is removed). tmp came from the name (an
+// exchange moved it out, or a capture linked or copied it), and a real
+// binary at the name is never older than the aside: whereabouts' installer
+// wrote it there after the aside was put aside. So it is the newer, whatever
+// the files' times say: no clock orders real binaries (SAFETY.md).
+func (d Dir) keepAside(tmp string) error {
 	fsys := d.fs()
 	t, err := fsys.Stat(tmp)
 	if err != nil {
 		return fmt.Errorf("keep the real %s aside: %w", d.Name, err)
 	}
-	// The aside as Take looked at it, if it is still that file: only the
-	// installers, one at a time, write it.
-	var a look
-	if now, err := fsys.Stat(d.aside()); aside != nil && (err == nil && aside.file.Unchanged(now) || errors.Is(err, fs.ErrNotExist) && aside.kind == missing) {
-		a = *aside
-	} else if a, err = d.look(ctx, d.aside()); err != nil {
-		return err
-	}
-	if a.kind == runs && (a.file.Same(t) || !t.ModTime.After(a.file.ModTime)) {
+	if a, err := fsys.Stat(d.aside()); err == nil && a.Same(t) {
 		return fsys.Remove(tmp)
 	}
 	if err := fsys.Rename(tmp, d.aside()); err != nil {
@@ -462,33 +465,42 @@ func (d Dir) keepAside(ctx context.Context, tmp string, aside *look) error {
 	return nil
 }
 
-// recover finishes what a killed or waiting run left in temporary files,
-// oldest first: see settle. changed says whether it wrote.
+// recover finishes what a killed or waiting run left in temporary files: a
+// give-back's record first (until it is settled, which of two real
+// binaries is the newer is not known, and nothing else is decided), then
+// each other file: see settle. changed says whether it wrote.
 func (d Dir) recover(ctx context.Context) (changed bool, err error) {
 	fsys := d.fs()
 	temps, err := fsys.Glob(filepath.Join(d.Path, tempPrefix+"*"))
 	if err != nil {
 		return false, err
 	}
-	type temp struct {
-		path string
-		mod  time.Time
-	}
-	var ts []temp
-	for _, t := range temps {
-		if f, err := fsys.Stat(t); err == nil {
-			ts = append(ts, temp{t, f.ModTime})
+	if slices.Contains(temps, d.marker()) {
+		if changed, err = d.settleGiveBack(ctx); err != nil {
+			return changed, err
 		}
 	}
-	slices.SortFunc(ts, func(a, b temp) int { return a.mod.Compare(b.mod) })
 	var waiting []error
-	for _, t := range ts {
-		err := d.settle(ctx, t.path, nil, nil)
+	for _, t := range temps {
+		var err error
+		switch base := filepath.Base(t); {
+		case base == givingBackName:
+			continue
+		case strings.HasPrefix(base, givingBackName):
+			// A give-back's record killed before it was put in place: no
+			// binary, and nothing was exchanged after it.
+			err = fsys.Remove(t)
+			if errors.Is(err, fs.ErrNotExist) {
+				err = nil
+			}
+		default:
+			err = d.settle(ctx, t, nil)
+		}
 		switch {
 		case errors.Is(err, ErrPending):
 			waiting = append(waiting, err)
 		case err != nil:
-			return changed, fmt.Errorf("recover %s: %w", t.path, err)
+			return changed, fmt.Errorf("recover %s: %w", t, err)
 		default:
 			changed = true
 		}
@@ -506,7 +518,9 @@ func (d Dir) recover(ctx context.Context) (changed bool, err error) {
 // name already (the plugin's installer wrote it) it only removes the aside.
 // A file still being written is waited for until ctx ends. A file that does
 // not run never replaces a runnable aside, and harvester-ipam stays at the
-// name when there is no real binary to give it to.
+// name when there is no real binary to give it to. At every instant the
+// name runs on its own: harvester-ipam with the real binary aside, or the
+// real binary; a kill with no run after it (an uninstall) leaves that.
 func (d Dir) GiveBack(ctx context.Context) error {
 	for {
 		done, err := d.giveBackOnce(ctx)
@@ -516,7 +530,9 @@ func (d Dir) GiveBack(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("give %s back: %w (%w)", d.name(), ctx.Err(), err)
 		}
-		d.fs().Sleep(100 * time.Millisecond)
+		if err != nil {
+			d.fs().Sleep(100 * time.Millisecond)
+		}
 	}
 }
 
@@ -538,13 +554,11 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		return false, pending(d.aside(), a)
 	case n.kind == busy || n.kind == unknown:
 		return false, pending(d.name(), n)
-	case n.kind == runs && a.kind == runs && a.file.ModTime.After(n.file.ModTime):
-		// An older real binary at the name, the newest aside (a kill while
-		// giving back left them so): the aside goes to the name, below.
 	case n.kind == runs:
 		// The real binary is at the name: given back already, or written
-		// since, and then newer than the aside, which goes once the name
-		// is seen to hold it still.
+		// since. A real binary at the name is never older than the aside
+		// (see keepAside), which goes once the name is seen to hold it
+		// still: a writer may have replaced it meanwhile.
 		if a.kind != missing {
 			if err := d.still(n, d.name()); err != nil {
 				return false, err
@@ -584,68 +598,185 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 		d.at(StepGivenBack)
 		return true, fsys.SyncDir(d.Path)
 	}
-	// harvester-ipam, or a fragment, at the name; the real binary aside. The
-	// aside moves to a temporary name, which is exchanged with the name: the
-	// real binary is only ever moved (never in two names, one of which is
-	// then removed while a writer unlinks the other), the aside never holds
-	// what was at the name, and what a writer put there meanwhile comes out
-	// beside it to be looked at, not replaced.
-	if err := d.still(n, d.name()); err != nil {
+	// harvester-ipam, or a fragment, at the name; the real binary aside. One
+	// exchange of the two: the name holds harvester-ipam (the aside its
+	// delegate) until it holds the real binary, and a kill at any instant
+	// leaves a name that runs with no run after it. The real binary is only
+	// ever moved, never in two names one of which is then removed while a
+	// writer unlinks the other. What a writer put at the name meanwhile
+	// comes out at the aside's name, and the record written first says which
+	// of two real binaries whereabouts' installer wrote last.
+	if err := d.writeMarker(a.file); err != nil {
 		return false, err
 	}
-	back := filepath.Join(d.Path, captureName)
-	if err := fsys.Rename(d.aside(), back); err != nil {
-		return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
+	d.at(StepMarked)
+	if err := d.still(n, d.name()); err != nil {
+		return false, err // the record says nothing was exchanged: recovery removes it
 	}
-	// A kill here leaves the real binary at a temporary name, which
-	// recovery makes the aside again.
-	err = fsys.Exchange(back, d.name())
+	err = fsys.Exchange(d.aside(), d.name())
 	if errors.Is(err, ErrNoExchange) {
-		if err := fsys.Rename(back, d.name()); err != nil {
-			return false, fmt.Errorf("give %s back: %w (the real binary is at %s)", d.name(), err, back)
+		// The window SAFETY.md leaves: what a writer puts at the name
+		// between the look just above and this rename is replaced unseen.
+		if err := fsys.Rename(d.aside(), d.name()); err != nil {
+			return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
 		}
 		d.at(StepGivenBack)
+		if err := fsys.Remove(d.marker()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return true, err
+		}
 		return true, fsys.SyncDir(d.Path)
 	}
 	if err != nil {
-		if rerr := fsys.Rename(back, d.aside()); rerr != nil {
-			return false, fmt.Errorf("give %s back: %w; and put the aside back: %v (it is at %s)", d.name(), err, rerr, back)
-		}
 		return false, fmt.Errorf("give %s back: %w; left as it was", d.name(), err)
 	}
 	d.at(StepGivenBack)
-	out, err := d.look(ctx, back)
+	if _, err := d.settleGiveBack(ctx); err != nil {
+		return false, err
+	}
+	return false, nil // the next round sees it given back
+}
+
+// markerHeader starts a give-back's record.
+const markerHeader = "harvester-ipam give-back 1: dev ino size mtime of the real binary given back"
+
+func (d Dir) marker() string { return filepath.Join(d.Path, givingBackName) }
+
+// writeMarker records, before a give-back's exchange, which file it gives
+// back: written whole to a temporary file, renamed into place and made
+// durable, so that whatever the exchange moves out of the name is known for
+// newer than it after any kill or power cut.
+func (d Dir) writeMarker(f File) error {
+	fsys := d.fs()
+	body := fmt.Sprintf("%s\n%d %d %d %d\n", markerHeader, f.Dev, f.Ino, f.Size, f.ModTime.UnixNano())
+	tmp, err := fsys.CreateTemp(d.Path, givingBackName+"-", strings.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("record the give-back of %s: %w", d.name(), err)
+	}
+	if err := fsys.Rename(tmp, d.marker()); err != nil {
+		_ = fsys.Remove(tmp)
+		return fmt.Errorf("record the give-back of %s: %w", d.name(), err)
+	}
+	return fsys.SyncDir(d.Path)
+}
+
+// readMarker reads a give-back's record; ok is false when there is none, or
+// one that is not whole (it is renamed into place only when it is).
+func (d Dir) readMarker() (f File, ok bool, err error) {
+	r, err := d.fs().Open(d.marker())
+	if errors.Is(err, fs.ErrNotExist) {
+		return File{}, false, nil
+	}
+	if err != nil {
+		return File{}, false, fmt.Errorf("read %s: %w", d.marker(), err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(io.LimitReader(r, 4096))
+	if err != nil {
+		return File{}, false, fmt.Errorf("read %s: %w", d.marker(), err)
+	}
+	head, rest, _ := strings.Cut(string(b), "\n")
+	var ns int64
+	if head != markerHeader {
+		return File{}, false, nil
+	}
+	if _, err := fmt.Sscan(rest, &f.Dev, &f.Ino, &f.Size, &ns); err != nil {
+		return File{}, false, nil
+	}
+	f.ModTime = time.Unix(0, ns)
+	return f, true, nil
+}
+
+// settleGiveBack finishes a give-back its record names, and removes the
+// record. The record names the file given back (F). Two real binaries at
+// the name and the aside are ordered by it, without a clock: F unwritten
+// since is the older (the other left the name after F was put there);
+// F written into since is the newer (whereabouts' installer wrote it while
+// it was at the name, after the other had left it); F at neither name was
+// replaced at the name by whereabouts' installer, whose file there is the
+// newer. The newer goes to (or stays at) the name, the older goes; what is
+// at the aside that is harvester-ipam or a fragment goes too.
+func (d Dir) settleGiveBack(ctx context.Context) (changed bool, err error) {
+	fsys := d.fs()
+	f, ok, err := d.readMarker()
 	if err != nil {
 		return false, err
 	}
-	switch out.kind {
-	case missing:
-	case ours, broken:
-		if err := fsys.Remove(back); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return false, err
+	for round := 0; ok; round++ {
+		if round == 4 { // a writer that keeps writing: looked at again later
+			return changed, fmt.Errorf("%s keeps changing: %w", d.name(), ErrPending)
 		}
-	case runs:
-		if !out.file.ModTime.After(a.file.ModTime) {
-			// An older real binary that was at the name: the newer is there now.
-			if err := fsys.Remove(back); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return false, err
-			}
+		var done bool
+		done, err = d.orderByMarker(ctx, f)
+		if err != nil {
+			return true, err
+		}
+		changed = true
+		if done {
 			break
 		}
-		fallthrough
-	default:
-		// Written at the name meanwhile: newer than what was given back.
-		// It goes back to the name, and what was given back to the aside;
-		// the next round removes that once the newer one runs.
-		if err := fsys.Exchange(back, d.name()); err != nil {
-			return false, fmt.Errorf("put %s's newer binary back at %s: %w (it is at %s)", d.Name, d.name(), err, back)
-		}
-		if err := d.keepAside(ctx, back, nil); err != nil {
-			return false, err
-		}
-		return false, fmt.Errorf("%s was written while it was given back: %w", d.name(), ErrPending)
+	}
+	if err := fsys.Remove(d.marker()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return true, err
 	}
 	return true, fsys.SyncDir(d.Path)
+}
+
+// orderByMarker is one round of settleGiveBack: done when the name holds
+// the newer of the real binaries and nothing is left aside to order.
+func (d Dir) orderByMarker(ctx context.Context, f File) (done bool, err error) {
+	fsys := d.fs()
+	n, err := d.look(ctx, d.name())
+	if err != nil {
+		return false, err
+	}
+	a, err := d.look(ctx, d.aside())
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case n.kind == busy || n.kind == unknown:
+		return false, pending(d.name(), n)
+	case a.kind == busy || a.kind == unknown:
+		return false, pending(d.aside(), a)
+	case a.kind == ours || a.kind == broken:
+		// What the exchange moved out of the name: never aside.
+		if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, err
+		}
+		return true, nil
+	case a.kind != runs || n.kind != runs:
+		// No two real binaries to order: the give-back's next round, or the
+		// next Take, deals with what is there.
+		return true, nil
+	}
+	asideNewer := false
+	switch {
+	case a.file.Same(n.file): // one file under two names
+	case a.file.Same(f):
+		asideNewer = !a.file.Unchanged(f)
+	case n.file.Same(f):
+		asideNewer = n.file.Unchanged(f)
+	}
+	if err := d.still(n, d.name()); err != nil {
+		return false, err
+	}
+	if !asideNewer {
+		if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, err
+		}
+		return true, nil
+	}
+	// The newer is aside: it goes to the name, and the next round looks at
+	// what came out in its place.
+	err = fsys.Exchange(d.aside(), d.name())
+	if errors.Is(err, ErrNoExchange) {
+		err = fsys.Rename(d.aside(), d.name())
+	}
+	if err != nil {
+		return false, fmt.Errorf("put %s's newer binary at %s: %w (it is at %s)", d.Name, d.name(), err, d.aside())
+	}
+	d.at(StepGivenBack)
+	return false, nil
 }
 
 // Pending lists the temporary files a Take left waiting for their writer.
@@ -658,10 +789,11 @@ func (d Dir) Pending() []string {
 func IsTemp(name string) bool { return strings.HasPrefix(name, tempPrefix) }
 
 // Stop is what an installer does when it is told to stop: it gives the name
-// back only when removing says this is an uninstall (its DaemonSet gone or
-// being deleted). A restart, a rollout or a node's shutdown keeps
-// harvester-ipam standing in: giving back then would leave the node to the
-// real binary alone exactly while pods get new sandboxes.
+// back only when removing says the chart no longer stands in here
+// (uninstalled, turned off, the node no longer selected). A restart, a
+// rollout, a node's shutdown or a force-deleted pod keeps harvester-ipam
+// standing in: giving back then would leave the node to the real binary
+// alone exactly while pods get new sandboxes.
 func (d Dir) Stop(ctx context.Context, removing func(context.Context) (uninstall bool, why string)) (gaveBack bool, why string, err error) {
 	uninstall, why := removing(ctx)
 	if !uninstall {

@@ -31,6 +31,7 @@ func harvesterIPAM(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "standin-test-")
+		builds = append(builds, dir)
 		if err != nil {
 			buildErr = err
 			return
@@ -54,6 +55,7 @@ func harvesterIPAM(t *testing.T) string {
 func realBinary(version string) []byte {
 	realOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "standin-real-")
+		builds = append(builds, dir)
 		if err != nil {
 			realErr = err
 			return
@@ -97,6 +99,9 @@ var (
 	realOnce sync.Once
 	realELF  []byte
 	realErr  error
+	// builds are the dirs the builds above went to, removed when the
+	// package's tests end (a mutation run runs them hundreds of times).
+	builds []string
 )
 
 func probeVersion(ctx context.Context, path string) error {
@@ -149,7 +154,7 @@ func temps(t *testing.T, d Dir) []string {
 }
 
 func TestTakeAndGiveBack(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	self := read(t, harvesterIPAM(t))
 	v093 := realBinary("v0.9.3")
 	d := newDir(t, v093)
@@ -179,7 +184,7 @@ func TestTakeAndGiveBack(t *testing.T) {
 // (`cp -f`), at every start of its pod and at an upgrade: the next Take keeps
 // that binary aside and stands in again; harvester-ipam is never put aside.
 func TestTakeAgainAfterTheRealInstallerWroteTheName(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	self := read(t, harvesterIPAM(t))
 	d := newDir(t, realBinary("v0.9.3"))
 	_, err := d.Take(ctx, true)
@@ -207,7 +212,7 @@ func TestTakeAgainAfterTheRealInstallerWroteTheName(t *testing.T) {
 }
 
 func TestTakeRefusesWhatItCannotDo(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	t.Run("nothing to stand in for", func(t *testing.T) {
 		d := newDir(t, nil)
 		_, err := d.Take(ctx, true)
@@ -233,7 +238,7 @@ func TestTakeRefusesWhatItCannotDo(t *testing.T) {
 // An older harvester-ipam at the name (an upgrade of the DaemonSet) is
 // replaced; the aside, the real binary, is kept.
 func TestTakeReplacesAnotherHarvesterIPAM(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	d := newDir(t, realBinary("v0.9.3"))
 	_, err := d.Take(ctx, true)
 	require.NoError(t, err)
@@ -265,21 +270,29 @@ func TestMain(m *testing.M) {
 			}}
 		var err error
 		if parts[0] == "take" {
-			_, err = d.Take(context.Background(), true)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			_, err = d.Take(ctx, true)
 		} else {
-			err = d.GiveBack(context.Background())
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			err = d.GiveBack(ctx)
 		}
 		fmt.Fprintln(os.Stderr, "finished without crashing:", err)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, d := range builds {
+		os.RemoveAll(d)
+	}
+	os.Exit(code)
 }
 
 // A kill at any step of taking the name or giving it back leaves a whole
 // runnable binary at the name, the real one at the name or aside, and never
 // harvester-ipam aside; the next run of the same operation finishes it.
 func TestAKillAtAnyStepLosesNothing(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	self := read(t, harvesterIPAM(t))
 	v093 := realBinary("v0.9.3")
 	tests := []struct {
@@ -295,6 +308,7 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 		{"take", StepSelfReady, true, true},
 		{"take", StepExchanged, true, true},
 		{"take", StepAsideKept, true, true},
+		{"giveback", StepMarked, true, false},
 		{"giveback", StepGivenBack, true, false},
 	}
 	for _, tt := range tests {
@@ -321,7 +335,15 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 			require.True(t, bytes.Equal(at, self) || bytes.Equal(at, want), "a whole binary at the name: %.40q", at)
 			require.NoError(t, probeVersion(ctx, d.name()), "it runs")
 			aside := read(t, d.aside())
-			assert.False(t, bytes.Equal(aside, self), "harvester-ipam is never aside")
+			if tt.op == "giveback" && bytes.Equal(at, self) {
+				// An uninstall's give-back has no run after it: the name must
+				// run on its own, harvester-ipam with its delegate aside.
+				assert.True(t, bytes.Equal(want, aside), "harvester-ipam at the name, the real binary aside: aside %s", whatIs(t, aside))
+			} else {
+				// Right after a give-back's exchange what came out of the name
+				// is at the aside's name; the real binary is at the name.
+				assert.True(t, tt.op == "giveback" && tt.step == StepGivenBack || !bytes.Equal(aside, self), "harvester-ipam is never aside")
+			}
 			realSomewhere := bytes.Equal(at, want) || bytes.Equal(aside, want)
 			for _, tmp := range temps(t, d) {
 				realSomewhere = realSomewhere || bytes.Equal(read(t, tmp), want)
@@ -347,7 +369,7 @@ func TestAKillAtAnyStepLosesNothing(t *testing.T) {
 // A loop that execs the name throughout take, rewrite, retake and give-back
 // never fails to start a whole binary.
 func TestTheNameAlwaysRuns(t *testing.T) {
-	ctx := context.Background()
+	ctx := context.Background() // 20 rounds, long on a loaded machine: earlier tests catch a hang first (-failfast)
 	d := newDir(t, realBinary("v0.9.3"))
 	var execs, failures atomic.Int64
 	var firstFailure atomic.Value
@@ -392,7 +414,7 @@ func TestTheNameAlwaysRuns(t *testing.T) {
 // name, at the first Take and at a Take after an upgrade; giving back puts
 // the newest back.
 func TestWithoutExchangeTheRealBinaryIsKept(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	d := newDir(t, nil)
 	d.Path = bindfs(t)
 	for _, f := range []string{"a", "b"} {
@@ -443,7 +465,7 @@ func bindfs(t *testing.T) string {
 // it is kept, not deleted for failing a probe, and becomes the aside once
 // its writer is done.
 func TestAWriterStillWritingWhenTakenIsKept(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	d := newDir(t, v093)
 	_, err := d.Take(ctx, true)
@@ -487,7 +509,7 @@ func TestAWriterStillWritingWhenTakenIsKept(t *testing.T) {
 // timeout on a loaded node, a cancelled context) keeps it; the next one
 // makes it the aside.
 func TestRecoveryWithoutAnAnswerKeepsTheOnlyRealBinary(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093 := realBinary("v0.9.3")
 	d := newDir(t, v093)
 	killedAt(t, d, "take", StepExchanged)
@@ -517,7 +539,7 @@ func TestRecoveryWithoutAnAnswerKeepsTheOnlyRealBinary(t *testing.T) {
 // gets harvester-ipam back, the good aside kept; giving back never replaces
 // a runnable aside by a file that does not run.
 func TestAHalfWrittenNameIsRepaired(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
 	fragment := v094[:len(v094)/3]
 	for _, op := range []string{"take", "give back"} {
@@ -551,7 +573,7 @@ func TestAHalfWrittenNameIsRepaired(t *testing.T) {
 // busybox cp's unlink and create): harvester-ipam is put back, without an
 // error.
 func TestTheNameMissingIsFilled(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093 := realBinary("v0.9.3")
 	d := newDir(t, v093)
 	_, err := d.Take(ctx, true)
@@ -576,6 +598,16 @@ func killedAt(t *testing.T, d Dir, op, step string) {
 	require.Equal(t, "signal: killed", exit.Error())
 }
 
+// bounded is a test's context: a step that would wait for ever (a writer
+// that never finishes, a bug that makes every file look changed) fails the
+// test after five minutes (a loaded machine's whole test) instead of
+// hanging it until the test binary's own timeout.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func canceled() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -585,7 +617,7 @@ func canceled() context.Context {
 // Stopping gives the name back only on an uninstall: a restart, a rollout
 // or a node's shutdown leaves the dir exactly as it was.
 func TestStopGivesBackOnlyOnUninstall(t *testing.T) {
-	ctx := context.Background()
+	ctx := bounded(t)
 	v093 := realBinary("v0.9.3")
 	for _, uninstall := range []bool{false, true} {
 		t.Run(fmt.Sprintf("uninstall %v", uninstall), func(t *testing.T) {
@@ -614,4 +646,270 @@ func ino(t *testing.T, path string) uint64 {
 	st, err := OS{}.Stat(path)
 	require.NoError(t, err)
 	return st.Ino
+}
+
+// cpF writes b over path as GNU cp -f does (into the file, truncated), and
+// dates it at: a clock that was somewhere else when it wrote.
+func cpF(t *testing.T, path string, b []byte, at time.Time) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC|os.O_CREATE, 0o755)
+	require.NoError(t, err)
+	_, err = f.Write(b)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Chtimes(path, at, at))
+}
+
+// busyboxCP writes b at path as busybox cp -f does (the old file unlinked, a
+// new one written), dated at.
+func busyboxCP(t *testing.T, path string, b []byte, at time.Time) {
+	t.Helper()
+	require.NoError(t, os.Remove(path))
+	cpF(t, path, b, at)
+}
+
+// Which real binary is the newer is what whereabouts' installer wrote last,
+// never the files' times: whereabouts.real written while the node's clock
+// was an hour ahead (NTP then stepped it back), and v0.9.4 written after it
+// at an earlier time, is still the newer: aside when standing in, at the
+// name when given back.
+func TestNoClockOrdersTheRealBinaries(t *testing.T) {
+	ctx := bounded(t)
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	ahead, now := time.Now().Add(time.Hour), time.Now()
+	for _, cp := range []struct {
+		name  string
+		write func(t *testing.T, path string, b []byte, at time.Time)
+	}{{"GNU cp -f", cpF}, {"busybox cp -f", busyboxCP}} {
+		t.Run(cp.name, func(t *testing.T) {
+			d := newDir(t, v093)
+			_, err := d.Take(ctx, true)
+			require.NoError(t, err)
+			require.NoError(t, os.Chtimes(d.aside(), ahead, ahead))
+			cp.write(t, d.name(), v094, now)
+			_, err = d.Take(ctx, false)
+			require.NoError(t, err)
+			holds(t, "harvester-ipam", d.name(), "standing in")
+			holds(t, "whereabouts v0.9.4", d.aside(), "v0.9.4, written last, aside")
+
+			// Given back while whereabouts writes its binary again, dated
+			// earlier still: the last write is what the name holds.
+			require.NoError(t, os.Chtimes(d.aside(), ahead, ahead))
+			cp.write(t, d.name(), v093, now.Add(-time.Hour))
+			require.NoError(t, d.GiveBack(ctx))
+			holds(t, "whereabouts v0.9.3", d.name(), "v0.9.3, written last (a downgrade), at the name")
+			holds(t, "missing", d.aside(), "given back")
+			assert.Empty(t, temps(t, d))
+		})
+	}
+}
+
+// whereabouts' installer writes its binary at the name while harvester-ipam
+// gives the name back, after the give-back has looked: what the exchange
+// moves out of the name is the newer, whatever its time says, and ends at
+// the name; after a kill there, the next run (a Take, or the give-back
+// again) settles the same way.
+func TestAGiveBackMeetsANewerBinary(t *testing.T) {
+	ctx := bounded(t)
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	for _, next := range []string{"", "take", "giveback"} {
+		t.Run("next run: "+next, func(t *testing.T) {
+			d := newDir(t, v093)
+			_, err := d.Take(ctx, true)
+			require.NoError(t, err)
+			require.NoError(t, os.Chtimes(d.aside(), time.Now().Add(time.Hour), time.Now().Add(time.Hour)))
+			write := func(step string) {
+				if step == StepMarked {
+					busyboxCP(t, d.name(), v094, time.Now().Add(-time.Hour))
+				}
+			}
+			if next == "" {
+				d.AtStep = write
+				require.NoError(t, d.GiveBack(ctx))
+			} else {
+				// The child is killed right after the exchange: the write is
+				// made by the parent before it runs, at the same point.
+				d.AtStep = nil
+				require.NoError(t, d.writeMarker(stat(t, d.aside())))
+				write(StepMarked)
+				require.NoError(t, OS{}.Exchange(d.aside(), d.name()))
+				holds(t, "whereabouts v0.9.4", d.aside(), "what came out of the name")
+				if next == "take" {
+					_, err := d.Take(ctx, true)
+					require.NoError(t, err)
+					holds(t, "harvester-ipam", d.name(), "standing in")
+					holds(t, "whereabouts v0.9.4", d.aside(), "the newer aside")
+					assert.Empty(t, temps(t, d))
+					return
+				}
+				require.NoError(t, d.GiveBack(ctx))
+			}
+			holds(t, "whereabouts v0.9.4", d.name(), "the newer at the name")
+			holds(t, "missing", d.aside(), "given back")
+			assert.Empty(t, temps(t, d))
+		})
+	}
+}
+
+// whatIs names a binary of these tests by its bytes, for a message.
+func whatIs(t *testing.T, b []byte) string {
+	switch {
+	case b == nil:
+		return "missing"
+	case bytes.Equal(b, read(t, harvesterIPAM(t))):
+		return "harvester-ipam"
+	}
+	for _, v := range []string{"v0.9.3", "v0.9.4"} {
+		if bytes.Equal(b, realBinary(v)) {
+			return "whereabouts " + v
+		}
+	}
+	return fmt.Sprintf("%d other bytes", len(b))
+}
+
+// holds asserts what the file at path is, by name.
+func holds(t *testing.T, want, path, msg string) {
+	t.Helper()
+	assert.Equal(t, want, whatIs(t, read(t, path)), "%s: %s", path, msg)
+}
+
+func stat(t *testing.T, path string) File {
+	t.Helper()
+	f, err := OS{}.Stat(path)
+	require.NoError(t, err)
+	return f
+}
+
+// A whole binary that crashes once (the node out of memory, a passing
+// failure) is run again before it is taken for a fragment: whereabouts'
+// new binary at the name is kept aside, not removed.
+func TestABinaryThatCrashedOnceIsNotAFragment(t *testing.T) {
+	ctx := bounded(t)
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	for _, standing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("standing in %v", standing), func(t *testing.T) {
+			d := newDir(t, v093)
+			want := v093
+			if standing {
+				_, err := d.Take(ctx, true)
+				require.NoError(t, err)
+				cpF(t, d.name(), v094, time.Now())
+				want = v094
+			}
+			crashed := 0
+			d.Probe = func(ctx context.Context, path string) error {
+				if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, want) && crashed == 0 {
+					crashed++
+					return fmt.Errorf("signal: killed: %w", ErrBroken)
+				}
+				return probeVersion(ctx, path)
+			}
+			_, err := d.Take(ctx, false)
+			require.NoError(t, err)
+			assert.Equal(t, 1, crashed)
+			holds(t, "harvester-ipam", d.name(), "standing in")
+			holds(t, whatIs(t, want), d.aside(), "the real binary aside, not removed for a fragment")
+		})
+	}
+}
+
+// hookFS is the operating system's filesystem with a hook after each Stat,
+// given the path and how many times it was stat'ed: a writer acting at one
+// exact point of a step.
+type hookFS struct {
+	OS
+	stats     map[string]int
+	afterStat func(path string, n int)
+}
+
+func (h *hookFS) Stat(path string) (File, error) {
+	f, err := h.OS.Stat(path)
+	if h.stats == nil {
+		h.stats = map[string]int{}
+	}
+	h.stats[path]++
+	if h.afterStat != nil {
+		h.afterStat(path, h.stats[path])
+	}
+	return f, err
+}
+
+// A look says what the file it stat'ed is: a file replaced while it was
+// probed is reported as not answering (looked at again later), never as
+// what the probe of the other file said.
+func TestALookIsOfTheFileItStats(t *testing.T) {
+	ctx := bounded(t)
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	for _, tt := range []struct {
+		name    string
+		before  []byte
+		replace func(t *testing.T, path string)
+	}{
+		{"a fragment replaced by a whole binary (busybox cp -f)", v094[:len(v094)/3], func(t *testing.T, path string) { busyboxCP(t, path, v094, time.Now()) }},
+		{"a whole binary rewritten in place (GNU cp -f)", v093, func(t *testing.T, path string) { cpF(t, path, v094, time.Now().Add(-time.Hour)) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := newDir(t, tt.before)
+			d.Probe = func(ctx context.Context, path string) error {
+				err := probeVersion(ctx, path)
+				tt.replace(t, path) // after the probe answered, before the look ends
+				return err
+			}
+			l, err := d.look(ctx, d.name())
+			require.NoError(t, err)
+			assert.Equal(t, unknown, l.kind, "changed while it was looked at: %v", l.why)
+			assert.ErrorContains(t, l.why, "changed while it was looked at")
+		})
+	}
+}
+
+// Without the exchange, the real binary at the name is linked aside as it
+// was looked at; a name replaced since gets no capture (the link would be
+// of the new file, and the aside would share the name's inode, which
+// whereabouts' next cp -f writes into).
+func TestACaptureIsOfTheFileLookedAt(t *testing.T) {
+	ctx := bounded(t)
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	d := newDir(t, v093)
+	n, err := d.look(ctx, d.name())
+	require.NoError(t, err)
+	require.Equal(t, runs, n.kind)
+	busyboxCP(t, d.name(), v094, time.Now())
+	err = d.capture(n)
+	require.ErrorIs(t, err, ErrPending)
+	assert.Empty(t, temps(t, d), "no capture of the file written since")
+	holds(t, "whereabouts v0.9.4", d.name(), "the new binary untouched")
+
+	// The name as it was looked at: captured, one file under two names.
+	n, err = d.look(ctx, d.name())
+	require.NoError(t, err)
+	require.NoError(t, d.capture(n))
+	c := stat(t, filepath.Join(d.Path, captureName))
+	assert.True(t, c.Same(stat(t, d.name())))
+}
+
+// Giving back with the real binary at the name already (whereabouts wrote it
+// since) removes the aside only once the name is seen to hold it still: a
+// write that left a fragment there meanwhile (a cp -f killed) keeps the
+// aside, which then goes back to the name.
+func TestTheAsideGoesOnlyWhileTheNameHoldsTheRealBinary(t *testing.T) {
+	ctx := bounded(t)
+	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
+	d := newDir(t, v093)
+	_, err := d.Take(ctx, true)
+	require.NoError(t, err)
+	cpF(t, d.name(), v094, time.Now()) // whereabouts wrote the name since: given back already
+	h := &hookFS{}
+	h.afterStat = func(path string, n int) {
+		// After the give-back's look at the name (its second stat), before
+		// anything else: a cp -f killed halfway leaves a fragment there.
+		if path == d.name() && n == 2 {
+			busyboxCP(t, d.name(), v094[:len(v094)/3], time.Now())
+		}
+	}
+	d.FS = h
+	require.NoError(t, d.GiveBack(ctx))
+	holds(t, "whereabouts v0.9.3", d.name(), "the aside, the only real binary left, back at the name")
+	holds(t, "missing", d.aside(), "given back")
+	assert.Empty(t, temps(t, d))
 }

@@ -100,7 +100,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 	}{
 		{
 			name: "defaults", namespace: "kube-system",
-			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.Equal(t, "rancher/harvester-ipam:v0.1.0", ds.Spec.Template.Spec.Containers[0].Image)
@@ -110,7 +110,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "reconciler as a deployment, dry run", namespace: "harvester-system",
 			set:  []string{"reconciler.mode=deployment", "reconciler.dryRun=true", "reconciler.grace=30m", "image.tag=v9.9.9"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "Deployment": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 2, "Deployment": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				d := typed[appsv1.Deployment](t, objs, "Deployment")
 				c := d.Spec.Template.Spec.Containers[0]
@@ -122,7 +122,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "deleting orphaned pools", namespace: "kube-system",
 			set:  []string{"reconciler.deleteOrphanedPools=true"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				assert.Contains(t, string(mustJSON(t, objs, "CronJob")), `"--delete-orphaned-pools"`)
 				for _, o := range objs {
@@ -137,7 +137,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "the node agent", namespace: "harvester-system",
 			set:  []string{"agent.socketPath=/run/hi/a.sock", "hostPaths.cniConfDir=/var/lib/rancher/cni/net.d"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				var ds *appsv1.DaemonSet
 				for _, o := range objs {
@@ -182,7 +182,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "no node agent", namespace: "kube-system",
 			set:  []string{"agent.enabled=false"},
-			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 2, "Role": 3, "RoleBinding": 3, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 1, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				for _, o := range objs {
 					assert.NotContains(t, o.GetName(), "agent", "%s %s", o.GetKind(), o.GetName())
@@ -192,22 +192,36 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "installer only", namespace: "kube-system",
 			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "agent.enabled=false"},
-			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1},
+			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
-				// Standing in, the installer reads its own DaemonSet when it
-				// stops, with its own token, and nothing else.
+				// Standing in, the installer reads and watches its own
+				// DaemonSet, its namespace and its node, with its own token,
+				// and nothing else; it knows its pod and node by name.
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.True(t, *ds.Spec.Template.Spec.AutomountServiceAccountToken)
-				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--daemonset=harvester-ipam")
+				c := ds.Spec.Template.Spec.Containers[0]
+				assert.Contains(t, c.Args, "--daemonset=harvester-ipam")
+				assert.Contains(t, c.Args, "--host-cni-bin-dir=/opt/cni/bin")
+				assert.Contains(t, c.StartupProbe.Exec.Command, "--daemonset=harvester-ipam", "the probe knows its release: another's stand-in is no failure")
+				env := map[string]string{}
+				for _, e := range c.Env {
+					env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+				}
+				assert.Equal(t, map[string]string{"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name", "NODE_NAME": "spec.nodeName"}, env)
 				role := typed[rbacv1.Role](t, objs, "Role")
 				assert.Equal(t, "kube-system", role.Namespace)
-				assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"harvester-ipam"}, Verbs: []string{"get"}}}, role.Rules)
+				assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"harvester-ipam"}, Verbs: []string{"get", "list", "watch"}}}, role.Rules)
+				cr := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
+				assert.Equal(t, []rbacv1.PolicyRule{
+					{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{"kube-system"}, Verbs: []string{"get", "list", "watch"}},
+					{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+				}, cr.Rules)
 			},
 		},
 		{
 			name: "the DaemonSet without the reconciler's permissions", namespace: "kube-system",
 			set:  []string{"rbac.diagnostics=false"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				for _, o := range objs {
 					if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" || !strings.HasSuffix(o.GetName(), "-reconciler") {
@@ -221,7 +235,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "plugin log settings", namespace: "kube-system",
 			set:  []string{"plugin.logLevel=debug", "plugin.logFile=/var/log/harvester-ipam.log"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.Subset(t, ds.Spec.Template.Spec.Containers[0].Args, []string{
@@ -231,18 +245,25 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 		{
 			name: "installer only, not standing in", namespace: "kube-system",
 			set:  []string{"reconciler.enabled=false", "rbac.plugin=false", "standIn.enabled=false", "agent.enabled=false"},
-			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1},
+			want: map[string]int{"ServiceAccount": 1, "DaemonSet": 1, "Role": 1, "RoleBinding": 1, "ClusterRole": 1, "ClusterRoleBinding": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				assert.False(t, *ds.Spec.Template.Spec.AutomountServiceAccountToken, "no API access, no token")
-				assert.NotContains(t, strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), "--daemonset")
+				// Its DaemonSet named, to give back what a revision before
+				// took; its Role kept, for that revision's pods to read
+				// through while they stop.
+				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--daemonset=harvester-ipam")
+				assert.NotContains(t, strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), "--stand-in")
+				// harvester-ipam a release from before the stand-in's records
+				// left at the name goes back too.
+				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--not-stand-in=whereabouts")
 			},
 		},
 		{
 			name: "other host paths and pool namespace", namespace: "kube-system",
 			set: []string{"hostPaths.cniBinDir=/var/lib/rancher/rke2/data/cni/bin", "hostPaths.cniConfDir=/var/lib/rancher/cni/net.d",
 				"whereabouts.poolNamespace=whereabouts-pools", "whereabouts.serviceAccount.name=wb", "whereabouts.serviceAccount.namespace=whereabouts-system"},
-			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 2, "CronJob": 1},
+			want: map[string]int{"ServiceAccount": 3, "Role": 4, "RoleBinding": 4, "ClusterRole": 2, "ClusterRoleBinding": 2, "DaemonSet": 2, "CronJob": 1},
 			check: func(t *testing.T, objs []unstructured.Unstructured) {
 				ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 				paths := map[string]string{}
@@ -251,9 +272,10 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 				}
 				assert.Equal(t, map[string]string{"cni-bin": "/var/lib/rancher/rke2/data/cni/bin", "cni-conf": "/var/lib/rancher/cni/net.d",
 					"node-config": "/var/lib/rancher/cni/net.d/harvester-ipam.d"}, paths)
+				assert.Contains(t, ds.Spec.Template.Spec.Containers[0].Args, "--host-cni-bin-dir=/var/lib/rancher/rke2/data/cni/bin")
 				for _, o := range objs {
 					switch {
-					case o.GetName() == "harvester-ipam-installer" && o.GetKind() != "ServiceAccount":
+					case o.GetName() == "harvester-ipam-installer" && (o.GetKind() == "Role" || o.GetKind() == "RoleBinding"):
 						assert.Equal(t, "kube-system", o.GetNamespace(), "%s %s lives beside its DaemonSet", o.GetKind(), o.GetName())
 					case o.GetKind() == "Role" || o.GetKind() == "RoleBinding":
 						assert.Equal(t, "whereabouts-pools", o.GetNamespace(), "%s %s lives beside the pools", o.GetKind(), o.GetName())
@@ -349,8 +371,11 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "watch", core, "pods", ""}, {reconciler, "watch", core, "nodes", ""}, // the loop's informers
 		{reconciler, "get", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"},
 		{reconciler, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
-		// When it stops, the installer reads its own DaemonSet (an uninstall or a restart?).
-		{installer, "get", "apps", "daemonsets", ns},
+		// The installer reads and watches its own DaemonSet, its namespace
+		// and its node (does the chart still stand in here?).
+		{installer, "get", "apps", "daemonsets", ns}, {installer, "watch", "apps", "daemonsets", ns},
+		{installer, "get", core, "namespaces", ""}, {installer, "watch", core, "namespaces", ""},
+		{installer, "get", core, "nodes", ""}, {installer, "list", core, "nodes", ""}, {installer, "watch", core, "nodes", ""},
 		// The node agent, as itself: pools and reservations (read, watched,
 		// written by guarded patches, created), whereabouts' Lease.
 		{agent, "get", wb, "ippools", "kube-system"}, {agent, "list", wb, "ippools", "kube-system"},
@@ -389,6 +414,8 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{agent, "delete", wb, "ippools", "kube-system"}, {agent, "update", wb, "ippools", "kube-system"},
 		{agent, "get", wb, "ippools", "default"}, {agent, "delete", "coordination.k8s.io", "leases", "kube-system"},
 		{agent, "list", core, "pods", ""}, {agent, "get", core, "secrets", "kube-system"}, {agent, "get", "apps", "daemonsets", ns},
+		{installer, "update", core, "nodes", ""}, {installer, "delete", core, "namespaces", ""},
+		{installer, "get", core, "namespaces", "other"},
 	}
 	can := func(x q) bool {
 		user := strings.Split(x.user, ":")
@@ -398,6 +425,13 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		}
 		if x.resource == "daemonsets" && x.verb != "list" {
 			name = release + "-harvester-ipam" // the installer's own, the one its Role names
+		}
+		if x.resource == "namespaces" {
+			name = ns // the installer's own, the one its ClusterRole names
+			if x.namespace != "" {
+				name = x.namespace // another
+			}
+			x.namespace = ""
 		}
 		sar, err := rig.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
 			Spec: authorizationv1.SubjectAccessReviewSpec{
@@ -499,6 +533,7 @@ type container struct {
 	command     []string
 	args        []string
 	probe       []string
+	env         []string // what the chart's downward API gives the container (its probes too)
 }
 
 func (c *container) path(p string) string {
@@ -523,7 +558,9 @@ func (c *container) cmd(argv []string, extra ...string) *exec.Cmd {
 			out = append(out, c.path(a))
 		}
 	}
-	return exec.Command(out[0], out[1:]...)
+	cmd := exec.Command(out[0], out[1:]...)
+	cmd.Env = append(os.Environ(), c.env...)
+	return cmd
 }
 
 type run struct {
@@ -656,6 +693,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	kubeconfig := filepath.Join(t.TempDir(), "installer.kubeconfig")
 	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
 	c := daemonSetContainer(t, objs)
+	c.env = []string{"POD_NAMESPACE=" + ns, "POD_NAME=harvester-ipam-e2e"} // the chart's downward API (no node here)
 	require.NoError(t, rig.BuildCommand(ctx(t), "./cmd/harvester-ipam-install", c.path("/usr/bin/harvester-ipam-install"), "-s -w"))
 	copyFile(t, rig.PluginBinary(), c.path("/usr/bin/harvester-ipam"))
 	binDir := c.path("/host/opt/cni/bin")
@@ -678,9 +716,8 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 
 	// The container's main loop: ready once installed; SIGTERM ends it, the
 	// binary stays; the stand-in's name is given back only on an uninstall.
-	start := func(kubeconfig string) (stop func() string) {
+	start := func(kubeconfig string) (stop func() string, logsNow func() string) {
 		cmd := c.cmd(append(c.command, c.args...), "--kubeconfig="+kubeconfig)
-		cmd.Env = append(os.Environ(), "POD_NAMESPACE="+ns) // the chart's downward API
 		var logs syncBuffer
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		began := time.Now()
@@ -710,9 +747,9 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 				t.Fatalf("no exit within the grace period:\n%s", logs.String())
 			}
 			return logs.String()
-		}
+		}, logs.String
 	}
-	stop := start(kubeconfig)
+	stop, _ := start(kubeconfig)
 	self := sha(t, rig.PluginBinary())
 	assert.Equal(t, self, sha(t, name), "harvester-ipam stands in at whereabouts' name")
 	assert.Equal(t, v093, sha(t, aside), "the real whereabouts aside, byte for byte")
@@ -781,11 +818,14 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	poolsBefore := mustAllocs(t, n)
 
 	v094 := sha(t, rig.Tools["whereabouts-v0.9.4"])
+	// The stand-in's record (which release took the name) and the release's
+	// lock (an installer of it runs here), beside the binaries.
+	const record, alive = ".harvester-ipam.owner.whereabouts", ".harvester-ipam.alive.installer-e2e.harvester-ipam"
 	standsIn := func(when string) {
 		t.Helper()
 		assert.Equal(t, self, sha(t, name), "%s: harvester-ipam stands in", when)
 		assert.Equal(t, v094, sha(t, aside), "%s: the real whereabouts aside", when)
-		assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "%s: no temporary file left", when)
+		assert.Equal(t, []string{alive, record, "bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "%s: no temporary file left", when)
 	}
 
 	// A restart, a rollout or a node's shutdown: its DaemonSet is in place.
@@ -793,7 +833,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	t.Logf("the DaemonSet's container, stopped with its DaemonSet in place:\n%s", logs)
 	assert.Contains(t, logs, "installed "+installed)
 	assert.Contains(t, logs, "stays installed")
-	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is in place (a restart, an upgrade or a node's shutdown): harvester-ipam keeps standing in at "+name)
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is in place and stands in here (a restart, an upgrade, a node's shutdown or a force-deleted pod): harvester-ipam keeps standing in at "+name)
 	assert.NotContains(t, logs, "gave ")
 	assert.NotContains(t, logs, "warning", "whereabouts and its flat file are in place")
 	standsIn("stopped with its DaemonSet in place")
@@ -806,21 +846,66 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 		cl.Server = "https://127.0.0.1:1" // nothing listens there
 	}
 	require.NoError(t, clientcmd.WriteToFile(*cfg, unreachable))
-	logs = start(unreachable)()
+	stopUnreachable, _ := start(unreachable)
+	logs = stopUnreachable()
 	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam could not be read")
 	assert.Contains(t, logs, "so this may be a restart: harvester-ipam keeps standing in at "+name)
 	standsIn("stopped with the API server unreachable")
 
-	// helm uninstall: the DaemonSet is deleted, then its pods stop.
-	stop = start(kubeconfig)
+	// Its reads refused when it stops (a force-deleted pod's token, an
+	// uninstall's deleted role): what its watch saw decides. Here its
+	// binding goes (every read of it is refused from then on) while its
+	// watch, opened before, runs on.
+	unbind := func() {
+		require.NoError(t, rig.Kube.RbacV1().RoleBindings(ns).Delete(ctx(t), "harvester-ipam-installer", metav1.DeleteOptions{}))
+		require.Eventually(t, func() bool {
+			sar, err := rig.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: "system:serviceaccount:" + ns + ":harvester-ipam-installer", Groups: []string{"system:serviceaccounts"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "get", Group: "apps", Resource: "daemonsets", Namespace: ns, Name: "harvester-ipam"}}}, metav1.CreateOptions{})
+			return err == nil && !sar.Status.Allowed
+		}, 10*time.Second, 50*time.Millisecond, "the API server sees the binding gone")
+	}
+	watching := func(logs func() string) {
+		require.Eventually(t, func() bool { return strings.Contains(logs(), "watching DaemonSet installer-e2e/harvester-ipam") },
+			30*time.Second, 50*time.Millisecond, "the installer watches its DaemonSet")
+	}
+	stop, logsNow := start(kubeconfig)
+	watching(logsNow)
+	unbind()
+	logs = stop()
+	t.Logf("the DaemonSet's container, stopped with its reads refused, its DaemonSet in place:\n%s", logs)
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam could not be read now")
+	assert.Contains(t, logs, "as last seen, it stands in here (a force-deleted pod, a restart): harvester-ipam keeps standing in at "+name)
+	standsIn("stopped with its reads refused, its DaemonSet in place")
+	require.NoError(t, rig.Apply(ctx(t), own, false))
+
+	// helm uninstall as it goes: the DaemonSet deleted, its role and account
+	// after it, and only then its pods stopped. The reads are refused; the
+	// watch saw the DaemonSet go.
+	stop, logsNow = start(kubeconfig)
+	watching(logsNow)
+	require.NoError(t, rig.Kube.AppsV1().DaemonSets(ns).Delete(ctx(t), "harvester-ipam", metav1.DeleteOptions{}))
+	unbind()
+	logs = stop()
+	t.Logf("the DaemonSet's container, stopped with its DaemonSet deleted and its reads refused:\n%s", logs)
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam could not be read now")
+	assert.Contains(t, logs, "as last seen, its DaemonSet is gone: the chart no longer stands in here, so "+name+" goes back to the real binary")
+	assert.Contains(t, logs, "gave "+name+" back to the real binary")
+	assert.Equal(t, v094, sha(t, name), "uninstalled: the real whereabouts at its name, byte for byte")
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, record, lock or temporary file left")
+
+	// helm uninstall, read as it is: the DaemonSet is gone when its pods stop.
+	require.NoError(t, rig.Apply(ctx(t), own, false))
+	stop, _ = start(kubeconfig)
+	standsIn("standing in again")
 	require.NoError(t, rig.Kube.AppsV1().DaemonSets(ns).Delete(ctx(t), "harvester-ipam", metav1.DeleteOptions{}))
 	logs = stop()
 	t.Logf("the DaemonSet's container, stopped with its DaemonSet deleted:\n%s", logs)
-	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is gone: an uninstall, so "+name+" goes back to the real binary")
+	assert.Contains(t, logs, "DaemonSet installer-e2e/harvester-ipam is gone: the chart no longer stands in here, so "+name+" goes back to the real binary")
 	assert.Contains(t, logs, "gave "+name+" back to the real binary")
 	assert.Equal(t, sha(t, rig.PluginBinary()), sha(t, installed))
 	assert.Equal(t, v094, sha(t, name), "uninstalled: the real whereabouts at its name, byte for byte")
-	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, no temporary file left")
+	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts"}, dirNames(t, binDir), "no aside, record, lock or temporary file left")
 	assert.Equal(t, poolsBefore, mustAllocs(t, n), "the pool as it was")
 
 	once := func(extra ...string) run {
@@ -852,7 +937,7 @@ func TestInstallerAsTheDaemonSetRunsIt(t *testing.T) {
 	assert.Contains(t, r.stderr, "the new binary does not run")
 	assert.Contains(t, r.stderr, installed+" left as it was")
 	assert.Equal(t, good, sha(t, installed))
-	assert.Equal(t, []string{"bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "no temporary file left")
+	assert.Equal(t, []string{record, "bridge", "harvester-ipam", "whereabouts", "whereabouts.real"}, dirNames(t, binDir), "no temporary file left")
 	r = c.run(t, c.probe)
 	assert.Equal(t, 1, r.exit, "not ready with a broken image")
 	assert.Contains(t, r.stderr, "is not the image's")

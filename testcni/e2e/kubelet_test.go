@@ -67,9 +67,22 @@ type kubeletNode struct {
 // the node), else the node has the chart's first image only.
 func newKubeletNode(t *testing.T, name, whereabouts string, webhook bool) *kubeletNode {
 	t.Helper()
+	k := newKubeletCluster(t, name, whereabouts != "", webhook, 1)[0]
+	if whereabouts != "" {
+		k.deployWhereabouts(t, whereabouts)
+	}
+	return k
+}
+
+// newKubeletCluster starts a cluster and n nodes of it (node-1 ...), each
+// with its own watch of whereabouts' name; with whereabouts, the nodes have
+// whereabouts' images (v0.9.3, v0.9.4) and both of the chart's, else the
+// chart's first only. Nothing is deployed.
+func newKubeletCluster(t *testing.T, name string, whereabouts, webhook bool, n int) []*kubeletNode {
+	t.Helper()
 	start := time.Now()
 	ctx := ctx(t)
-	k := &kubeletNode{hashes: map[[32]byte]string{}, sizes: map[int64]bool{}}
+	hashes, sizes := map[[32]byte]string{}, map[int64]bool{}
 	// The images build while the cluster starts.
 	type built struct {
 		img       testcni.Image
@@ -78,7 +91,7 @@ func newKubeletNode(t *testing.T, name, whereabouts string, webhook bool) *kubel
 	}
 	var wants []func() built
 	tags := []string{chartTag1}
-	if whereabouts != "" {
+	if whereabouts {
 		tags = append(tags, chartTag2)
 		for _, v := range []string{testcni.V093, testcni.V094} {
 			wants = append(wants, func() built {
@@ -99,44 +112,58 @@ func newKubeletNode(t *testing.T, name, whereabouts string, webhook bool) *kubel
 	}
 	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: name, NoWebhook: !webhook})
 	require.NoError(t, err)
-	k.c = c
 	var imgs []testcni.Image
 	for range wants {
 		b := <-images
 		require.NoError(t, b.err)
 		imgs = append(imgs, b.img)
-		k.hashes[sha(t, b.bin)] = b.what
+		hashes[sha(t, b.bin)] = b.what
 		st, err := os.Stat(b.bin)
 		require.NoError(t, err)
-		k.sizes[st.Size()] = true
+		sizes[st.Size()] = true
 	}
 	t.Logf("cluster %s and the images ready in %s", name, time.Since(start).Round(100*time.Millisecond))
-	k.nd, err = c.StartNode(ctx, c.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: imgs})
-	require.NoError(t, err, "start a node with containerd and the kubelet")
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the kubelet's log (%s), last lines:\n%s", k.nd.KubeletLog, k.nd.KubeletLogTail(40))
-			t.Logf("containerd's log (%s), last lines:\n%s", k.nd.Log, k.nd.LogTail(20))
-			t.Logf("Multus' log (%s), last lines:\n%s", k.nd.MultusLog, k.nd.MultusLogTail(20))
+	var out []*kubeletNode
+	for i := 1; i <= n; i++ {
+		opt := testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: imgs}
+		if n > 1 {
+			opt.Name = fmt.Sprintf("node-%d", i)
 		}
-		k.watch.stop()
-		k.nd.Close()
-	})
-	k.watch = watchName(filepath.Join(k.nd.BinDir, "whereabouts"), k.hashes, k.sizes)
-	t.Logf("its node with a kubelet ready after %s", time.Since(start).Round(100*time.Millisecond))
-	if whereabouts != "" {
-		require.NoError(t, c.DeployHarvesterWhereabouts(ctx, whereabouts))
-		require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
-		require.Eventually(t, func() bool { return k.watch.now() == "whereabouts "+whereabouts }, time.Minute, 100*time.Millisecond,
-			"whereabouts' pod puts its binary at /opt/cni/bin/whereabouts (now: %s)", k.watch.now())
-		// The storage network as Harvester's controller writes it: its NAD
-		// names whereabouts, whose flat file its install step wrote.
-		k.nad = "storagenetwork-rig"
-		conf := fmt.Sprintf(`{"cniVersion":"0.3.1","type":"bridge","bridge":"mgmt-br","promiscMode":true,"ipam":{"type":"whereabouts","range":%q,"exclude":["192.168.50.1/32","192.168.50.2/32"]}}`, storageRange)
-		_, err := c.Dynamic.Resource(testcni.NADResource).Namespace(testcni.HarvesterNamespace).Create(ctx, testcni.StorageNetworkNAD(k.nad, conf), metav1.CreateOptions{})
-		require.NoError(t, err, "the storage network's NAD")
+		nd, err := c.StartNode(ctx, c.Default, opt)
+		require.NoError(t, err, "start a node with containerd and the kubelet")
+		k := &kubeletNode{c: c, nd: nd, hashes: hashes, sizes: sizes}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("%s: the kubelet's log (%s), last lines:\n%s", k.nd.Name, k.nd.KubeletLog, k.nd.KubeletLogTail(40))
+				t.Logf("%s: containerd's log (%s), last lines:\n%s", k.nd.Name, k.nd.Log, k.nd.LogTail(20))
+				t.Logf("%s: Multus' log (%s), last lines:\n%s", k.nd.Name, k.nd.MultusLog, k.nd.MultusLogTail(20))
+			}
+			k.watch.stop()
+			k.nd.Close()
+		})
+		k.watch = watchName(filepath.Join(k.nd.BinDir, "whereabouts"), hashes, sizes)
+		out = append(out, k)
 	}
-	return k
+	t.Logf("its %d node(s) with a kubelet ready after %s", n, time.Since(start).Round(100*time.Millisecond))
+	return out
+}
+
+// deployWhereabouts deploys whereabouts' DaemonSet as Harvester does, waits
+// until its pod has put its binary at the node's name, and writes the
+// storage network's NAD as Harvester's controller does.
+func (k *kubeletNode) deployWhereabouts(t *testing.T, whereabouts string) {
+	t.Helper()
+	c := k.c
+	require.NoError(t, c.DeployHarvesterWhereabouts(ctx(t), whereabouts))
+	require.NoError(t, c.WaitRolledOut(ctx(t), "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
+	require.Eventually(t, func() bool { return k.watch.now() == "whereabouts "+whereabouts }, time.Minute, 100*time.Millisecond,
+		"whereabouts' pod puts its binary at /opt/cni/bin/whereabouts (now: %s)", k.watch.now())
+	// The storage network as Harvester's controller writes it: its NAD
+	// names whereabouts, whose flat file its install step wrote.
+	k.nad = "storagenetwork-rig"
+	conf := fmt.Sprintf(`{"cniVersion":"0.3.1","type":"bridge","bridge":"mgmt-br","promiscMode":true,"ipam":{"type":"whereabouts","range":%q,"exclude":["192.168.50.1/32","192.168.50.2/32"]}}`, storageRange)
+	_, err := c.Dynamic.Resource(testcni.NADResource).Namespace(testcni.HarvesterNamespace).Create(ctx(t), testcni.StorageNetworkNAD(k.nad, conf), metav1.CreateOptions{})
+	require.NoError(t, err, "the storage network's NAD")
 }
 
 // agentServed is what the chart's node agent on the node logged it served
@@ -535,22 +562,6 @@ func TestKubelet(t *testing.T) {
 		assert.Equal(t, "missing", aside, "no whereabouts.real left")
 		assert.Equal(t, pools, k.allocs(t), "the pool untouched")
 	})
-}
-
-// TestKubeletWithoutWhereabouts installs the chart on a node where
-// whereabouts' DaemonSet does not run (there is nothing to stand in for):
-// its pod becomes Ready, and helm install --wait and the rollout return.
-func TestKubeletWithoutWhereabouts(t *testing.T) {
-	t.Parallel()
-	k := newKubeletNode(t, "nowb", "", false)
-	start := time.Now()
-	out, err := k.helm(t, chartArgs("install", chartTag1)...)
-	require.NoError(t, err, "helm install --wait on a node without whereabouts: %s", out)
-	require.NoError(t, k.c.WaitRolledOut(ctx(t), "kube-system", "harvester-ipam", 3*time.Minute), "kubectl rollout status daemonset/harvester-ipam")
-	t.Logf("helm install --wait and the rollout took %s", time.Since(start).Round(100*time.Millisecond))
-	name, _ := k.binaries(t)
-	assert.Equal(t, "missing", name, "nothing stands at whereabouts' name")
-	assert.Equal(t, sha(t, k.c.ChartBinary(chartTag1, "harvester-ipam")), sha(t, filepath.Join(k.nd.BinDir, "harvester-ipam")), "harvester-ipam installed under its own name")
 }
 
 // nameWatch samples the file at whereabouts' name every few milliseconds

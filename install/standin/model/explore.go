@@ -191,7 +191,7 @@ func Run(s Scenario, ch *chooser) *World {
 			continue
 		}
 		f := w.newInode(b)
-		f.mtime = max(int64(w.version(f)), 0)                       // written in the order of their versions, long ago
+		f.mtime = 50 - int64(w.version(f))                          // the later written, the earlier its time: see World.clock
 		f.wb = base == name && strings.HasPrefix(w.what(f), "part") // a cp killed before
 		f.legacy = base != name && strings.Contains(string(b), standin.Mark)
 		w.names[base] = f
@@ -204,6 +204,8 @@ func Run(s Scenario, ch *chooser) *World {
 	w.log("start: %s", w.state())
 
 	w.stopNotUninstall = o.notUninstall
+	w.givingBack = o.giveBack
+	w.runsAlone = w.runsOnItsOwn()
 	w.run(o.desc, false, o.run)
 	for w.violation == "" {
 		w.check()

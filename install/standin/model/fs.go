@@ -14,11 +14,14 @@ import (
 	"github.com/harvester/harvester-ipam/install/standin"
 )
 
-// The model's paths: one bin dir, the name, and the image's harvester-ipam.
+// The model's paths: one bin dir, the name, and the image's harvester-ipam;
+// marker is a give-back's record (standin's givingBackName), in place from
+// before its exchange until it is settled.
 const (
 	binDir   = "/host/opt/cni/bin"
 	name     = "whereabouts"
 	selfPath = "/usr/bin/harvester-ipam"
+	marker   = ".harvester-ipam.standin-giving-back"
 )
 
 var (
@@ -293,11 +296,26 @@ func (w *World) probe(ctx context.Context, path string) error {
 	if n == nil {
 		return notExist("exec", path)
 	}
-	if w.noAnswers > 0 && w.choose("probe "+short(path)+" answers", 2) == 1 {
-		w.noAnswers--
-		return fmt.Errorf("run %s: no answer within 10s: %w", path, errNoAnswer)
+	what := w.what(n)
+	whole := n.writers == 0 && !strings.HasPrefix(what, "part")
+	if w.noAnswers > 0 {
+		// A probe that gives no answer (a timeout), or, of a whole binary,
+		// one that crashes once (the node out of memory): neither says the
+		// file does not run.
+		choices := 2
+		if whole {
+			choices = 3
+		}
+		switch w.choose("probe "+short(path)+" answers", choices) {
+		case 1:
+			w.noAnswers--
+			return fmt.Errorf("run %s: no answer within 10s: %w", path, errNoAnswer)
+		case 2:
+			w.noAnswers--
+			return fmt.Errorf("run %s: signal: killed by the node running out of memory: %w", path, standin.ErrBroken)
+		}
 	}
-	switch what := w.what(n); {
+	switch {
 	case n.writers > 0:
 		return fmt.Errorf("run %s: text file busy: %w", path, standin.ErrBusy)
 	case strings.HasPrefix(what, "part"):

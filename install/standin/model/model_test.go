@@ -19,6 +19,12 @@ var (
 func TestModel(t *testing.T) {
 	start := time.Now()
 	runs, windows := 0, 0
+	// go test -failfast (a mutation run) stops at the first scenario that
+	// breaks an invariant.
+	failfast := false
+	if f := flag.Lookup("test.failfast"); f != nil {
+		failfast = f.Value.String() == "true"
+	}
 	for _, s := range Scenarios() {
 		var r Result
 		if *all {
@@ -30,6 +36,9 @@ func TestModel(t *testing.T) {
 		windows += r.Windows
 		if r.Violations > 0 {
 			t.Errorf("%s: %d of %d runs break an invariant; the first (choices %v):\n%s", s, r.Violations, r.Runs, r.FirstPath, r.Trace())
+			if failfast {
+				t.FailNow()
+			}
 		}
 	}
 	t.Logf("%d scenarios, %d runs, %d through the no-exchange window, in %s", len(Scenarios()), runs, windows, time.Since(start).Round(time.Millisecond))

@@ -32,11 +32,17 @@ type World struct {
 	exchange, links bool
 	names           map[string]*inode // the bin dir's names
 	self            *inode
-	clock           int64
-	nextIno         uint64
-	temps           int
-	maxVersion      int
-	dirty           bool // the installer wrote since it last fsynced the dir
+	// clock is the installer's file times, which go forward; cpClock is
+	// whereabouts' cp's, which go back: its every write looks older than
+	// every file there, as after a clock stepped back (NTP) once the files
+	// were written while it was ahead. No rule may order real binaries by
+	// their times (DESIGN.md's invariant 7): the model's times say the
+	// opposite of the truth.
+	clock, cpClock int64
+	nextIno        uint64
+	temps          int
+	maxVersion     int
+	dirty          bool // the installer wrote since it last fsynced the dir
 	// cpStepped: cp took a step since the installer's last; raced: it had
 	// when the installer's current step began.
 	cpStepped, raced bool
@@ -53,13 +59,18 @@ type World struct {
 	inst *process
 
 	ch        *chooser
-	noAnswers int // probes that may still not answer
+	noAnswers int // probes that may still not answer, or crash once
 	kills     int // installer kills still allowed
 	cpKills   int
 	steps     int
 	// stopNotUninstall: the installer is stopping without an uninstall;
 	// giving the name back now is a violation.
 	stopNotUninstall bool
+	// givingBack: the installer gives the name back; runsAlone: the name ran
+	// on its own (a real binary, or harvester-ipam with a real one aside)
+	// after the last step. A give-back's step must not undo that: an
+	// uninstall has no run after it to repair what a kill leaves.
+	givingBack, runsAlone bool
 
 	trace     []string
 	violation string
@@ -67,6 +78,10 @@ type World struct {
 }
 
 func (w *World) tick() int64 { w.clock++; return w.clock }
+
+// cpTick is the time of a write by whereabouts' cp: earlier than every
+// other file's.
+func (w *World) cpTick() int64 { w.cpClock--; return w.cpClock }
 
 func (w *World) newInode(data []byte) *inode {
 	w.nextIno++
@@ -179,8 +194,13 @@ func (w *World) check() {
 	case n != nil && strings.HasPrefix(what, "part") && !n.wb:
 		w.fail("the name holds %s, not a whole binary", what)
 	}
+	// harvester-ipam is never aside, but for the moment after a give-back's
+	// exchange put it there (its record in place) while the name holds no
+	// harvester-ipam: no sandbox reaches it as a delegate.
 	if a := w.names[name+standin.RealSuffix]; a != nil && !a.legacy && strings.Contains(string(a.data), standin.Mark) {
-		w.fail("harvester-ipam (%s) is aside", w.what(a))
+		if w.names[marker] == nil || n != nil && strings.Contains(string(n.data), standin.Mark) {
+			w.fail("harvester-ipam (%s) is aside", w.what(a))
+		}
 	}
 	if v := w.newest(); v >= 0 && w.copies(v) == 0 {
 		w.fail("real %d, the newest, is at no name (%s)", v, w.state())
@@ -190,6 +210,22 @@ func (w *World) check() {
 			w.fail("harvester-ipam is the only binary left")
 		}
 	}
+	alone := w.runsOnItsOwn()
+	if w.givingBack && w.runsAlone && !alone && !w.cpStepped {
+		w.fail("the give-back left the name without a real binary to run (%s): a kill here, with no run after it, leaves every ADD failing", w.state())
+	}
+	w.runsAlone = alone
+}
+
+// runsOnItsOwn: the name holds a real binary, or harvester-ipam with a real
+// binary aside (its delegate).
+func (w *World) runsOnItsOwn() bool {
+	n := w.names[name]
+	if w.version(n) >= 0 {
+		return true
+	}
+	what := w.what(n)
+	return (what == "self" || what == "another build") && w.version(w.names[name+standin.RealSuffix]) >= 0
 }
 
 func (w *World) anyRealBut(x *inode) bool {
@@ -266,6 +302,7 @@ func (w *World) cpStep() {
 			return
 		}
 		c.file = w.newInode(nil)
+		c.file.mtime = w.cpTick()
 		c.file.writers, c.file.wb = 1, true
 		w.names[name] = c.file
 		w.nameMissing = false
@@ -273,20 +310,21 @@ func (w *World) cpStep() {
 		n := w.names[name]
 		if n == nil {
 			n = w.newInode(nil)
+			n.mtime = w.cpTick()
 			w.names[name] = n
 			w.nameMissing = false
 		}
 		v := w.version(n)
-		n.data, n.mtime, n.wb = nil, w.tick(), true
+		n.data, n.mtime, n.wb = nil, w.cpTick(), true
 		n.writers++
 		c.file = n
 		if v >= 0 && w.copies(v) == 0 {
 			w.lost[v] = "whereabouts' own cp"
 		}
 	case "write half":
-		c.file.data, c.file.mtime = half(whole), w.tick()
+		c.file.data, c.file.mtime = half(whole), w.cpTick()
 	case "write the rest":
-		c.file.data, c.file.mtime = whole, w.tick()
+		c.file.data, c.file.mtime = whole, w.cpTick()
 		w.ever[c.version] = true
 		if !w.named(c.file) {
 			if c.file.displacedBy == "renamed over by the installer" && w.window() {

@@ -102,6 +102,7 @@ exec:
     {{- if .Values.standIn.enabled }}
     - --stand-in={{ .Values.standIn.name }}
     {{- end }}
+    - --daemonset={{ include "harvester-ipam.fullname" . }}
 timeoutSeconds: 15
 {{- end }}
 
