@@ -93,6 +93,9 @@ type Options struct {
 	// AtStep, when set, is called at each step boundary of the verbs the
 	// agent runs (plugin.Plugin.AtStep): the simulation kills the agent there.
 	AtStep func(step string)
+	// NodeConfig is the node's settings file for harvester-ipam's own log
+	// (plugin.Plugin.NodeConfig); "" is conf.DefaultNodeConfig.
+	NodeConfig string
 	// Wait, when set, waits until done is closed, for a verb that waits for
 	// another of its attachment: the simulation waits under its scheduler.
 	// Nil waits for done or the verb's end, whichever is first.
@@ -369,6 +372,7 @@ func (s *Server) Run(ctx context.Context, j *Job) (ans wire.Answer) {
 	}
 	var stdout bytes.Buffer
 	stderr := &capped{max: stderrLimit}
+	logs := &fileLog{capped: capped{max: stderrLimit}}
 	defer func() {
 		if r := recover(); r != nil {
 			s.log.Printf("%s %s: panic: %v\n%s", j.req.Command, j.args.ContainerID, r, debug.Stack())
@@ -385,9 +389,13 @@ func (s *Server) Run(ctx context.Context, j *Job) (ans wire.Answer) {
 		Env:      j.env,
 		// A delegate dies with the agent: a client that sees the agent gone
 		// does the verb again, and must not race what the agent started.
-		Exec:   delegate.Orphanless(stderr),
-		AtStep: s.o.AtStep,
+		Exec:       delegate.Orphanless(stderr),
+		AtStep:     s.o.AtStep,
+		NodeConfig: s.o.NodeConfig,
+		// The log file is the host's: the client appends the lines.
+		LogFile: logs.to(stderr),
 	}
+	defer func() { ans.LogFile, ans.Log = logs.file, logs.Bytes() }()
 	if s.o.Exec != nil {
 		p.Exec = s.o.Exec
 	}
@@ -454,6 +462,27 @@ func (s *Server) serves(ns string) bool {
 }
 
 // capped keeps the first max bytes written to it.
+// fileLog collects a verb's lines for a log file, and the file: one a
+// request (a second file's lines go to stderr).
+type fileLog struct {
+	capped
+	file string
+}
+
+func (l *fileLog) to(stderr io.Writer) func(string) io.Writer {
+	return func(file string) io.Writer {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.file == "" {
+			l.file = file
+		}
+		if l.file != file {
+			return stderr
+		}
+		return &l.capped
+	}
+}
+
 type capped struct {
 	buf bytes.Buffer
 	max int

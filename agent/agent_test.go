@@ -732,3 +732,31 @@ func countFDs(t *testing.T, path string) int {
 	}
 	return n
 }
+
+// The log a verb writes for a log file (whereabouts' log_file, or the node's
+// own settings, plugin.logFile) is the host's file, which the agent's pod
+// does not mount: the agent hands the lines and the file to its client, the
+// plugin on the host, which appends them there. The agent writes no file.
+func TestTheLogOfALogFileGoesToTheClient(t *testing.T) {
+	r := newRig(t)
+	nodeConf := filepath.Join(r.dir, "harvester-ipam.conf")
+	hostLog := filepath.Join(r.dir, "host", "harvester-ipam.log")
+	require.NoError(t, os.WriteFile(nodeConf, []byte(`{"log_level":"debug","log_file":"`+hostLog+`"}`), 0o644))
+	r.srv.o.NodeConfig = nodeConf
+
+	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	require.Nil(t, res.Answer.Error)
+	assert.Equal(t, hostLog, res.Answer.LogFile, "the file the plugin would have logged to")
+	assert.Contains(t, string(res.Answer.Log), "[debug] harvester-ipam ADD c1: ")
+	assert.NotContains(t, string(res.Answer.Stderr), "harvester-ipam ADD", "the lines go to the file, not to the runtime's log")
+	assert.NoFileExists(t, hostLog, "the agent writes no host file")
+
+	// Without the node's settings: whereabouts' log_file (the flat file's).
+	require.NoError(t, os.Remove(nodeConf))
+	res = r.do(wire.Del, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	assert.Equal(t, filepath.Join(r.dir, "whereabouts.log"), res.Answer.LogFile)
+	assert.Contains(t, string(res.Answer.Log), "harvester-ipam DEL c1: ")
+	assert.NoFileExists(t, filepath.Join(r.dir, "whereabouts.log"))
+}

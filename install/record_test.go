@@ -194,6 +194,13 @@ func TestTwoReleasesDoNotFight(t *testing.T) {
 	says, err := VerifyStandInAs(ctx, a, "whereabouts", releaseA)
 	require.NoError(t, err)
 	assert.Contains(t, says, "harvester-ipam stands in at "+name)
+	// An operator's --verify (kubectl exec, no release of its own) checks
+	// the stand-in as it is, and names the release that holds it.
+	says, err = VerifyStandInAs(ctx, a, "whereabouts", Identity{Pod: "1234"})
+	require.NoError(t, err)
+	assert.Contains(t, says, "harvester-ipam stands in at "+name)
+	assert.Contains(t, says, "; release kube-system/harvester-ipam holds it (pod harvester-ipam-a1)")
+	assert.NotContains(t, says, "does not fight")
 
 	// The other release stops: it gives back nothing, its name or not; when
 	// it leaves the node (an uninstall), its lock file goes.

@@ -288,13 +288,19 @@ func VerifyStandInAs(ctx context.Context, opt Options, name string, me Identity)
 	if err != nil {
 		return "", err
 	}
-	if rec, ok, err := ReadRecord(opt.BinDir, name); err == nil && ok && rec.Release != me.Release() {
+	rec, ok, err := ReadRecord(opt.BinDir, name)
+	if err == nil && ok && rec.Release != me.Release() && me.Release() != ByHand {
 		if alive, err := IsAlive(opt.BinDir, rec.Release); err == nil && alive {
 			return fmt.Sprintf("release %s (pod %s) stands in for %s at %s; this release (%s) does not fight it, and stands in once that one gives the name back",
 				rec.Release, rec.Pod, name, filepath.Join(opt.BinDir, name), me.Release()), nil
 		}
 	}
-	return d.Ready(ctx)
+	state, err := d.Ready(ctx)
+	if err == nil && ok && me.Release() == ByHand {
+		// An operator's check: the stand-in as it is, and whose it is.
+		state = fmt.Sprintf("%s; release %s holds it (pod %s)", state, rec.Release, rec.Pod)
+	}
+	return state, err
 }
 
 // KeepWatching runs watch (the stand-in's inotify watch) until ctx ends.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -67,11 +69,34 @@ func (p *Plugin) answer(a wire.Answer) error {
 	if len(a.Stderr) > 0 {
 		_, _ = p.stderr().Write(a.Stderr)
 	}
+	if len(a.Log) > 0 {
+		p.appendLog(a.LogFile, a.Log)
+	}
 	if a.Error != nil {
 		return &cnitypes.Error{Code: a.Error.Code, Msg: a.Error.Msg, Details: a.Error.Details}
 	}
 	_, err := p.stdout().Write(a.Stdout)
 	return err
+}
+
+// appendLog writes what the agent logged for a log file to that file, as
+// the plugin's own logger would have (the file is the host's); a file that
+// is not an absolute path, or does not open, gets stderr.
+func (p *Plugin) appendLog(file string, lines []byte) {
+	if filepath.IsAbs(file) {
+		f, err := os.OpenFile(filepath.Clean(file), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err == nil {
+			_, err = f.Write(lines)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err == nil {
+				return
+			}
+		}
+		fmt.Fprintf(p.stderr(), "harvester-ipam: cannot write log_file %s: %v; logging to stderr\n", file, err)
+	}
+	_, _ = p.stderr().Write(lines)
 }
 
 // addAfterLost is ADD after the node agent took it and the connection

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -132,6 +133,28 @@ func TestAVerbTheAgentServesIsItsAnswer(t *testing.T) {
 
 	assert.Empty(t, r.calls(), "nothing delegated here")
 	assert.Len(t, r.pool(), 3, "nothing released here")
+}
+
+// What the agent logged for a log file (the host's, which its pod does not
+// mount) is appended to that file here; lines for a file that is not an
+// absolute path go to stderr.
+func TestTheAgentsLogForAFileIsAppendedHere(t *testing.T) {
+	r := newRig(t)
+	file := filepath.Join(t.TempDir(), "harvester-ipam.log")
+	require.NoError(t, os.WriteFile(file, []byte("before\n"), 0o600))
+	for _, logFile := range []string{file, "relative.log"} {
+		stub := &agentStub{serve: func(req wire.Request, _ net.Conn) *wire.Answer {
+			a := wire.NewAnswer([]byte(`{"cniVersion":"0.3.1"}`), nil, nil)
+			a.LogFile, a.Log = logFile, []byte("[debug] harvester-ipam ADD new: took ...\n")
+			return &a
+		}}
+		r.p.Agent = stub.start(t)
+		require.NoError(t, through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	}
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	assert.Equal(t, "before\n[debug] harvester-ipam ADD new: took ...\n", string(b))
+	assert.Equal(t, "[debug] harvester-ipam ADD new: took ...\n", r.log.String(), "a relative path: stderr")
 }
 
 // A verb the agent does not take is done here, as without an agent, and

@@ -30,7 +30,8 @@ type logger struct {
 
 // newLogger opens the log: whereabouts' log_file when set (shared with it, so
 // one file tells the whole story of an attachment), else fallback.
-func newLogger(file, lvl string, fallback io.Writer, verb, containerID string) *logger {
+// A file's lines go to toFile(file) instead, when toFile is set.
+func newLogger(file, lvl string, fallback io.Writer, verb, containerID string, toFile func(string) io.Writer) *logger {
 	l := &logger{w: fallback, close: func() {}, max: levelVerbose, verb: verb, id: containerID}
 	switch strings.ToLower(lvl) {
 	case "debug":
@@ -38,7 +39,9 @@ func newLogger(file, lvl string, fallback io.Writer, verb, containerID string) *
 	case "error", "panic":
 		l.max = levelError
 	}
-	if file != "" {
+	if file != "" && toFile != nil {
+		l.w = toFile(file)
+	} else if file != "" {
 		f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 		if err == nil {
 			l.w, l.close = f, func() { f.Close() }

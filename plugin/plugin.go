@@ -68,6 +68,11 @@ type Plugin struct {
 	// NodeConfig is the node's own settings file, which the chart's
 	// installer writes (its plugin.* values); "" is conf.DefaultNodeConfig.
 	NodeConfig string
+	// LogFile, when set, takes the lines meant for a log file (whereabouts'
+	// log_file, or the node's plugin.logFile) in place of that file: a node
+	// agent, whose pod does not mount the host's files, hands them to its
+	// client. Nil appends to the file.
+	LogFile func(path string) io.Writer
 
 	// fallback says why the node agent did not serve this verb, for the log.
 	fallback string
@@ -197,7 +202,7 @@ func (p *Plugin) logger(cfg *conf.Config, verb, containerID string) *logger {
 	if node.LogLevel != "" {
 		lvl = node.LogLevel
 	}
-	l := newLogger(file, lvl, p.stderr(), verb, containerID)
+	l := newLogger(file, lvl, p.stderr(), verb, containerID, p.LogFile)
 	if err != nil {
 		l.Errorf("%v; logging by whereabouts' settings", err)
 	}

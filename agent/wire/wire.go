@@ -145,6 +145,11 @@ type Answer struct {
 	Stderr []byte `json:"stderr,omitempty"`
 	// Error is the verb's CNI error, when it failed.
 	Error *Error `json:"error,omitempty"`
+	// Log is what the verb logged for LogFile (whereabouts' log_file, or the
+	// node's own plugin.logFile): a host file the agent's pod does not
+	// mount, which the plugin appends it to.
+	LogFile string `json:"logFile,omitempty"`
+	Log     []byte `json:"log,omitempty"`
 }
 
 // Error is a CNI error (the spec's code, msg and details).

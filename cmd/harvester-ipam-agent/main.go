@@ -62,6 +62,7 @@ type options struct {
 	grace       time.Duration
 	logRequests bool
 	execWB      bool
+	nodeConfig  string
 	version     bool
 }
 
@@ -85,6 +86,7 @@ func main() {
 	fs.DurationVar(&o.grace, "grace", 25*time.Second, "how long a stop waits for the verbs under way")
 	fs.BoolVar(&o.logRequests, "log-requests", false, "log a line for each request: the verb, the attachment, the outcome, how long it took")
 	fs.BoolVar(&o.execWB, "exec-whereabouts", false, "allocate by running the whereabouts binary of each request's CNI_PATH, under whereabouts' Lease, as the plugin does, instead of whereabouts' allocator in-process")
+	fs.StringVar(&o.nodeConfig, "node-config", conf.DefaultNodeConfig, "the node's settings for harvester-ipam's log (the chart's plugin.*), which the plugin reads too; a log file they name is the host's, which the plugin writes")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: harvester-ipam-agent [flags]\n       harvester-ipam-agent probe [--socket PATH] [--timeout D]\n\n"+
@@ -169,6 +171,7 @@ func run(o options) error {
 	srv, err := agent.New(agent.Options{
 		API: api, Namespaces: namespaces, Node: o.node, Metrics: metrics, MaxInFlight: o.maxInFlight,
 		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests, Allocator: allocator, AtStep: atStep,
+		NodeConfig: o.nodeConfig,
 	})
 	if err != nil {
 		return err
