@@ -256,3 +256,32 @@ exit $rc
 	}
 	return bin, nil
 }
+
+// Memory is the agent process's resident set and its peak (VmRSS, VmHWM),
+// in KiB.
+func (a *Agent) Memory() (rss, peak int64, err error) {
+	a.mu.Lock()
+	pid := a.proc.cmd.Process.Pid
+	a.mu.Unlock()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "VmRSS":
+			rss = n
+		case "VmHWM":
+			peak = n
+		}
+	}
+	if rss == 0 {
+		return 0, 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return rss, peak, nil
+}
