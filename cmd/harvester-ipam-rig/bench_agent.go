@@ -67,7 +67,7 @@ func (b *bencher) newAgentSides(agents []*testcni.Agent, rngWB, rngExec, rngAgen
 		wb: side{name: "whereabouts " + b.wb, bin: b.rig.Tools["whereabouts-"+b.wb], typ: "whereabouts", path: b.rig.CNIDir(b.wb), rng: rngWB, ifname: ifname},
 		exec: side{name: "exec path", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: rngExec, ifname: ifname,
 			env: []string{wire.EnvSocket + "=" + wire.NoAgent}},
-		agent: side{name: "agent", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: rngAgent, ifname: ifname},
+		agent:  side{name: "agent", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: rngAgent, ifname: ifname},
 		agents: agents,
 	}
 }
