@@ -217,7 +217,9 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.badRequest(c, err)
 		return
 	}
-	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start) }
+	ph := &steps{last: start}
+	ph.mark("read")
+	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start, ph) }
 
 	select {
 	case s.slots <- struct{}{}:
@@ -227,6 +229,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		return
 	}
 	j, reason, detail := s.admit(req)
+	ph.mark("admit")
 	if reason != "" {
 		s.decline(c, done, reason, detail)
 		return
@@ -246,6 +249,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		done(outcomeAbandoned, "", "the client left after its go-ahead")
 		return
 	}
+	ph.mark("go")
 	// The verb is ours now. A client that goes away cancels it: whatever
 	// it has not written yet it never will.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -257,6 +261,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		cancel()
 	}()
 	ans := s.run(ctx, j)
+	ph.mark("verb")
 	gone := ctx.Err() != nil
 	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if err := wire.Write(c, ans); err != nil || gone {
@@ -264,6 +269,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		done(outcomeLost, "", "")
 		return
 	}
+	ph.mark("answer")
 	if ans.Error != nil {
 		done(outcomeFailed, "", ans.Error.Msg)
 		return
@@ -271,8 +277,23 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	done(outcomeServed, "", "")
 }
 
+// steps times the steps of a request, for its log line: the request read,
+// admission, the wait for the go-ahead, the verb, the answer.
+type steps struct {
+	last  time.Time
+	parts []string
+}
+
+func (st *steps) mark(step string) {
+	now := time.Now()
+	st.parts = append(st.parts, step+" "+now.Sub(st.last).Round(10*time.Microsecond).String())
+	st.last = now
+}
+
+func (st *steps) String() string { return strings.Join(st.parts, ", ") }
+
 // record counts a request's outcome and, with Options.LogRequests, logs it.
-func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time) {
+func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time, ph *steps) {
 	took := time.Since(start)
 	s.o.Metrics.count(req.Command, outcome, reason)
 	if outcome == outcomeServed || outcome == outcomeFailed {
@@ -288,7 +309,7 @@ func (s *Server) record(req wire.Request, outcome, reason, detail string, start 
 	if detail != "" {
 		detail = ": " + detail
 	}
-	s.log.Printf("%s: %s in %s%s", what, outcome, took.Round(10*time.Microsecond), detail)
+	s.log.Printf("%s: %s in %s (%s)%s", what, outcome, took.Round(10*time.Microsecond), ph, detail)
 }
 
 // badRequest answers a request that does not read: a decline that carries

@@ -231,8 +231,8 @@ func TestTheAgentServesAddAndDel(t *testing.T) {
 	r.counted(wire.Add, outcomeServed, "", 1)
 	r.counted(wire.Del, outcomeServed, "", 1)
 	assert.Contains(t, r.metrics.Summary(), "2 served")
-	assert.Regexp(t, `ADD c1/lhnet1: served in [0-9.]+m?s\n`, r.log.String())
-	assert.Regexp(t, `DEL c1/lhnet1: served in [0-9.]+m?s\n`, r.log.String())
+	assert.Regexp(t, `ADD c1/lhnet1: served in [0-9.]+m?s \(read [0-9.]+[mµ]?s, admit [0-9.]+[mµ]?s, go [0-9.]+[mµ]?s, verb [0-9.]+[mµ]?s, answer [0-9.]+[mµ]?s\)\n`, r.log.String())
+	assert.Regexp(t, `DEL c1/lhnet1: served in [0-9.]+m?s \(read [0-9.]+[mµ]?s, admit [0-9.]+[mµ]?s, go [0-9.]+[mµ]?s, verb [0-9.]+[mµ]?s, answer [0-9.]+[mµ]?s\)\n`, r.log.String())
 	assert.Equal(t, "", r.metrics.Summary(), "a summary covers what happened since the last")
 }
 
