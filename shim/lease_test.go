@@ -495,3 +495,68 @@ func TestTheSmallestLeaseSettingsHold(t *testing.T) {
 	}))
 	assert.Equal(t, []time.Duration{time.Nanosecond, time.Nanosecond}, c.waits, "looked at again every nanosecond (1.5 ns, truncated)")
 }
+
+// A reservation is looked up before the Lease and deleted under it as it was
+// read: one that whereabouts deleted and made again for another pod in
+// between (another object, same name) is read again and left, and so is one
+// of the pod whose new sandbox took the address meanwhile.
+func TestAReservationIsDeletedOnlyAsItWasRead(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		between func(api *fake.API)
+		want    []string // deleted
+		podRef  string   // of 192.168.50.4 after
+	}{
+		{name: "unchanged", between: func(*fake.API) {}, want: []string{"192.168.50.4", "192.168.50.8"}},
+		{
+			name: "another pod's now",
+			between: func(api *fake.API) {
+				api.Remove(fake.Reservations, ns, "192.168.50.4")
+				api.Put(fake.NewReservation("192.168.50.4", "longhorn-system/im-z"))
+			},
+			want:   []string{"192.168.50.8"},
+			podRef: "longhorn-system/im-z",
+		},
+		{
+			name: "the pod's new sandbox holds the address",
+			between: func(api *fake.API) {
+				p := api.Pool(ns, storage)
+				p.Spec.Allocations["4"] = alloc{ContainerID: "newer", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+				_, err := api.UpdatePool(ns, p)
+				require.NoError(t, err)
+			},
+			want:   []string{"192.168.50.8"},
+			podRef: "longhorn-system/im-a",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, api, _ := newStore(storageNetwork()...)
+			plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+			require.NoError(t, err)
+			once := false
+			api.Hook = func(c *fake.Call) error {
+				// Whereabouts, just before we take the Lease.
+				if c.Resource == fake.Leases && !once {
+					once = true
+					tt.between(api)
+				}
+				return nil
+			}
+			deleted, err := s.ReleaseReservations(context.Background(), plan)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, deleted)
+			var o *shim.Reservation
+			for _, r := range api.AllReservations(ns) {
+				if r.Name == "192.168.50.4" {
+					o = &r
+				}
+			}
+			if tt.podRef == "" {
+				assert.Nil(t, o)
+			} else {
+				require.NotNil(t, o)
+				assert.Equal(t, tt.podRef, o.Spec.PodRef)
+			}
+		})
+	}
+}
