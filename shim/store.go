@@ -405,7 +405,9 @@ type releaseJob struct {
 	done    chan struct{} // closed when a Group has run it
 }
 
-func goingKey(pool, offset, containerID string) string { return pool + "/" + offset + "/" + containerID }
+func goingKey(pool, offset, containerID string) string {
+	return pool + "/" + offset + "/" + containerID
+}
 
 // releaseJobs judges and deletes the candidates of jobs under the Lease, on
 // one list of the pools: each job's as ReleaseReservations alone would (a
