@@ -129,6 +129,11 @@ func New(o Options) (*Server, error) {
 	if env == nil {
 		env = os.Environ()
 	}
+	if o.StoreOptions.Group == nil {
+		// The requests' stores share whereabouts' Lease: turns under one
+		// acquisition, releases and removals of one moment together.
+		o.StoreOptions.Group = &shim.Group{Identity: fmt.Sprintf("harvester-ipam-agent/%s/%d", o.Node, os.Getpid())}
+	}
 	s := &Server{
 		o:      o,
 		log:    log.New(w, "", log.LstdFlags|log.Lmicroseconds),
@@ -195,10 +200,16 @@ func (s *Server) Stop(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("verbs still running: %w", ctx.Err())
 	}
+	// The Lease handed back, not left to expire under whereabouts' waits.
+	if g := s.o.StoreOptions.Group; g != nil {
+		if err := g.Wait(ctx); err != nil {
+			return fmt.Errorf("whereabouts' Lease not handed back yet: %w", err)
+		}
+	}
+	return nil
 }
 
 // serveConn serves one connection: one request.

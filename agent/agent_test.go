@@ -532,10 +532,11 @@ func (panicking) Add(context.Context, *shim.Store, *conf.Config, *skel.CmdArgs) 
 	panic("allocator bug")
 }
 
-// Requests run at once, each with its own store: concurrent releases each
-// hold whereabouts' Lease under an identity of their own (one identity for
-// all would let two "hold" it together).
-func TestConcurrentRequestsEachHoldTheLeaseAsThemselves(t *testing.T) {
+// Requests run at once share whereabouts' Lease through the agent's group
+// (shim.Group): one holder, the agent, whose turns are serialised, and the
+// releases of one moment judged in one turn; far fewer acquisitions than
+// requests, and every reservation released.
+func TestConcurrentRequestsShareTheAgentsHoldOfTheLease(t *testing.T) {
 	allocs := map[string]alloc{}
 	var objs []any
 	for i := 2; i < 22; i++ {
@@ -546,12 +547,16 @@ func TestConcurrentRequestsEachHoldTheLeaseAsThemselves(t *testing.T) {
 	r := newRig(t, append(objs, fake.NewPool(poolName, "192.168.50.0/24", allocs))...)
 	var mu sync.Mutex
 	holders := map[string]bool{}
+	takes := 0
 	r.api.Hook = func(c *fake.Call) error {
-		if c.Resource == fake.Leases && c.Verb == "update" {
+		if c.Resource == fake.Leases && (c.Verb == "update" || c.Verb == "create") {
+			time.Sleep(5 * time.Millisecond) // an API server's time, in which requests come
 			mu.Lock()
 			defer mu.Unlock()
 			l := r.api.Lease("kube-system", "whereabouts")
-			if l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			if l == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+				takes++ // free: this write takes it
+			} else {
 				holders[*l.Spec.HolderIdentity] = true
 			}
 		}
@@ -571,14 +576,20 @@ func TestConcurrentRequestsEachHoldTheLeaseAsThemselves(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
+	require.NoError(t, r.srv.Stop(context.Background()))
 	assert.Empty(t, r.pool())
 	assert.Empty(t, r.api.AllReservations("kube-system"), "every reservation released")
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Greater(t, len(holders), 1, "the Lease's holders: %v", holders)
+	assert.Len(t, holders, 1, "the Lease's holders: %v", holders)
 	for h := range holders {
 		assert.True(t, strings.HasPrefix(h, "harvester-ipam-agent/n1/"), h)
 	}
+	t.Logf("%d acquisitions", takes)
+	assert.Less(t, takes, 10, "acquisitions of the Lease for 20 releases")
+	l := r.api.Lease("kube-system", "whereabouts")
+	require.NotNil(t, l)
+	assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back once the agent stopped")
 }
 
 // Without an allocator the agent's ADD runs the whereabouts binary the

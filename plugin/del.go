@@ -125,7 +125,11 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 		}
 	}
 	for _, pr := range pools {
-		pool, err := store.In(pr.namespace).Pool(ctx, pr.name)
+		// A node agent's own copy of the pool serves when it shows the
+		// attachment's entries (the release's writes check them again); one
+		// that shows none is read fresh: nothing to release is never
+		// decided from a copy.
+		pool, err := store.In(pr.namespace).Look(ctx, pr.name, shim.Attachment(args.ContainerID, args.IfName, recorded))
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 		}

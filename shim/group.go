@@ -8,6 +8,8 @@ import (
 	"time"
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
+
+	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // Group is shared by the stores of one process that serves many verbs at
@@ -58,21 +60,33 @@ const DefaultMaxHold = 500 * time.Millisecond
 // begun for them is finished).
 const groupTimeout = 30 * time.Second
 
-// shared is the Lease of one namespace as a group holds it.
+// shared is the Lease of one namespace as a group holds it. One goroutine
+// (hold), running while calls wait or the Lease is held, takes the Lease,
+// runs the calls' turns one after the other, and hands it back once no call
+// waits.
 type shared struct {
-	turn    chan struct{} // whoever holds it runs under the Lease, or hands it back
-	waiting sync.WaitGroup
-	nwait   int32 // calls waiting for the turn (under Group.mu)
+	mu      sync.Mutex
+	queue   []*turn
+	running bool
+	active  sync.WaitGroup // the hold goroutine
 
-	// Under turn:
+	// Of the hold goroutine:
 	held   *hold
+	by     *Store    // the store held took it with
 	since  time.Time // when held was acquired
 	record *Lease    // the Lease as the group last handed it back
 	rest   time.Time // no acquisition before (after a hold of MaxHold)
 
-	mu       sync.Mutex
 	jobs     []*releaseJob
 	draining bool
+}
+
+// turn is one Locked call waiting to run.
+type turn struct {
+	ctx  context.Context
+	s    *Store
+	fn   func(context.Context, *Locked) error
+	done chan error
 }
 
 func (g *Group) init() {
@@ -97,42 +111,67 @@ func (g *Group) of(namespace string) *shared {
 	defer g.mu.Unlock()
 	sh := g.leases[namespace]
 	if sh == nil {
-		sh = &shared{turn: make(chan struct{}, 1)}
+		sh = &shared{}
 		g.leases[namespace] = sh
 	}
 	return sh
 }
 
-// locked runs fn in its turn under the group's hold of s's namespace.
+// locked runs fn in its turn under the group's hold of s's namespace. A
+// call whose context ends before its turn is not run.
 func (g *Group) locked(ctx context.Context, s *Store, fn func(context.Context, *Locked) error) error {
 	sh := g.of(s.namespace)
-	g.mu.Lock()
-	sh.nwait++
-	g.mu.Unlock()
-	select {
-	case sh.turn <- struct{}{}:
-	case <-ctx.Done():
-		g.mu.Lock()
-		sh.nwait--
-		g.mu.Unlock()
-		return fmt.Errorf("wait for lease %s/%s: %w", s.namespace, "whereabouts", ctx.Err())
+	t := &turn{ctx: ctx, s: s, fn: fn, done: make(chan error, 1)}
+	sh.mu.Lock()
+	sh.queue = append(sh.queue, t)
+	start := !sh.running
+	if start {
+		sh.running = true
+		sh.active.Add(1)
 	}
-	g.mu.Lock()
-	sh.nwait--
-	g.mu.Unlock()
-
-	if err := g.take(ctx, s, sh); err != nil {
-		<-sh.turn
-		return err
+	sh.mu.Unlock()
+	if start {
+		go g.hold(sh)
 	}
-	err := fn(ctx, &Locked{s: s, h: sh.held})
-	g.done(ctx, s, sh)
-	return err
+	return <-t.done
 }
 
-// take makes sure the group holds the Lease for the turn it has: the hold
-// it kept, unless it is lost or was kept MaxHold already (then handed back,
-// and taken again once it was left free as long).
+// hold runs the turns of sh until none waits, then hands the Lease back.
+func (g *Group) hold(sh *shared) {
+	defer sh.active.Done()
+	for {
+		sh.mu.Lock()
+		if len(sh.queue) == 0 {
+			if sh.held == nil {
+				sh.running = false
+				sh.mu.Unlock()
+				return
+			}
+			sh.mu.Unlock()
+			// No call waits: hand the Lease back (calls that come meanwhile
+			// wait, then take it again).
+			sh.record = sh.held.release(context.Background(), sh.by)
+			sh.held, sh.by = nil, nil
+			continue
+		}
+		t := sh.queue[0]
+		sh.queue = sh.queue[1:]
+		sh.mu.Unlock()
+		if err := t.ctx.Err(); err != nil {
+			t.done <- fmt.Errorf("wait for lease %s/%s: %w", t.s.namespace, names.Lease, err)
+			continue
+		}
+		if err := g.take(t.ctx, t.s, sh); err != nil {
+			t.done <- err
+			continue
+		}
+		t.done <- t.fn(t.ctx, &Locked{s: t.s, h: sh.held})
+	}
+}
+
+// take makes sure the group holds the Lease for a turn: the hold it kept,
+// unless it is lost or was kept MaxHold already (then handed back, and
+// taken again once it was left free as long).
 func (g *Group) take(ctx context.Context, s *Store, sh *shared) error {
 	if h := sh.held; h != nil {
 		h.mu.Lock()
@@ -142,15 +181,15 @@ func (g *Group) take(ctx context.Context, s *Store, sh *shared) error {
 		if !lost && held < g.MaxHold {
 			return nil
 		}
-		sh.held = nil
-		sh.record = h.release(ctx, s)
+		sh.record = h.release(ctx, sh.by)
+		sh.held, sh.by = nil, nil
 		if !lost {
 			sh.rest = s.Now().Add(held)
 		}
 	}
 	if wait := sh.rest.Sub(s.Now()); wait > 0 {
 		if err := s.o.Clock.Sleep(ctx, wait); err != nil {
-			return fmt.Errorf("wait for lease %s/%s: %w", s.namespace, "whereabouts", err)
+			return fmt.Errorf("wait for lease %s/%s: %w", s.namespace, names.Lease, err)
 		}
 	}
 	h, err := s.acquire(ctx, g.Identity, sh.record)
@@ -158,28 +197,8 @@ func (g *Group) take(ctx context.Context, s *Store, sh *shared) error {
 	if err != nil {
 		return err
 	}
-	sh.held, sh.since = h, s.Now()
+	sh.held, sh.by, sh.since = h, s, s.Now()
 	return nil
-}
-
-// done ends a turn: the hold is kept for a call that waits for the next
-// one, else handed back in the background, the turn with it.
-func (g *Group) done(ctx context.Context, s *Store, sh *shared) {
-	g.mu.Lock()
-	next := sh.nwait > 0
-	g.mu.Unlock()
-	if next {
-		<-sh.turn
-		return
-	}
-	h := sh.held
-	sh.held = nil
-	sh.waiting.Add(1)
-	go func() {
-		defer sh.waiting.Done()
-		sh.record = h.release(ctx, s)
-		<-sh.turn
-	}()
 }
 
 // Wait waits until the group has handed back every Lease it holds, or ctx
@@ -196,7 +215,7 @@ func (g *Group) Wait(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		for _, sh := range all {
-			sh.waiting.Wait()
+			sh.active.Wait()
 		}
 		close(done)
 	}()

@@ -121,7 +121,18 @@ type API struct {
 	Objects *Objects
 }
 
-var _ shim.API = API{}
+var (
+	_ shim.API   = API{}
+	_ shim.Local = API{}
+)
+
+// LocalPool is the pool as the copy holds it (shim.Local).
+func (a API) LocalPool(namespace, name string) *shim.Pool { return a.Objects.Pool(namespace, name) }
+
+// LocalReservation is the reservation as the copy holds it (shim.Local).
+func (a API) LocalReservation(namespace, name string) *shim.Reservation {
+	return a.Objects.Reservation(namespace, name)
+}
 
 // GetPool serves a read from the watch cache from the copy.
 func (a API) GetPool(ctx context.Context, namespace, name string, from shim.Source) (*shim.Pool, error) {
