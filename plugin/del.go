@@ -168,12 +168,11 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 
 	for _, plan := range plans {
 		s := store.In(plan.namespace)
-		if err := p.release(ctx, s, plan.Plan, "del", fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), log); err != nil {
+		if err := p.release(ctx, s, plan.Plan, "del", fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), log, ph); err != nil {
 			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, plan.namespace, plan.Pool), err)
 		}
 	}
 	p.at("del-after-release")
-	ph.mark("release")
 	p.forget(cp, args, log)
 	return nil
 }

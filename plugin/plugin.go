@@ -255,6 +255,9 @@ type phases struct {
 func newPhases() *phases { return &phases{last: time.Now()} }
 
 func (ph *phases) mark(step string) {
+	if ph == nil {
+		return
+	}
 	now := time.Now()
 	if ph.now != nil {
 		now = ph.now()
@@ -278,7 +281,7 @@ func (l *logger) retried(s *shim.Store) {
 // as planned. A crash between the two leaves the entries, which the next
 // ADD, DEL or reconciler pass releases; verb names the boundary for the
 // crash hook.
-func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger) error {
+func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *phases) error {
 	if plan.Empty() {
 		return nil
 	}
@@ -287,7 +290,9 @@ func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan,
 		return fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
 	}
 	p.at(verb + "-after-reservations")
+	ph.mark("reservations")
 	removed, err := store.RemoveAllocations(ctx, plan)
+	ph.mark("entries")
 	log.released(why, plan, removed, deleted)
 	return err
 }
