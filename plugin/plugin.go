@@ -280,9 +280,21 @@ func (l *logger) retried(s *shim.Store) {
 // reservations (judged under whereabouts' Lease), then the pool entries still
 // as planned. A crash between the two leaves the entries, which the next
 // ADD, DEL or reconciler pass releases; verb names the boundary for the
-// crash hook.
+// crash hook. A node agent's store, which keeps a copy of the pools, frees
+// both in one turn under the Lease (shim.Store.Release).
 func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *phases) error {
 	if plan.Empty() {
+		return nil
+	}
+	if store.HasLocal() {
+		// A node agent, with its own copy of the pools: both in one turn
+		// under the Lease (shim.Store.Release).
+		removed, deleted, err := store.Release(ctx, plan)
+		ph.mark("release")
+		log.released(why, plan, removed, deleted)
+		if err != nil {
+			return fmt.Errorf("release %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
+		}
 		return nil
 	}
 	deleted, err := store.ReleaseReservations(ctx, plan)

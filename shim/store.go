@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,6 +146,13 @@ type Local interface {
 	// LocalReservation is the reservation as the copy holds it; nil when it
 	// holds none.
 	LocalReservation(namespace, name string) *Reservation
+	// LocalPools are the namespace's pools as the copy holds them.
+	LocalPools(namespace string) []*Pool
+	// CaughtUp waits until the copy holds every pool write of namespace up
+	// to resourceVersion rv, one of this process's own writes, as the API
+	// server's watch delivered them (not as the write's answer told), or ctx
+	// ends.
+	CaughtUp(ctx context.Context, namespace, rv string) error
 }
 
 func (s *Store) local() Local {
@@ -393,8 +401,66 @@ func (s *Store) ReleaseReservations(ctx context.Context, plan Plan) ([]string, e
 	return j.deleted, j.err
 }
 
-// releaseJob is one ReleaseReservations: its candidates, the entries its
-// plan releases, and what became of it.
+// Release frees what a plan holds, entries and reservations, when the
+// process keeps its own copy of the pools (Local; a node agent): in one
+// turn under whereabouts' Lease, the entries are removed first, as
+// whereabouts' own DEL removes them (a guarded patch, each entry only while
+// it is what the plan saw), then each reservation is judged and deleted as
+// ReleaseReservations does, on the copy once the API server's watch has
+// delivered that patch to it: watch events come in the order of their
+// writes, so the copy then holds every pool write made before the Lease was
+// taken (whereabouts writes pools only under it), and no list of every pool
+// is needed, which the API server answers only once its watch cache has
+// caught up with the Lease's write (about 80 ms). Without a patch (the
+// entries were gone) or when the copy does not catch up within a bound,
+// the pools are listed as ReleaseReservations lists them. Without a
+// reservation to judge, the entries are removed without the Lease.
+//
+// A crash between the two steps leaves the reservations without their
+// entries, as whereabouts' own DEL may: the next DEL judges the
+// reservations of the addresses its checkpoint recorded, and the
+// reconciler deletes a reservation no entry of its pod holds.
+//
+// Without a copy of its own (HasLocal false), callers release in the two
+// steps ReleaseReservations, then RemoveAllocations.
+func (s *Store) Release(ctx context.Context, plan Plan) (removed []Allocation, deleted []string, err error) {
+	if plan.Empty() {
+		return nil, nil, nil
+	}
+	cands, err := s.reservationCandidates(ctx, plan)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(cands) == 0 {
+		removed, err := s.RemoveAllocations(ctx, plan)
+		return removed, nil, err
+	}
+	j := &releaseJob{ctx: ctx, network: plan.Network, cands: cands, going: map[string]bool{}, plan: plan, remove: true}
+	for _, e := range plan.Entries {
+		j.going[goingKey(plan.Pool, e.Offset, e.ContainerID)] = true
+	}
+	if g := s.o.Group; g != nil {
+		g.releaseReservations(s, j)
+	} else {
+		err := s.Locked(ctx, func(ctx context.Context, l *Locked) error { return l.releaseJobs(ctx, []*releaseJob{j}, 1) })
+		if j.err == nil {
+			j.err = err
+		}
+	}
+	sort.Strings(j.deleted)
+	return j.removed, j.deleted, j.err
+}
+
+// HasLocal says whether the store's API keeps a copy of its own (Local):
+// then Release frees a plan in one turn.
+func (s *Store) HasLocal() bool { return s.local() != nil }
+
+// caughtUpWithin bounds the wait for the copy to catch up with the
+// release's own patch; beyond it, the pools are listed.
+const caughtUpWithin = 500 * time.Millisecond
+
+// releaseJob is one ReleaseReservations (or Release): its candidates, the
+// entries its plan releases, and what became of it.
 type releaseJob struct {
 	ctx     context.Context
 	network string
@@ -403,6 +469,107 @@ type releaseJob struct {
 	deleted []string
 	err     error
 	done    chan struct{} // closed when a Group has run it
+	// With remove (Release), the plan's entries are removed first, under
+	// the Lease, and removed says which.
+	plan    Plan
+	remove  bool
+	removed []Allocation
+}
+
+// removeFirst removes the entries of the jobs that release them (Release),
+// one guarded patch per pool for all of them (one that wants another entry
+// at an offset another wants waits for a patch of its own), and returns the
+// resourceVersion of the newest patch that removed something ("" when none
+// did). A job whose removal fails has its error, and its reservations are
+// not judged.
+func (l *Locked) removeFirst(ctx context.Context, jobs []*releaseJob) (latest string) {
+	var newest uint64
+	byPool := map[string][]*releaseJob{}
+	var order []string
+	for _, j := range jobs {
+		if !j.remove || len(j.plan.Entries) == 0 {
+			continue
+		}
+		if byPool[j.plan.Pool] == nil {
+			order = append(order, j.plan.Pool)
+		}
+		byPool[j.plan.Pool] = append(byPool[j.plan.Pool], j)
+	}
+	for _, pool := range order {
+		pending := byPool[pool]
+		for len(pending) > 0 {
+			want := map[string]whereaboutsv1alpha1.IPAllocation{}
+			var round, later []*releaseJob
+			var base *Pool
+			for _, j := range pending {
+				mine := map[string]whereaboutsv1alpha1.IPAllocation{}
+				for _, e := range j.plan.Entries {
+					mine[e.Offset] = e.IPAllocation
+				}
+				if clashes(want, mine) {
+					later = append(later, j)
+					continue
+				}
+				round = append(round, j)
+				for off, a := range mine {
+					want[off] = a
+				}
+				if newerPool(j.plan.Base, base) {
+					base = j.plan.Base
+				}
+			}
+			pending = later
+			var done []Allocation
+			var err error
+			offs := make([]string, 0, len(want))
+			for off := range want {
+				offs = append(offs, off)
+			}
+			sort.Strings(offs)
+			for start := 0; start < len(offs) && err == nil; start += maxRemovals {
+				chunk := map[string]whereaboutsv1alpha1.IPAllocation{}
+				for _, off := range offs[start:min(start+maxRemovals, len(offs))] {
+					chunk[off] = want[off]
+				}
+				if err = l.Keep(ctx); err != nil {
+					break
+				}
+				var got []Allocation
+				var after *Pool
+				got, after, err = l.s.removeOnce(ctx, pool, chunk, base)
+				done = append(done, got...)
+				base = after
+				if len(got) > 0 && after != nil {
+					if n, perr := strconv.ParseUint(after.ResourceVersion, 10, 64); perr == nil && n > newest {
+						newest, latest = n, after.ResourceVersion
+					}
+				}
+			}
+			given := map[string]bool{}
+			for _, j := range round {
+				for _, a := range done {
+					if e, ok := plannedAt(j.plan, a.Offset); ok && e.IPAllocation == a.IPAllocation && !given[a.Offset] {
+						given[a.Offset] = true
+						j.removed = append(j.removed, a)
+					}
+				}
+				if err != nil {
+					j.err = err
+				}
+			}
+		}
+	}
+	return latest
+}
+
+// plannedAt is the plan's entry at offset.
+func plannedAt(p Plan, offset string) (Allocation, bool) {
+	for _, e := range p.Entries {
+		if e.Offset == offset {
+			return e, true
+		}
+	}
+	return Allocation{}, false
 }
 
 func goingKey(pool, offset, containerID string) string {
@@ -415,12 +582,30 @@ func goingKey(pool, offset, containerID string) string {
 // release holds it). Candidates of one reservation are judged one job after
 // the other; up to width reservations at once. A job's error is its own.
 func (l *Locked) releaseJobs(ctx context.Context, jobs []*releaseJob, width int) error {
-	pools, err := l.Pools(ctx)
-	if err != nil {
-		for _, j := range jobs {
-			j.err = err
+	var view []*Pool // the pools the reservations are judged on
+	if latest := l.removeFirst(ctx, jobs); latest != "" {
+		if local := l.s.local(); local != nil {
+			cctx, cancel := context.WithTimeout(ctx, caughtUpWithin)
+			err := local.CaughtUp(cctx, l.s.namespace, latest)
+			cancel()
+			if err == nil {
+				view = local.LocalPools(l.s.namespace)
+			}
 		}
-		return err
+	}
+	if view == nil {
+		pools, err := l.Pools(ctx)
+		if err != nil {
+			for _, j := range jobs {
+				if j.err == nil {
+					j.err = err
+				}
+			}
+			return err
+		}
+		for i := range pools {
+			view = append(view, &pools[i])
+		}
 	}
 	var mu sync.Mutex
 	holders := map[string]map[string][]Allocation{}
@@ -429,7 +614,7 @@ func (l *Locked) releaseJobs(ctx context.Context, jobs []*releaseJob, width int)
 		defer mu.Unlock()
 		h, ok := holders[network]
 		if !ok {
-			h = Holders(pools, network)
+			h = holdersIn(view, network)
 			holders[network] = h
 		}
 		return h
@@ -583,9 +768,16 @@ func Owns(o *Reservation, a Allocation) bool {
 // entries of the pools that may hold reservations of that network
 // (names.MayHoldReservationsOf).
 func Holders(pools []Pool, networkName string) map[string][]Allocation {
-	out := map[string][]Allocation{}
+	ps := make([]*Pool, len(pools))
 	for i := range pools {
-		p := &pools[i]
+		ps[i] = &pools[i]
+	}
+	return holdersIn(ps, networkName)
+}
+
+func holdersIn(pools []*Pool, networkName string) map[string][]Allocation {
+	out := map[string][]Allocation{}
+	for _, p := range pools {
 		if !names.MayHoldReservationsOf(p.Name, p.Spec.Range, networkName) {
 			continue
 		}

@@ -145,3 +145,42 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// CaughtUp waits for the informer to deliver a pool write: the answer to the
+// agent's own write, which updates the copy at once, does not count, since
+// writes made before it may still be on their way through the watch.
+func TestCaughtUpWaitsForTheWatch(t *testing.T) {
+	pools := &shim.PoolList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}, Items: []shim.Pool{*pool("4", nil)}}
+	pw := watch.NewFake()
+	o := cache.New()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, o.Watch(ctx, lw(pools, pw), lw(&shim.ReservationList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}}, watch.NewFake())))
+	require.NoError(t, o.CaughtUp(ctx, ns, "4"), "the list delivered it")
+
+	o.SawPool(pool("9", nil)) // the answer to the agent's own patch
+	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer stop()
+	assert.Error(t, o.CaughtUp(short, ns, "9"), "not delivered by the watch yet")
+
+	done := make(chan error, 1)
+	go func() { done <- o.CaughtUp(ctx, ns, "9") }()
+	other := fake.NewPool("10.0.1.0-24", "10.0.1.0/24", nil)
+	other.ResourceVersion = "7"
+	pw.Add(other) // an earlier write of another pool, delivered first
+	select {
+	case err := <-done:
+		t.Fatalf("caught up before the write: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	pw.Modify(pool("9", nil))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("never caught up")
+	}
+	assert.NotNil(t, o.Pool(ns, "10.0.1.0-24"), "every earlier write is in the copy")
+	assert.Len(t, o.Pools(ns), 2)
+	assert.Error(t, o.CaughtUp(ctx, ns, "x"))
+}

@@ -23,12 +23,21 @@ func (o *Objects) Watch(ctx context.Context, pools, reservations toolscache.List
 			return fmt.Errorf("informer transform: %w", err)
 		}
 	}
+	saw := func(obj any) {
+		if p := asPool(obj); p != nil {
+			o.SawPool(p)
+			o.watch(p.Namespace, p.ResourceVersion)
+		}
+	}
 	if _, err := pi.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { o.SawPool(asPool(obj)) },
-		UpdateFunc: func(_, obj any) { o.SawPool(asPool(obj)) },
+		AddFunc:    saw,
+		UpdateFunc: func(_, obj any) { saw(obj) },
 		DeleteFunc: func(obj any) {
 			if p := asPool(obj); p != nil {
 				o.GonePool(p.Namespace, p.Name, p.ResourceVersion)
+				if _, unknown := obj.(toolscache.DeletedFinalStateUnknown); !unknown {
+					o.watch(p.Namespace, p.ResourceVersion)
+				}
 			}
 		},
 	}); err != nil {
