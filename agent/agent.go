@@ -347,11 +347,38 @@ func (s *Server) decline(c *net.UnixConn, done func(outcome, reason, detail stri
 	_ = wire.Write(c, wire.Decline(detail))
 }
 
-// job is an admitted request: the verb's arguments and environment.
+// job is an admitted request: the verb's arguments and environment, and
+// what admission read of its config: the config as loaded, and the pool
+// namespace its kubeconfig names.
 type job struct {
 	req  wire.Request
 	args *skel.CmdArgs
 	env  []string
+
+	cfg                   *conf.Config
+	kubeconfig, namespace string
+}
+
+// load is the loader of the job's verb: the config admission loaded, when
+// the verb reads the request's own.
+func (s *Server) load(j *job) func([]byte) (*conf.Config, error) {
+	return func(stdin []byte) (*conf.Config, error) {
+		if j.cfg != nil && bytes.Equal(stdin, j.req.Config) {
+			return j.cfg, nil
+		}
+		return s.loader.Load(stdin)
+	}
+}
+
+// storeOf is the store maker of the job's verb: the namespace admission
+// read, for the kubeconfig it read it from.
+func (s *Server) storeOf(j *job) func(string) (*shim.Store, error) {
+	return func(kubeconfig string) (*shim.Store, error) {
+		if j.namespace != "" && kubeconfig == j.kubeconfig {
+			return s.storeIn(j.namespace), nil
+		}
+		return s.newStore(kubeconfig)
+	}
 }
 
 // stderrLimit bounds the log a verb may hand back on the plugin's stderr.
@@ -372,8 +399,8 @@ func (s *Server) run(ctx context.Context, j *job) (ans wire.Answer) {
 		}
 	}()
 	p := &plugin.Plugin{
-		NewStore: s.newStore,
-		Load:     s.loader.Load,
+		NewStore: s.storeOf(j),
+		Load:     s.load(j),
 		Stdout:   &stdout,
 		Stderr:   stderr,
 		Timeout:  s.o.VerbTimeout,
@@ -416,9 +443,14 @@ func (s *Server) newStore(kubeconfig string) (*shim.Store, error) {
 			fmt.Sprintf("node agent: pool namespace %s is not served (it serves %s)", ns, strings.Join(s.o.Namespaces, ", ")),
 			"the kubeconfig changed under the request; the runtime retries")
 	}
+	return s.storeIn(ns), nil
+}
+
+// storeIn is a request's store of the pools of namespace ns.
+func (s *Server) storeIn(ns string) *shim.Store {
 	o := s.o.StoreOptions
 	o.Identity = fmt.Sprintf("harvester-ipam-agent/%s/%d/%d", s.o.Node, os.Getpid(), s.seq.Add(1))
-	return shim.New(s.o.API, ns, o), nil
+	return shim.New(s.o.API, ns, o)
 }
 
 // namespaceOf is the pool namespace a whereabouts kubeconfig names, read
