@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	allocpkg "github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
@@ -676,4 +677,49 @@ func countFDs(t *testing.T, path string) int {
 		}
 	}
 	return n
+}
+
+// With whereabouts' allocator in-process (alloc.Delegate, a
+// plugin.RecordingAllocator), the attachment's checkpoint is written once,
+// by the allocator, with the address it chose, before it writes that
+// address: not before the earlier sandbox is released, which allocates
+// nothing for this attachment.
+func TestTheAllocatorRecordsTheAttachmentOnceBeforeItWrites(t *testing.T) {
+	r := newRig(t, fake.NewPool(poolName, "192.168.50.0/24", map[string]alloc{
+		"2": {ContainerID: "c0", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+		fake.NewReservation("192.168.50.2", "longhorn-system/im-a"))
+	var atReclaim, atPatch []string
+	reclaimed := false
+	var recorded checkpoint.Record
+	r.api.Hook = func(c *fake.Call) error {
+		if c.Resource == fake.Reservations && c.Verb == "delete" {
+			reclaimed = true // the earlier sandbox's reservation
+			atReclaim = r.checkpoints()
+		}
+		return nil
+	}
+	r.srv.o.Allocator = allocpkg.Delegate{
+		Allocator: allocpkg.New(allocpkg.Options{AtStep: func(step string) {
+			if step == "alloc-before-patch" {
+				atPatch = r.checkpoints()
+				recorded, _, _ = checkpoint.Dir(r.cpDir).Read("c1", "lhnet1")
+			}
+		}}),
+		Load: conf.Loader{Quiet: true}.Whereabouts,
+	}
+	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+	assert.JSONEq(t, `{"cniVersion":"0.3.1","ips":[{"version":"4","address":"192.168.50.2/24"}],"dns":{}}`, string(res.Answer.Stdout))
+	assert.Equal(t, map[string]alloc{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, r.pool())
+	require.True(t, reclaimed, "the earlier sandbox's reservation was released")
+	assert.Empty(t, atReclaim, "no record of c1 while the earlier sandbox is released")
+	assert.Equal(t, []string{"c1:lhnet1.json"}, atPatch, "recorded before the pool is written")
+	assert.Equal(t, []string{"192.168.50.2/32"}, recorded.IPs)
+	assert.Equal(t, "longhorn-system/im-a", recorded.PodRef)
+	assert.Equal(t, []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, recorded.Pools)
+	rec, ok, err := checkpoint.Dir(r.cpDir).Read("c1", "lhnet1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, []string{"192.168.50.2/24"}, rec.IPs, "the result's address, as the plugin records it")
 }

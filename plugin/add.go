@@ -70,8 +70,15 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	for _, pl := range cfg.Pools {
 		rec.Pools = append(rec.Pools, checkpoint.Pool{Name: pl.Name, Range: pl.Range})
 	}
-	if err := cp.Write(rec); err != nil {
-		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), "the checkpoint directory must be writable by root ("+conf.OptionsKey+".checkpoint_dir)")
+	// An allocator that records writes the record itself, durably, with
+	// the first address it chose and before it writes that address
+	// anywhere: nothing is allocated for this attachment before then, and
+	// one record written and fsynced is enough.
+	recorder, records := p.Allocator.(RecordingAllocator)
+	if !records {
+		if err := cp.Write(rec); err != nil {
+			return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), checkpointHint)
+		}
 	}
 	p.at("add-after-checkpoint")
 	ph.mark("checkpoint")
@@ -86,9 +93,12 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	ph.mark("reclaim")
 
 	var res cnitypes.Result
-	if p.Allocator != nil {
+	switch {
+	case records:
+		res, err = recorder.AddRecording(ctx, store, cfg, args, rec)
+	case p.Allocator != nil:
 		res, err = p.Allocator.Add(ctx, store, cfg, args)
-	} else {
+	default:
 		res, err = delegate.Add(ctx, cfg.Options.Delegate, cfg.Delegated, exec, p.Env)
 	}
 	if err != nil {

@@ -81,6 +81,21 @@ type Allocator interface {
 	Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error)
 }
 
+// RecordingAllocator is an Allocator that writes the attachment's
+// checkpoint itself: rec as the plugin made it (pools, pod, kubeconfig), with
+// each address the allocator chose, durably (checkpoint.Dir.Write) before it
+// writes that address anywhere. The plugin then does not write rec before
+// releasing earlier sandboxes, which allocate nothing for this attachment:
+// one fsynced write of the record instead of two. Its record errors are
+// *types.Error of code ErrIOFailure.
+type RecordingAllocator interface {
+	Allocator
+	AddRecording(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, rec checkpoint.Record) (cnitypes.Result, error)
+}
+
+// checkpointHint is the hint of a checkpoint that cannot be written.
+const checkpointHint = "the checkpoint directory must be writable by root (" + conf.OptionsKey + ".checkpoint_dir)"
+
 // DefaultTimeout stays within the runtime's own CNI timeout, and above
 // whereabouts' (2 minutes for ADD), whose work is part of ours.
 const DefaultTimeout = 150 * time.Second
