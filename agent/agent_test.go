@@ -715,7 +715,7 @@ func TestTheAllocatorRecordsTheAttachmentOnceBeforeItWrites(t *testing.T) {
 	require.True(t, reclaimed, "the earlier sandbox's reservation was released")
 	assert.Empty(t, atReclaim, "no record of c1 while the earlier sandbox is released")
 	assert.Equal(t, []string{"c1:lhnet1.json"}, atPatch, "recorded before the pool is written")
-	assert.Equal(t, []string{"192.168.50.2/32"}, recorded.IPs)
+	assert.Equal(t, []string{"192.168.50.2/24"}, recorded.IPs)
 	assert.Equal(t, "longhorn-system/im-a", recorded.PodRef)
 	assert.Equal(t, []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, recorded.Pools)
 	rec, ok, err := checkpoint.Dir(r.cpDir).Read("c1", "lhnet1")

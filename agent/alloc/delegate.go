@@ -34,7 +34,7 @@ type Delegate struct {
 // that the runtime retries.
 func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
-	record := func(ip net.IP) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
+	record := func(ip net.IPNet) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
 	return d.add(ctx, store, cfg, args, record)
 }
 
@@ -44,8 +44,8 @@ func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 func (d Delegate) AddRecording(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, rec checkpoint.Record) (cnitypes.Result, error) {
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
 	written := false
-	record := func(ip net.IP) error {
-		addr := hostCIDR(ip)
+	record := func(ip net.IPNet) error {
+		addr := ip.String() // as the result gives it, and the plugin records it
 		if !slices.Contains(rec.IPs, addr) {
 			rec.IPs = append(rec.IPs, addr)
 		}
@@ -63,7 +63,7 @@ func (d Delegate) AddRecording(ctx context.Context, store *shim.Store, cfg *conf
 	return d.add(ctx, store, cfg, args, record)
 }
 
-func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, record func(net.IP) error) (cnitypes.Result, error) {
+func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, record func(net.IPNet) error) (cnitypes.Result, error) {
 	wb, confVersion, err := d.Load(cfg.Delegated, args.Args)
 	if err != nil {
 		return nil, asCNI(err)
@@ -75,19 +75,11 @@ func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 	return Result(wb, confVersion, ips)
 }
 
-// hostCIDR is ip as a checkpoint records it: a host route.
-func hostCIDR(ip net.IP) string {
-	bits := 32
-	if ip.To4() == nil {
-		bits = 128
-	}
-	return (&net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}).String()
-}
 
 // recordChosen adds ip to the attachment's checkpoint before it is written:
 // an old CRD prunes the entry's ifname, and DEL then knows the entry by the
 // address recorded.
-func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IP) error {
+func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IPNet) error {
 	rec, ok, err := cp.Read(containerID, ifName)
 	if err != nil {
 		return err
@@ -95,7 +87,7 @@ func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IP) erro
 	if !ok {
 		return fmt.Errorf("no checkpoint of %s/%s to record %s in", containerID, ifName, ip)
 	}
-	addr := hostCIDR(ip)
+	addr := ip.String()
 	for _, have := range rec.IPs {
 		if have == addr {
 			return nil
