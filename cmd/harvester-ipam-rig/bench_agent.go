@@ -605,7 +605,7 @@ func (b *bencher) agentMemory(ctx context.Context, a *testcni.Agent) (int64, err
 				break
 			}
 			if retried++; retried > 3 {
-				return 0, err
+				return 0, fmt.Errorf("%w\nthe agent's log, last lines:\n%s", err, a.LogTail())
 			}
 		}
 	}
