@@ -102,9 +102,18 @@ func (k *kubeAPI) GetPool(ctx context.Context, ns, name string, from Source) (*P
 	return out, err
 }
 
+// listOptions are a page's.
+func listOptions(page Page) *metav1.ListOptions {
+	o := &metav1.ListOptions{Limit: page.Limit, Continue: page.Continue}
+	if page.NotOlderThan != "" && page.Continue == "" {
+		o.ResourceVersion, o.ResourceVersionMatch = page.NotOlderThan, metav1.ResourceVersionMatchNotOlderThan
+	}
+	return o
+}
+
 func (k *kubeAPI) ListPools(ctx context.Context, ns string, page Page) ([]Pool, string, error) {
 	l := &PoolList{}
-	err := k.wb.Get().Namespace(ns).Resource(pools).VersionedParams(&metav1.ListOptions{Limit: page.Limit, Continue: page.Continue}, k.params).Do(ctx).Into(l)
+	err := k.wb.Get().Namespace(ns).Resource(pools).VersionedParams(listOptions(page), k.params).Do(ctx).Into(l)
 	if err != nil {
 		return nil, "", err
 	}
@@ -151,7 +160,7 @@ func (k *kubeAPI) GetReservation(ctx context.Context, ns, name string) (*Reserva
 
 func (k *kubeAPI) ListReservations(ctx context.Context, ns string, page Page) ([]Reservation, string, error) {
 	l := &ReservationList{}
-	err := k.wb.Get().Namespace(ns).Resource(reservations).VersionedParams(&metav1.ListOptions{Limit: page.Limit, Continue: page.Continue}, k.params).Do(ctx).Into(l)
+	err := k.wb.Get().Namespace(ns).Resource(reservations).VersionedParams(listOptions(page), k.params).Do(ctx).Into(l)
 	if err != nil {
 		return nil, "", err
 	}

@@ -199,7 +199,10 @@ func TestAFreshReadIsAQuorumRead(t *testing.T) {
 	require.NoError(t, err)
 	_, _, _ = api.ListPools(context.Background(), "kube-system", Page{Limit: 3, Continue: "c1"})
 	_, _, _ = api.ListReservations(context.Background(), "kube-system", Page{Limit: 2})
-	assert.Equal(t, []string{"continue=c1&limit=3", "limit=2"}, queries)
+	// A list as of one of our own writes, or later: the first page only.
+	_, _, _ = api.ListPools(context.Background(), "kube-system", Page{Limit: 3, NotOlderThan: "42"})
+	_, _, _ = api.ListPools(context.Background(), "kube-system", Page{Limit: 3, NotOlderThan: "42", Continue: "c1"})
+	assert.Equal(t, []string{"continue=c1&limit=3", "limit=2", "limit=3&resourceVersion=42&resourceVersionMatch=NotOlderThan", "continue=c1&limit=3"}, queries)
 }
 
 // roundTrip is an http.RoundTripper that records a request's query and

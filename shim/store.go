@@ -196,7 +196,13 @@ func (s *Store) getPool(ctx context.Context, name string, from Source) (*Pool, e
 
 // Pools lists every pool of the namespace, fresh, page by page.
 func (s *Store) Pools(ctx context.Context) ([]Pool, error) {
-	ps, err := ListAll(ctx, s.o.PageSize, func(ctx context.Context, page Page) ([]Pool, string, error) {
+	return s.poolsNotOlderThan(ctx, "")
+}
+
+// poolsNotOlderThan lists every pool of the namespace as of rv, one of the
+// store's own pool writes, or later ("": fresh).
+func (s *Store) poolsNotOlderThan(ctx context.Context, rv string) ([]Pool, error) {
+	ps, err := listAll(ctx, Page{Limit: s.o.PageSize, NotOlderThan: rv}, func(ctx context.Context, page Page) ([]Pool, string, error) {
 		cctx, cancel := s.call(ctx)
 		defer cancel()
 		return s.api.ListPools(cctx, s.namespace, page)
@@ -583,18 +589,27 @@ func goingKey(pool, offset, containerID string) string {
 // the other; up to width reservations at once. A job's error is its own.
 func (l *Locked) releaseJobs(ctx context.Context, jobs []*releaseJob, width int) error {
 	var view []*Pool // the pools the reservations are judged on
-	if latest := l.removeFirst(ctx, jobs); latest != "" {
-		if local := l.s.local(); local != nil {
-			cctx, cancel := context.WithTimeout(ctx, caughtUpWithin)
-			err := local.CaughtUp(cctx, l.s.namespace, latest)
-			cancel()
-			if err == nil {
-				view = local.LocalPools(l.s.namespace)
-			}
+	latest := l.removeFirst(ctx, jobs)
+	if local := l.s.local(); local != nil && latest != "" {
+		cctx, cancel := context.WithTimeout(ctx, caughtUpWithin)
+		err := local.CaughtUp(cctx, l.s.namespace, latest)
+		cancel()
+		if err == nil {
+			view = local.LocalPools(l.s.namespace)
 		}
 	}
 	if view == nil {
-		pools, err := l.Pools(ctx)
+		// As of the removal's patch, when there was one: it was written
+		// under the Lease, so the list holds every write before it.
+		if err := l.Keep(ctx); err != nil {
+			for _, j := range jobs {
+				if j.err == nil {
+					j.err = err
+				}
+			}
+			return err
+		}
+		pools, err := l.s.poolsNotOlderThan(ctx, latest)
 		if err != nil {
 			for _, j := range jobs {
 				if j.err == nil {
