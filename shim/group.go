@@ -87,6 +87,9 @@ type turn struct {
 	s    *Store
 	fn   func(context.Context, *Locked) error
 	done chan error
+	// panicked is what fn panicked with, given back to the caller's
+	// goroutine (a request's, which recovers it) rather than the group's.
+	panicked any
 }
 
 func (g *Group) init() {
@@ -133,7 +136,11 @@ func (g *Group) locked(ctx context.Context, s *Store, fn func(context.Context, *
 	if start {
 		go g.hold(sh)
 	}
-	return <-t.done
+	err := <-t.done
+	if t.panicked != nil {
+		panic(t.panicked)
+	}
+	return err
 }
 
 // hold runs the turns of sh until none waits, then hands the Lease back.
@@ -165,8 +172,19 @@ func (g *Group) hold(sh *shared) {
 			t.done <- err
 			continue
 		}
-		t.done <- t.fn(t.ctx, &Locked{s: t.s, h: sh.held})
+		t.done <- g.run(t, sh.held)
 	}
+}
+
+// run runs a turn's fn, keeping what it panics with for its caller.
+func (g *Group) run(t *turn, h *hold) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			t.panicked = r
+			err = fmt.Errorf("panic under the lease: %v", r)
+		}
+	}()
+	return t.fn(t.ctx, &Locked{s: t.s, h: h})
 }
 
 // take makes sure the group holds the Lease for a turn: the hold it kept,
@@ -245,7 +263,26 @@ func (g *Group) releaseReservations(s *Store, j *releaseJob) {
 }
 
 // drain runs the waiting release jobs, turn after turn, until none waits.
+// A panic (a bug) fails the jobs it met, not the process.
 func (g *Group) drain(s *Store, sh *shared) {
+	var running []*releaseJob
+	defer func() {
+		if r := recover(); r != nil {
+			err := fmt.Errorf("release reservations: panic: %v", r)
+			finish(running, err)
+			for {
+				jobs := g.take1(sh)
+				sh.mu.Lock()
+				if len(jobs) == 0 && len(sh.jobs) == 0 {
+					sh.draining = false
+					sh.mu.Unlock()
+					return
+				}
+				sh.mu.Unlock()
+				finish(jobs, err)
+			}
+		}
+	}()
 	for {
 		sh.mu.Lock()
 		if len(sh.jobs) == 0 {
@@ -255,7 +292,7 @@ func (g *Group) drain(s *Store, sh *shared) {
 		}
 		sh.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), groupTimeout)
-		var running []*releaseJob
+		running = nil
 		err := g.locked(ctx, s, func(ctx context.Context, l *Locked) error {
 			// The jobs that came meanwhile go in the same turn, until it was
 			// held MaxHold: then the next turn takes them.

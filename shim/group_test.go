@@ -296,3 +296,22 @@ func TestAGroupsRemovalsKeepWhatChangedHands(t *testing.T) {
 	assert.Equal(t, []string{"192.168.50.5"}, got[1])
 	assert.Equal(t, []string{"3", "4", "6", "7"}, offsets(t, api, storage))
 }
+
+// A turn that panics (a bug) panics in its caller's goroutine, which a node
+// agent recovers for its request, not in the group's: the group goes on
+// serving, and hands the Lease back.
+func TestAPanicInAGroupsTurnIsTheCallers(t *testing.T) {
+	api := fake.New()
+	c := &syncClock{now: testEpoch}
+	g := &shim.Group{Identity: "harvester-ipam-agent/n1/1"}
+	s := groupStore(api, c, g)
+	ctx := context.Background()
+	assert.PanicsWithValue(t, "a bug", func() {
+		_ = s.Locked(ctx, func(context.Context, *shim.Locked) error { panic("a bug") })
+	})
+	ran := false
+	require.NoError(t, s.Locked(ctx, func(context.Context, *shim.Locked) error { ran = true; return nil }))
+	assert.True(t, ran)
+	require.NoError(t, g.Wait(ctx))
+	assert.Equal(t, "", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "handed back")
+}
