@@ -146,13 +146,6 @@ type Local interface {
 	// LocalReservation is the reservation as the copy holds it; nil when it
 	// holds none.
 	LocalReservation(namespace, name string) *Reservation
-	// LocalPools are the namespace's pools as the copy holds them.
-	LocalPools(namespace string) []*Pool
-	// CaughtUp waits until the copy holds every pool write of namespace up
-	// to resourceVersion rv, one of this process's own writes, as the API
-	// server's watch delivered them (not as the write's answer told), or ctx
-	// ends.
-	CaughtUp(ctx context.Context, namespace, rv string) error
 }
 
 func (s *Store) local() Local {
@@ -412,15 +405,16 @@ func (s *Store) ReleaseReservations(ctx context.Context, plan Plan) ([]string, e
 // turn under whereabouts' Lease, the entries are removed first, as
 // whereabouts' own DEL removes them (a guarded patch, each entry only while
 // it is what the plan saw), then each reservation is judged and deleted as
-// ReleaseReservations does, on the copy once the API server's watch has
-// delivered that patch to it: watch events come in the order of their
-// writes, so the copy then holds every pool write made before the Lease was
-// taken (whereabouts writes pools only under it), and no list of every pool
-// is needed, which the API server answers only once its watch cache has
-// caught up with the Lease's write (about 80 ms). Without a patch (the
-// entries were gone) or when the copy does not catch up within a bound,
-// the pools are listed as ReleaseReservations lists them. Without a
-// reservation to judge, the entries are removed without the Lease.
+// ReleaseReservations does, on one list of the pools as of that patch
+// (resourceVersionMatch=NotOlderThan: the API server answers it from its
+// watch cache as soon as the cache has that write, without waiting for it
+// to catch up with the Lease's write as a list without a resourceVersion
+// does). The patch was written under the Lease, so the list holds every
+// pool write made before the Lease was taken (whereabouts writes pools only
+// under it). The copy is never what a reservation is judged on: it is not
+// one snapshot. Without a patch (the entries were gone), the pools are
+// listed fresh. Without a reservation to judge, the entries are removed
+// without the Lease.
 //
 // A crash between the two steps leaves the reservations without their
 // entries, as whereabouts' own DEL may: the next DEL judges the
@@ -460,10 +454,6 @@ func (s *Store) Release(ctx context.Context, plan Plan) (removed []Allocation, d
 // HasLocal says whether the store's API keeps a copy of its own (Local):
 // then Release frees a plan in one turn.
 func (s *Store) HasLocal() bool { return s.local() != nil }
-
-// caughtUpWithin bounds the wait for the copy to catch up with the
-// release's own patch; beyond it, the pools are listed.
-const caughtUpWithin = 500 * time.Millisecond
 
 // releaseJob is one ReleaseReservations (or Release): its candidates, the
 // entries its plan releases, and what became of it.
@@ -588,39 +578,33 @@ func goingKey(pool, offset, containerID string) string {
 // release holds it). Candidates of one reservation are judged one job after
 // the other; up to width reservations at once. A job's error is its own.
 func (l *Locked) releaseJobs(ctx context.Context, jobs []*releaseJob, width int) error {
-	var view []*Pool // the pools the reservations are judged on
 	latest := l.removeFirst(ctx, jobs)
-	if local := l.s.local(); local != nil && latest != "" {
-		cctx, cancel := context.WithTimeout(ctx, caughtUpWithin)
-		err := local.CaughtUp(cctx, l.s.namespace, latest)
-		cancel()
-		if err == nil {
-			view = local.LocalPools(l.s.namespace)
+	// The pools the reservations are judged on: one list from the API
+	// server, as of the removal's patch when there was one (it was written
+	// under the Lease, so the list holds every write before it, every one
+	// of whereabouts' included). Never the process's own copy: an
+	// informer's copy is not one snapshot (a relist delivers the pools by
+	// name, not in the order of their writes), so it may hold a write and
+	// lack an older one of another pool, the very entry that holds a
+	// reservation.
+	fail := func(err error) error {
+		for _, j := range jobs {
+			if j.err == nil {
+				j.err = err
+			}
 		}
+		return err
 	}
-	if view == nil {
-		// As of the removal's patch, when there was one: it was written
-		// under the Lease, so the list holds every write before it.
-		if err := l.Keep(ctx); err != nil {
-			for _, j := range jobs {
-				if j.err == nil {
-					j.err = err
-				}
-			}
-			return err
-		}
-		pools, err := l.s.poolsNotOlderThan(ctx, latest)
-		if err != nil {
-			for _, j := range jobs {
-				if j.err == nil {
-					j.err = err
-				}
-			}
-			return err
-		}
-		for i := range pools {
-			view = append(view, &pools[i])
-		}
+	if err := l.Keep(ctx); err != nil {
+		return fail(err)
+	}
+	pools, err := l.s.poolsNotOlderThan(ctx, latest)
+	if err != nil {
+		return fail(err)
+	}
+	view := make([]*Pool, len(pools))
+	for i := range pools {
+		view[i] = &pools[i]
 	}
 	var mu sync.Mutex
 	holders := map[string]map[string][]Allocation{}

@@ -4,19 +4,18 @@
 // choose addresses on, to look for earlier sandboxes in) without a request,
 // and every other read and every write goes to the API server as before.
 //
-// A copy may be behind: that is safe because nothing is decided from it
-// alone. A pool write tests the resourceVersion the copy had, and fails
-// (422) if it was stale, after which the writer reads fresh; a reservation
-// seen here is only a hint to skip an address; "nothing to release" is
-// decided, as in the plugin, from what the API server's own watch cache
-// would have said, which an informer's copy is no older than in the steady
-// state. Objects are shared, never copied per request: callers must not
-// change them.
+// A copy may be behind, and it is not one snapshot (a relist delivers the
+// pools by name, not in the order of their writes): that is safe because
+// nothing is decided from it alone. A pool write tests the resourceVersion
+// the copy had, and fails (422) if it was stale, after which the writer
+// reads fresh; a reservation seen here is only a hint to skip an address;
+// "nothing to release" and "no reservation" are read from the API server,
+// and so is the list of pools a reservation is judged on. Objects are
+// shared, never copied per request: callers must not change them.
 package cache
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"sync"
 
@@ -30,72 +29,11 @@ type Objects struct {
 	mu           sync.RWMutex
 	pools        map[key]*shim.Pool
 	reservations map[key]*shim.Reservation
-	// watched is, by namespace, the newest resourceVersion of a pool event
-	// the informer delivered: events come in the order of their writes, so
-	// every pool write up to it is in the copy (or overtaken by a newer).
-	watched map[string]uint64
-	// moved is closed (and replaced) whenever watched moves.
-	moved chan struct{}
 }
 
 // New is an empty copy.
 func New() *Objects {
-	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{},
-		watched: map[string]uint64{}, moved: make(chan struct{})}
-}
-
-// Pools are the pools of namespace as the copy holds them, shared: callers
-// must not change them.
-func (o *Objects) Pools(namespace string) []*shim.Pool {
-	o.mu.RLock()
-	defer o.mu.RUnlock()
-	var out []*shim.Pool
-	for k, p := range o.pools {
-		if k.namespace == namespace {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// watch records that the informer delivered a pool event of namespace at
-// resourceVersion rv.
-func (o *Objects) watch(namespace, rv string) {
-	n, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if n > o.watched[namespace] {
-		o.watched[namespace] = n
-		close(o.moved)
-		o.moved = make(chan struct{})
-	}
-}
-
-// CaughtUp waits until the informer has delivered the pool write of
-// namespace at resourceVersion rv (or a later one), or ctx ends. Once it
-// has, every pool write before rv is in the copy: watch events of a
-// resource come in the order of their writes, and a relist is whole.
-func (o *Objects) CaughtUp(ctx context.Context, namespace, rv string) error {
-	want, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return fmt.Errorf("resourceVersion %q is not a number", rv)
-	}
-	for {
-		o.mu.RLock()
-		have, moved := o.watched[namespace], o.moved
-		o.mu.RUnlock()
-		if have >= want {
-			return nil
-		}
-		select {
-		case <-moved:
-		case <-ctx.Done():
-			return fmt.Errorf("the informer of %s delivered pool writes up to %d, not %d: %w", namespace, have, want, ctx.Err())
-		}
-	}
+	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}}
 }
 
 // Pool is the pool as last seen; nil when none was.
@@ -190,15 +128,6 @@ var (
 
 // LocalPool is the pool as the copy holds it (shim.Local).
 func (a API) LocalPool(namespace, name string) *shim.Pool { return a.Objects.Pool(namespace, name) }
-
-// LocalPools are the namespace's pools as the copy holds them (shim.Local).
-func (a API) LocalPools(namespace string) []*shim.Pool { return a.Objects.Pools(namespace) }
-
-// CaughtUp waits until the informer delivered the pool write at rv
-// (shim.Local).
-func (a API) CaughtUp(ctx context.Context, namespace, rv string) error {
-	return a.Objects.CaughtUp(ctx, namespace, rv)
-}
 
 // LocalReservation is the reservation as the copy holds it (shim.Local).
 func (a API) LocalReservation(namespace, name string) *shim.Reservation {

@@ -26,7 +26,6 @@ func (o *Objects) Watch(ctx context.Context, pools, reservations toolscache.List
 	saw := func(obj any) {
 		if p := asPool(obj); p != nil {
 			o.SawPool(p)
-			o.watch(p.Namespace, p.ResourceVersion)
 		}
 	}
 	if _, err := pi.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
@@ -35,9 +34,6 @@ func (o *Objects) Watch(ctx context.Context, pools, reservations toolscache.List
 		DeleteFunc: func(obj any) {
 			if p := asPool(obj); p != nil {
 				o.GonePool(p.Namespace, p.Name, p.ResourceVersion)
-				if _, unknown := obj.(toolscache.DeletedFinalStateUnknown); !unknown {
-					o.watch(p.Namespace, p.ResourceVersion)
-				}
 			}
 		},
 	}); err != nil {
