@@ -26,7 +26,10 @@ const (
 	leaseSeconds = 5
 	// Within a long critical section the Lease is renewed once it has been
 	// held leaseRenewAfter of its duration (1.5 s of 5 s), and no request is
-	// made under it leaseValidFor of its duration after our last write.
+	// made under it that could land (leaseCallTimeout) later than
+	// leaseValidFor of its duration after our last write: a renewal that
+	// fails loses the hold unless the time after it, plus leaseCallTimeout,
+	// is within that (never, at 5 s).
 	leaseRenewAfter = 0.3
 	leaseValidFor   = 0.6
 	// leaseCallTimeout bounds each request made under the Lease, well within
@@ -195,7 +198,12 @@ func (l *Locked) Keep(ctx context.Context) error {
 	got, err := l.s.api.UpdateLease(cctx, next)
 	cancel()
 	if err != nil {
-		if now.Sub(h.written) < time.Duration(float64(duration)*leaseValidFor) && !apierrors.IsConflict(err) {
+		// Still ours only if the next request, made now and bounded by
+		// leaseCallTimeout, lands within validity of our last good write:
+		// judged by the clock after the failed renewal, which may have
+		// taken up to leaseCallTimeout itself (a timeout).
+		after := l.s.Now()
+		if after.Sub(h.written)+leaseCallTimeout < time.Duration(float64(duration)*leaseValidFor) && !apierrors.IsConflict(err) {
 			return nil // a failed renewal within validity: still ours this once
 		}
 		h.lost = true
