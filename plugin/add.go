@@ -172,7 +172,7 @@ func (p *Plugin) reclaim(ctx context.Context, store *shim.Store, cp checkpoint.D
 			return err
 		}
 	}
-	if err := p.release(ctx, store, plan, "add", "earlier sandbox of "+podRef, log, nil); err != nil {
+	if _, err := p.release(ctx, store, plan, "add", "earlier sandbox of "+podRef, log, nil); err != nil {
 		return err
 	}
 	// An earlier sandbox on this node may never get its DEL (a reboot that

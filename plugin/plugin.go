@@ -296,10 +296,11 @@ func (l *logger) retried(s *shim.Store) {
 // as planned. A crash between the two leaves the entries, which the next
 // ADD, DEL or reconciler pass releases; verb names the boundary for the
 // crash hook. A node agent's store, which keeps a copy of the pools, frees
-// both in one turn under the Lease (shim.Store.Release).
-func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *phases) error {
+// both in one turn under the Lease (shim.Store.Release). It returns the
+// entries removed.
+func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *phases) ([]shim.Allocation, error) {
 	if plan.Empty() {
-		return nil
+		return nil, nil
 	}
 	if store.HasLocal() {
 		// A node agent, with its own copy of the pools: both in one turn
@@ -308,20 +309,20 @@ func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan,
 		ph.mark("release")
 		log.released(why, plan, removed, deleted)
 		if err != nil {
-			return fmt.Errorf("release %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
+			return removed, fmt.Errorf("release %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
 		}
-		return nil
+		return removed, nil
 	}
 	deleted, err := store.ReleaseReservations(ctx, plan)
 	if err != nil {
-		return fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
+		return nil, fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
 	}
 	p.at(verb + "-after-reservations")
 	ph.mark("reservations")
 	removed, err := store.RemoveAllocations(ctx, plan)
 	ph.mark("entries")
 	log.released(why, plan, removed, deleted)
-	return err
+	return removed, err
 }
 
 func (l *logger) released(why string, plan shim.Plan, removed []shim.Allocation, reservations []string) {

@@ -135,8 +135,9 @@ func TestReleaseWithACopyInOneTurn(t *testing.T) {
 		}
 		return nil
 	}
-	p, err := s.Look(ctx, storage, shim.Attachment("old1", "lhnet1", nil))
+	p, onCopy, err := s.Look(ctx, storage, shim.Attachment("old1", "lhnet1", nil))
 	require.NoError(t, err)
+	assert.True(t, onCopy)
 	plan, err := shim.PlanOf(p, "", shim.Attachment("old1", "lhnet1", nil))
 	require.NoError(t, err)
 	removed, deleted, err := s.Release(ctx, plan)

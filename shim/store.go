@@ -163,15 +163,18 @@ func (s *Store) LocalPool(name string) *Pool {
 }
 
 // Look is a pool in which pick chooses something, to plan a release on: the
-// process's own copy (LocalPool) when it shows something to pick, else a
-// fresh read. What the copy does not show is read fresh, so nothing is
-// decided from a copy alone to be not there. Nil when the pool does not
+// process's own copy (LocalPool) when it shows something to pick (onCopy),
+// else a fresh read. What the copy does not show is read fresh, so nothing
+// is decided from a copy alone to be not there; and a plan made on the copy
+// whose removal finds its entries gone must be made again on a fresh read,
+// since what the copy did not show may be there. Nil when the pool does not
 // exist.
-func (s *Store) Look(ctx context.Context, name string, pick Picker) (*Pool, error) {
+func (s *Store) Look(ctx context.Context, name string, pick Picker) (p *Pool, onCopy bool, err error) {
 	if p := s.LocalPool(name); p != nil && len(pick(p)) > 0 {
-		return p, nil
+		return p, true, nil
 	}
-	return s.Pool(ctx, name)
+	p, err = s.Pool(ctx, name)
+	return p, false, err
 }
 
 func (s *Store) getPool(ctx context.Context, name string, from Source) (*Pool, error) {
