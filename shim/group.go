@@ -295,8 +295,8 @@ func (g *Group) drain(s *Store, sh *shared) {
 		running = nil
 		err := g.locked(ctx, s, func(ctx context.Context, l *Locked) error {
 			// The jobs that came meanwhile go in the same turn, until it was
-			// held MaxHold: then the next turn takes them.
-			for first := true; first || s.Now().Sub(sh.since) < g.MaxHold; first = false {
+			// held MaxHold or lost: then the next turn takes them.
+			for first := true; first || s.Now().Sub(sh.since) < g.MaxHold && !l.lost(); first = false {
 				batch := g.take1(sh)
 				if len(batch) == 0 {
 					return nil

@@ -2,6 +2,7 @@ package shim_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -314,4 +315,116 @@ func TestAPanicInAGroupsTurnIsTheCallers(t *testing.T) {
 	assert.True(t, ran)
 	require.NoError(t, g.Wait(ctx))
 	assert.Equal(t, "", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "handed back")
+}
+
+// leaseWrites is the API server, recording the Lease's writes as "take"
+// (free before), "renew" or "hand back"; the first renewal fails as a
+// timeout does.
+type leaseWrites struct {
+	*fake.API
+	mu     sync.Mutex
+	writes []string
+	failed bool
+}
+
+func (w *leaseWrites) UpdateLease(ctx context.Context, l *shim.Lease) (*shim.Lease, error) {
+	w.mu.Lock()
+	cur := w.API.Lease(l.Namespace, l.Name)
+	switch {
+	case cur == nil || cur.Spec.HolderIdentity == nil || *cur.Spec.HolderIdentity == "":
+		w.writes = append(w.writes, "take")
+	case *l.Spec.HolderIdentity == "":
+		w.writes = append(w.writes, "hand back")
+	default:
+		w.writes = append(w.writes, "renew")
+		if !w.failed {
+			w.failed = true
+			w.mu.Unlock()
+			return nil, errors.New("etcdserver: request timed out")
+		}
+	}
+	w.mu.Unlock()
+	return w.API.UpdateLease(ctx, l)
+}
+
+func (w *leaseWrites) CreateLease(ctx context.Context, l *shim.Lease) (*shim.Lease, error) {
+	w.mu.Lock()
+	w.writes = append(w.writes, "take")
+	w.mu.Unlock()
+	return w.API.CreateLease(ctx, l)
+}
+
+// A hold whose renewal failed is lost: no turn runs under it. The turn that
+// waits behind the one that lost it takes the Lease again, and its requests
+// are made under that new hold.
+func TestNoTurnRunsUnderALostHold(t *testing.T) {
+	api := &leaseWrites{API: fake.New()}
+	api.Put(storageNetwork()...)
+	c := &syncClock{now: testEpoch}
+	// MaxHold far off: only the loss ends the hold.
+	g := &shim.Group{Identity: "harvester-ipam-agent/n1/1", MaxHold: time.Hour}
+	s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, Group: g})
+	ctx := context.Background()
+	second := make(chan error, 1)
+	err := s.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
+		go func() {
+			second <- s.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
+				_, err := l.Reservation(ctx, "192.168.50.4")
+				return err
+			})
+		}()
+		time.Sleep(50 * time.Millisecond) // the second waits for its turn
+		c.advance(1500 * time.Millisecond)
+		_, err := l.Reservation(ctx, "192.168.50.4") // renews, and the renewal fails
+		return err
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "renew lease kube-system/whereabouts: etcdserver: request timed out")
+	require.NoError(t, <-second, "the next turn runs under a hold of its own")
+	require.NoError(t, g.Wait(ctx))
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	assert.Equal(t, []string{"take", "renew", "hand back", "take", "hand back"}, api.writes)
+}
+
+// Releases that come while a turn runs go in the same turn only while its
+// hold is kept: once a renewal failed, they wait for a turn of their own
+// under a new hold, and are done there rather than failed.
+func TestReleasesWaitingBehindALostHoldGetANewOne(t *testing.T) {
+	api := &leaseWrites{API: fake.New()}
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]alloc{
+		"2": {ContainerID: "old-2", PodRef: "ns/p2", IfName: "eth1"},
+		"3": {ContainerID: "old-3", PodRef: "ns/p3", IfName: "eth1"},
+	}), fake.NewReservation("10.0.0.2", "ns/p2"), fake.NewReservation("10.0.0.3", "ns/p3"))
+	c := &syncClock{now: testEpoch}
+	g := &shim.Group{Identity: "harvester-ipam-agent/n1/1", MaxHold: time.Hour}
+	s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, Group: g})
+	ctx := context.Background()
+	plan := func(pod string) shim.Plan {
+		p, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes(pod, "new"))
+		require.NoError(t, err)
+		return p
+	}
+	plan2, plan3 := plan("ns/p2"), plan("ns/p3")
+	second := make(chan error, 1)
+	var once sync.Once
+	api.Hook = func(call *fake.Call) error {
+		if call.Verb == "list" && call.Resource == fake.Pools {
+			once.Do(func() {
+				go func() {
+					_, err := s.ReleaseReservations(ctx, plan3)
+					second <- err
+				}()
+				time.Sleep(50 * time.Millisecond) // the second waits for the turn
+				c.advance(1500 * time.Millisecond) // the delete renews, and the renewal fails
+			})
+		}
+		return nil
+	}
+	_, err := s.ReleaseReservations(ctx, plan2)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "renew lease kube-system/whereabouts")
+	require.NoError(t, <-second, "released under a hold of its own")
+	require.NoError(t, g.Wait(ctx))
+	assert.Equal(t, []string{"10.0.0.2"}, reservations(api.API))
 }

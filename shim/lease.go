@@ -213,6 +213,14 @@ func (l *Locked) Keep(ctx context.Context) error {
 	return nil
 }
 
+// lost says whether the hold is lost: a renewal failed, and no request may
+// be made under it.
+func (l *Locked) lost() bool {
+	l.h.mu.Lock()
+	defer l.h.mu.Unlock()
+	return l.h.lost
+}
+
 // release hands the Lease back as client-go's elector does: no holder, a
 // duration of one second; a Lease that changed meanwhile is not ours to
 // touch. It returns the Lease as written, nil when it was not.
