@@ -415,7 +415,7 @@ func TestReleasesWaitingBehindALostHoldGetANewOne(t *testing.T) {
 					_, err := s.ReleaseReservations(ctx, plan3)
 					second <- err
 				}()
-				time.Sleep(50 * time.Millisecond) // the second waits for the turn
+				time.Sleep(50 * time.Millisecond)  // the second waits for the turn
 				c.advance(1500 * time.Millisecond) // the delete renews, and the renewal fails
 			})
 		}
