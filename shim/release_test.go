@@ -323,3 +323,47 @@ func TestReleasesWithACopyGoTogether(t *testing.T) {
 }
 
 func netIP(s string) net.IP { return net.ParseIP(s) }
+
+// "No reservation" is never decided from the copy: a reservation the copy
+// does not show as the entry's (none, or another pod's, not yet delivered
+// since) is read from the API server, and when it is the entry's there, it
+// is released.
+func TestReleaseWithACopyReadsTheReservationItDoesNotShow(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		inCopy *shim.Reservation // the copy's reservation 192.168.50.4
+	}{
+		{name: "the copy shows none"},
+		{name: "the copy shows another pod's", inCopy: fake.NewReservation("192.168.50.4", "longhorn-system/im-b")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			api := fake.New()
+			api.Put(storageNetwork()...)
+			cp := newCopyAPI(api, false)
+			cp.mu.Lock()
+			delete(cp.resv, "192.168.50.4")
+			if tt.inCopy != nil {
+				cp.resv["192.168.50.4"] = tt.inCopy
+			}
+			cp.mu.Unlock()
+			s := copyStore(cp, &syncClock{now: testEpoch})
+			ctx := context.Background()
+			gets := 0
+			api.Hook = func(c *fake.Call) error {
+				if c.Verb == "get" && c.Resource == fake.Reservations && c.Name == "192.168.50.4" {
+					gets++
+				}
+				return nil
+			}
+			plan, err := shim.PlanOf(cp.LocalPool(ns, storage), "", shim.Attachment("old1", "lhnet1", nil))
+			require.NoError(t, err)
+			plan.Entries = plan.Entries[:1] // 192.168.50.4 alone
+			removed, deleted, err := s.Release(ctx, plan)
+			require.NoError(t, err)
+			assert.Equal(t, []string{"192.168.50.4"}, ipsOf(removed))
+			assert.Equal(t, []string{"192.168.50.4"}, deleted, "found by a GET and released")
+			assert.NotContains(t, reservations(api), "192.168.50.4")
+			assert.Equal(t, 1, gets)
+		})
+	}
+}
