@@ -75,7 +75,6 @@ func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 	return Result(wb, confVersion, ips)
 }
 
-
 // recordChosen adds ip to the attachment's checkpoint before it is written:
 // an old CRD prunes the entry's ifname, and DEL then knows the entry by the
 // address recorded.
