@@ -124,6 +124,8 @@ func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
 	if !s.serves(ns) {
 		return decline("namespace", "pool namespace %s is not served here (this agent serves %s)", ns, strings.Join(s.o.Namespaces, ", "))
 	}
+	// The verb reads the same config and kubeconfig: once is enough.
+	j.cfg, j.kubeconfig, j.namespace = cfg, cfg.Kubeconfig(), ns
 	if req.Command == wire.Del {
 		// DEL also releases what the checkpoint names, maybe elsewhere.
 		rec, ok, err := checkpoint.Dir(cfg.Options.CheckpointDir).Read(j.args.ContainerID, j.args.IfName)

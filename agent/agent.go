@@ -79,6 +79,11 @@ type Options struct {
 	Env []string
 	// StoreOptions tune the store of each request (its Identity is set per
 	// request).
+	// Its Group, shared by every request's store (the agent's main sets
+	// one: one holder of whereabouts' Lease, turns under one acquisition,
+	// the releases and removals of one moment together); nil: each request
+	// takes the Lease itself (the simulation, whose scheduler runs only
+	// its own actors, not the Group's goroutines).
 	StoreOptions shim.Options
 	// LogRequests logs a line for each request: what, its outcome, and how
 	// long it took.
@@ -212,10 +217,16 @@ func (s *Server) Stop(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("verbs still running: %w", ctx.Err())
 	}
+	// The Lease handed back, not left to expire under whereabouts' waits.
+	if g := s.o.StoreOptions.Group; g != nil {
+		if err := g.Wait(ctx); err != nil {
+			return fmt.Errorf("whereabouts' Lease not handed back yet: %w", err)
+		}
+	}
+	return nil
 }
 
 // serveConn serves one connection: one request.
@@ -234,9 +245,12 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.badRequest(c, err)
 		return
 	}
-	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start) }
+	ph := &steps{last: start}
+	ph.mark("read")
+	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start, ph) }
 
 	j, free, reason, detail := s.Take(req)
+	ph.mark("admit")
 	if reason != "" {
 		s.decline(c, done, reason, detail)
 		return
@@ -257,6 +271,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		done(outcomeAbandoned, "", "the client left after its go-ahead")
 		return
 	}
+	ph.mark("go")
 	// The verb is ours now. A client that goes away cancels it: whatever
 	// it has not written yet it never will.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -268,6 +283,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		cancel()
 	}()
 	ans := s.Run(ctx, j)
+	ph.mark("verb")
 	gone := ctx.Err() != nil
 	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if err := wire.Write(c, ans); err != nil || gone {
@@ -275,6 +291,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		done(outcomeLost, "", "")
 		return
 	}
+	ph.mark("answer")
 	if ans.Error != nil {
 		done(outcomeFailed, "", ans.Error.Msg)
 		return
@@ -282,8 +299,23 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	done(outcomeServed, "", "")
 }
 
+// steps times the steps of a request, for its log line: the request read,
+// admission, the wait for the go-ahead, the verb, the answer.
+type steps struct {
+	last  time.Time
+	parts []string
+}
+
+func (st *steps) mark(step string) {
+	now := time.Now()
+	st.parts = append(st.parts, step+" "+now.Sub(st.last).Round(10*time.Microsecond).String())
+	st.last = now
+}
+
+func (st *steps) String() string { return strings.Join(st.parts, ", ") }
+
 // record counts a request's outcome and, with Options.LogRequests, logs it.
-func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time) {
+func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time, ph *steps) {
 	took := time.Since(start)
 	s.o.Metrics.count(req.Command, outcome, reason)
 	if outcome == outcomeServed || outcome == outcomeFailed {
@@ -299,7 +331,7 @@ func (s *Server) record(req wire.Request, outcome, reason, detail string, start 
 	if detail != "" {
 		detail = ": " + detail
 	}
-	s.log.Printf("%s: %s in %s%s", what, outcome, took.Round(10*time.Microsecond), detail)
+	s.log.Printf("%s: %s in %s (%s)%s", what, outcome, took.Round(10*time.Microsecond), ph, detail)
 }
 
 // badRequest answers a request that does not read: a decline that carries
@@ -351,6 +383,33 @@ type Job struct {
 	req  wire.Request
 	args *skel.CmdArgs
 	env  []string
+
+	// What admission read of the request's config: the config as loaded,
+	// and the pool namespace its kubeconfig names.
+	cfg                   *conf.Config
+	kubeconfig, namespace string
+}
+
+// load is the loader of the job's verb: the config admission loaded, when
+// the verb reads the request's own.
+func (s *Server) load(j *Job) func([]byte) (*conf.Config, error) {
+	return func(stdin []byte) (*conf.Config, error) {
+		if j.cfg != nil && bytes.Equal(stdin, j.req.Config) {
+			return j.cfg, nil
+		}
+		return s.loader.Load(stdin)
+	}
+}
+
+// storeOf is the store maker of the job's verb: the namespace admission
+// read, for the kubeconfig it read it from.
+func (s *Server) storeOf(j *Job) func(string) (*shim.Store, error) {
+	return func(kubeconfig string) (*shim.Store, error) {
+		if j.namespace != "" && kubeconfig == j.kubeconfig {
+			return s.storeIn(j.namespace), nil
+		}
+		return s.newStore(kubeconfig)
+	}
 }
 
 // stderrLimit bounds the log a verb may hand back on the plugin's stderr.
@@ -381,8 +440,8 @@ func (s *Server) Run(ctx context.Context, j *Job) (ans wire.Answer) {
 		}
 	}()
 	p := &plugin.Plugin{
-		NewStore: s.newStore,
-		Load:     s.loader.Load,
+		NewStore: s.storeOf(j),
+		Load:     s.load(j),
 		Stdout:   &stdout,
 		Stderr:   stderr,
 		Timeout:  s.o.VerbTimeout,
@@ -433,9 +492,14 @@ func (s *Server) newStore(kubeconfig string) (*shim.Store, error) {
 			fmt.Sprintf("node agent: pool namespace %s is not served (it serves %s)", ns, strings.Join(s.o.Namespaces, ", ")),
 			"the kubeconfig changed under the request; the runtime retries")
 	}
+	return s.storeIn(ns), nil
+}
+
+// storeIn is a request's store of the pools of namespace ns.
+func (s *Server) storeIn(ns string) *shim.Store {
 	o := s.o.StoreOptions
 	o.Identity = fmt.Sprintf("harvester-ipam-agent/%s/%d/%d", s.o.Node, os.Getpid(), s.seq.Add(1))
-	return shim.New(s.o.API, ns, o), nil
+	return shim.New(s.o.API, ns, o)
 }
 
 // namespaceOf is the pool namespace a whereabouts kubeconfig names, read

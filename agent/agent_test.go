@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	allocpkg "github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
@@ -101,8 +102,11 @@ func newRig(t *testing.T, objs ...any) *rig {
 	r.alloc = &wbAllocator{wb: r.wb}
 	r.reg = prometheus.NewRegistry()
 	r.metrics = NewMetrics(r.reg)
+	// The agent's requests share one holder of the Lease, as its main sets.
+	agentOpts := opts
+	agentOpts.Group = &shim.Group{Identity: "harvester-ipam-agent/n1/1"}
 	r.start(Options{API: r.api, Namespaces: []string{"kube-system"}, Node: "n1", Allocator: r.alloc,
-		Log: &r.log, Metrics: r.metrics, StoreOptions: opts, CheckpointDirs: []string{r.cpDir}, LogRequests: true})
+		Log: &r.log, Metrics: r.metrics, StoreOptions: agentOpts, CheckpointDirs: []string{r.cpDir}, LogRequests: true})
 	return r
 }
 
@@ -231,8 +235,8 @@ func TestTheAgentServesAddAndDel(t *testing.T) {
 	r.counted(wire.Add, outcomeServed, "", 1)
 	r.counted(wire.Del, outcomeServed, "", 1)
 	assert.Contains(t, r.metrics.Summary(), "2 served")
-	assert.Regexp(t, `ADD c1/lhnet1: served in [0-9.]+m?s\n`, r.log.String())
-	assert.Regexp(t, `DEL c1/lhnet1: served in [0-9.]+m?s\n`, r.log.String())
+	assert.Regexp(t, `ADD c1/lhnet1: served in [0-9.]+m?s \(read [0-9.]+[mµ]?s, admit [0-9.]+[mµ]?s, go [0-9.]+[mµ]?s, verb [0-9.]+[mµ]?s, answer [0-9.]+[mµ]?s\)\n`, r.log.String())
+	assert.Regexp(t, `DEL c1/lhnet1: served in [0-9.]+m?s \(read [0-9.]+[mµ]?s, admit [0-9.]+[mµ]?s, go [0-9.]+[mµ]?s, verb [0-9.]+[mµ]?s, answer [0-9.]+[mµ]?s\)\n`, r.log.String())
 	assert.Equal(t, "", r.metrics.Summary(), "a summary covers what happened since the last")
 }
 
@@ -598,10 +602,11 @@ func (panicking) Add(context.Context, *shim.Store, *conf.Config, *skel.CmdArgs) 
 	panic("allocator bug")
 }
 
-// Requests run at once, each with its own store: concurrent releases each
-// hold whereabouts' Lease under an identity of their own (one identity for
-// all would let two "hold" it together).
-func TestConcurrentRequestsEachHoldTheLeaseAsThemselves(t *testing.T) {
+// Requests run at once share whereabouts' Lease through the agent's group
+// (shim.Group): one holder, the agent, whose turns are serialised, and the
+// releases of one moment judged in one turn; far fewer acquisitions than
+// requests, and every reservation released.
+func TestConcurrentRequestsShareTheAgentsHoldOfTheLease(t *testing.T) {
 	allocs := map[string]alloc{}
 	var objs []any
 	for i := 2; i < 22; i++ {
@@ -612,12 +617,16 @@ func TestConcurrentRequestsEachHoldTheLeaseAsThemselves(t *testing.T) {
 	r := newRig(t, append(objs, fake.NewPool(poolName, "192.168.50.0/24", allocs))...)
 	var mu sync.Mutex
 	holders := map[string]bool{}
+	takes := 0
 	r.api.Hook = func(c *fake.Call) error {
-		if c.Resource == fake.Leases && c.Verb == "update" {
+		if c.Resource == fake.Leases && (c.Verb == "update" || c.Verb == "create") {
+			time.Sleep(5 * time.Millisecond) // an API server's time, in which requests come
 			mu.Lock()
 			defer mu.Unlock()
 			l := r.api.Lease("kube-system", "whereabouts")
-			if l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			if l == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+				takes++ // free: this write takes it
+			} else {
 				holders[*l.Spec.HolderIdentity] = true
 			}
 		}
@@ -637,14 +646,20 @@ func TestConcurrentRequestsEachHoldTheLeaseAsThemselves(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
+	require.NoError(t, r.srv.Stop(context.Background()))
 	assert.Empty(t, r.pool())
 	assert.Empty(t, r.api.AllReservations("kube-system"), "every reservation released")
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Greater(t, len(holders), 1, "the Lease's holders: %v", holders)
+	assert.Len(t, holders, 1, "the Lease's holders: %v", holders)
 	for h := range holders {
 		assert.True(t, strings.HasPrefix(h, "harvester-ipam-agent/n1/"), h)
 	}
+	t.Logf("%d acquisitions", takes)
+	assert.Less(t, takes, 10, "acquisitions of the Lease for 20 releases")
+	l := r.api.Lease("kube-system", "whereabouts")
+	require.NotNil(t, l)
+	assert.Equal(t, "", *l.Spec.HolderIdentity, "handed back once the agent stopped")
 }
 
 // Without an allocator the agent's ADD runs the whereabouts binary the
@@ -759,4 +774,49 @@ func TestTheLogOfALogFileGoesToTheClient(t *testing.T) {
 	assert.Equal(t, filepath.Join(r.dir, "whereabouts.log"), res.Answer.LogFile)
 	assert.Contains(t, string(res.Answer.Log), "harvester-ipam DEL c1: ")
 	assert.NoFileExists(t, filepath.Join(r.dir, "whereabouts.log"))
+}
+
+// With whereabouts' allocator in-process (alloc.Delegate, a
+// plugin.RecordingAllocator), the attachment's checkpoint is written once,
+// by the allocator, with the address it chose, before it writes that
+// address: not before the earlier sandbox is released, which allocates
+// nothing for this attachment.
+func TestTheAllocatorRecordsTheAttachmentOnceBeforeItWrites(t *testing.T) {
+	r := newRig(t, fake.NewPool(poolName, "192.168.50.0/24", map[string]alloc{
+		"2": {ContainerID: "c0", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+		fake.NewReservation("192.168.50.2", "longhorn-system/im-a"))
+	var atReclaim, atPatch []string
+	reclaimed := false
+	var recorded checkpoint.Record
+	r.api.Hook = func(c *fake.Call) error {
+		if c.Resource == fake.Reservations && c.Verb == "delete" {
+			reclaimed = true // the earlier sandbox's reservation
+			atReclaim = r.checkpoints()
+		}
+		return nil
+	}
+	r.srv.o.Allocator = allocpkg.Delegate{
+		Allocator: allocpkg.New(allocpkg.Options{AtStep: func(step string) {
+			if step == "alloc-before-patch" {
+				atPatch = r.checkpoints()
+				recorded, _, _ = checkpoint.Dir(r.cpDir).Read("c1", "lhnet1")
+			}
+		}}),
+		Load: conf.Loader{Quiet: true}.Whereabouts,
+	}
+	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+	assert.JSONEq(t, `{"cniVersion":"0.3.1","ips":[{"version":"4","address":"192.168.50.2/24"}],"dns":{}}`, string(res.Answer.Stdout))
+	assert.Equal(t, map[string]alloc{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, r.pool())
+	require.True(t, reclaimed, "the earlier sandbox's reservation was released")
+	assert.Empty(t, atReclaim, "no record of c1 while the earlier sandbox is released")
+	assert.Equal(t, []string{"c1:lhnet1.json"}, atPatch, "recorded before the pool is written")
+	assert.Equal(t, []string{"192.168.50.2/24"}, recorded.IPs)
+	assert.Equal(t, "longhorn-system/im-a", recorded.PodRef)
+	assert.Equal(t, []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, recorded.Pools)
+	rec, ok, err := checkpoint.Dir(r.cpDir).Read("c1", "lhnet1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, []string{"192.168.50.2/24"}, rec.IPs, "the result's address, as the plugin records it")
 }

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -69,8 +70,15 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	for _, pl := range cfg.Pools {
 		rec.Pools = append(rec.Pools, checkpoint.Pool{Name: pl.Name, Range: pl.Range})
 	}
-	if err := cp.Write(rec); err != nil {
-		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), "the checkpoint directory must be writable by root ("+conf.OptionsKey+".checkpoint_dir)")
+	// An allocator that records writes the record itself, durably, with
+	// the first address it chose and before it writes that address
+	// anywhere: nothing is allocated for this attachment before then, and
+	// one record written and fsynced is enough.
+	recorder, records := p.Allocator.(RecordingAllocator)
+	if !records {
+		if err := cp.Write(rec); err != nil {
+			return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), checkpointHint)
+		}
 	}
 	p.at("add-after-checkpoint")
 	ph.mark("checkpoint")
@@ -85,9 +93,12 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	ph.mark("reclaim")
 
 	var res cnitypes.Result
-	if p.Allocator != nil {
+	switch {
+	case records:
+		res, err = recorder.AddRecording(ctx, store, cfg, args, rec)
+	case p.Allocator != nil:
 		res, err = p.Allocator.Add(ctx, store, cfg, args)
-	} else {
+	default:
 		res, err = delegate.Add(ctx, cfg.Options.Delegate, cfg.Delegated, exec, p.Env)
 	}
 	if err != nil {
@@ -111,8 +122,12 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 		for _, ip := range cur.IPs {
 			rec.IPs = append(rec.IPs, ip.Address.String())
 		}
-		if err := cp.Update(rec); err != nil {
-			log.Errorf("record addresses %v: %v", rec.IPs, err)
+		// An allocator in-process recorded each address before writing it:
+		// no second write (and fsync) of the same record.
+		if have, ok, err := cp.Read(rec.ContainerID, rec.IfName); err != nil || !ok || !slices.Equal(have.IPs, rec.IPs) {
+			if err := cp.Update(rec); err != nil {
+				log.Errorf("record addresses %v: %v", rec.IPs, err)
+			}
 		}
 	}
 	ph.mark("record")
@@ -129,19 +144,35 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 // sandbox, there is nothing to do now (an entry the cache has not seen yet is
 // released by the next ADD or by the reconciler, never wrongly, since every
 // write reads fresh). Otherwise it plans on a fresh read and releases.
+//
+// A node agent plans on its own copy of the pool (agent/cache), which its
+// informer and its own writes keep current: the release judges each
+// reservation under whereabouts' Lease on pools listed then, and removes an
+// entry only by a patch guarded by the copy's resourceVersion, while the
+// entry is still what the plan saw; a stale copy costs a fresh read.
 func (p *Plugin) reclaim(ctx context.Context, store *shim.Store, cp checkpoint.Dir, pool, network string, earlier shim.Picker, podRef string, log *logger) error {
-	cached, err := store.CachedPool(ctx, pool)
-	if err != nil {
-		return err
+	var plan shim.Plan
+	if local := store.LocalPool(pool); local != nil {
+		if len(earlier(local)) == 0 {
+			return nil
+		}
+		var err error
+		if plan, err = shim.PlanOf(local, network, earlier); err != nil {
+			return err
+		}
+	} else {
+		cached, err := store.CachedPool(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if cached == nil || len(earlier(cached)) == 0 {
+			return nil
+		}
+		if plan, err = store.Plan(ctx, pool, network, earlier); err != nil {
+			return err
+		}
 	}
-	if cached == nil || len(earlier(cached)) == 0 {
-		return nil
-	}
-	plan, err := store.Plan(ctx, pool, network, earlier)
-	if err != nil {
-		return err
-	}
-	if err := p.release(ctx, store, plan, "add", "earlier sandbox of "+podRef, log); err != nil {
+	if _, err := p.release(ctx, store, plan, "add", "earlier sandbox of "+podRef, log, nil); err != nil {
 		return err
 	}
 	// An earlier sandbox on this node may never get its DEL (a reboot that

@@ -170,7 +170,7 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", store.Namespace(), pool.Name), err)
 		}
-		if err := p.release(ctx, store, plan, "lost", fmt.Sprintf("ADD of %s/%s lost by the node agent", args.ContainerID, args.IfName), log); err != nil {
+		if _, err := p.release(ctx, store, plan, "lost", fmt.Sprintf("ADD of %s/%s lost by the node agent", args.ContainerID, args.IfName), log, nil); err != nil {
 			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, store.Namespace(), pool.Name), err)
 		}
 	}

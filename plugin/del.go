@@ -115,7 +115,7 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 	// Look first: a store that does not answer fails DEL at once, and an
 	// attachment that holds nothing needs nothing more.
 	var plans []nsPlan
-	var ambiguous []string
+	var ambiguousIn []string
 	if len(pools) == 0 {
 		// Neither the config nor a readable checkpoint names a pool: a
 		// container ID names one sandbox, so look for it everywhere.
@@ -125,27 +125,28 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 		}
 	}
 	for _, pr := range pools {
-		pool, err := store.In(pr.namespace).Pool(ctx, pr.name)
+		// A node agent's own copy of the pool serves when it shows the
+		// attachment's entries (the release's writes check them again); one
+		// that shows none is read fresh: nothing to release is never
+		// decided from a copy.
+		pool, onCopy, err := store.In(pr.namespace).Look(ctx, pr.name, shim.Attachment(args.ContainerID, args.IfName, recorded))
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 		}
-		if pool == nil {
-			continue
-		}
-		found := shim.FindAttachment(pool, args.ContainerID, args.IfName, recorded)
-		if found.Ambiguous {
-			ambiguous = append(ambiguous, pr.namespace+"/"+pr.name)
-		}
-		plan, err := shim.PlanOf(pool, pr.network, shim.Exactly(entriesAt(pool, found.Offsets)))
+		plan, ambiguous, err := planAttachment(pool, pr, args, recorded)
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
+		}
+		if ambiguous {
+			ambiguousIn = append(ambiguousIn, pr.namespace+"/"+pr.name)
 		}
 		if !plan.Empty() {
-			plans = append(plans, withNamespace(plan, pr.namespace))
+			plan.onCopy, plan.ref = onCopy, pr
+			plans = append(plans, plan)
 		}
 	}
 	ph.mark("look")
-	for _, pool := range ambiguous {
+	for _, pool := range ambiguousIn {
 		log.Errorf("pool %s holds an entry of container %s without an ifname that no checkpoint records as %s's: left it (another interface's, or released by the pod's next ADD or by the reconciler once the sandbox is gone)", pool, args.ContainerID, args.IfName)
 	}
 
@@ -162,14 +163,36 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 		return nil
 	}
 
+	why := fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName)
 	for _, plan := range plans {
 		s := store.In(plan.namespace)
-		if err := p.release(ctx, s, plan.Plan, "del", fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName), log); err != nil {
+		removed, err := p.release(ctx, s, plan.Plan, "del", why, log, ph)
+		if err != nil {
+			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, plan.namespace, plan.Pool), err)
+		}
+		if !plan.onCopy || len(removed) == len(plan.Entries) {
+			continue
+		}
+		// Planned on a copy that was behind: the entries it showed were gone
+		// (released by the plugin after the agent lost an ADD, say), and the
+		// attachment may hold others the copy did not show (the exec path's,
+		// allocated since). Plan again on a fresh read.
+		pool, err := s.Pool(ctx, plan.Pool)
+		if err != nil {
+			return storeError(fmt.Sprintf("read pool %s/%s", plan.namespace, plan.Pool), err)
+		}
+		again, ambiguous, err := planAttachment(pool, plan.ref, args, recorded)
+		if err != nil {
+			return storeError(fmt.Sprintf("read pool %s/%s", plan.namespace, plan.Pool), err)
+		}
+		if ambiguous {
+			log.Errorf("pool %s/%s holds an entry of container %s without an ifname that no checkpoint records as %s's: left it", plan.namespace, plan.Pool, args.ContainerID, args.IfName)
+		}
+		if _, err := p.release(ctx, s, again.Plan, "del", why, log, ph); err != nil {
 			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, plan.namespace, plan.Pool), err)
 		}
 	}
 	p.at("del-after-release")
-	ph.mark("release")
 	p.forget(cp, args, log)
 	return nil
 }
@@ -178,6 +201,22 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 type nsPlan struct {
 	shim.Plan
 	namespace string
+	// onCopy says that the plan was made on a node agent's own copy of the
+	// pool, ref being the pool it names.
+	onCopy bool
+	ref    poolRef
+}
+
+// planAttachment plans the release of what the attachment holds in pool (nil:
+// nothing), and says whether the pool holds an entry of the container without
+// an ifname that no record says is this attachment's.
+func planAttachment(pool *shim.Pool, pr poolRef, args *skel.CmdArgs, recorded []net.IP) (nsPlan, bool, error) {
+	if pool == nil {
+		return withNamespace(shim.Plan{Pool: pr.name, Network: pr.network}, pr.namespace), false, nil
+	}
+	found := shim.FindAttachment(pool, args.ContainerID, args.IfName, recorded)
+	plan, err := shim.PlanOf(pool, pr.network, shim.Exactly(entriesAt(pool, found.Offsets)))
+	return withNamespace(plan, pr.namespace), found.Ambiguous, err
 }
 
 func withNamespace(p shim.Plan, ns string) nsPlan { return nsPlan{Plan: p, namespace: ns} }

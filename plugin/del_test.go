@@ -494,3 +494,62 @@ func TestDelWithAKubeconfigHalfWrittenSaysWhatIsWrong(t *testing.T) {
 		})
 	}
 }
+
+// staleCopy is the API server with a node agent's own copy of the pools and
+// reservations (shim.Local) that stopped at one moment: the informer has not
+// delivered what was written since.
+type staleCopy struct {
+	*fake.API
+	pools map[string]*shim.Pool
+	resv  map[string]*shim.Reservation
+}
+
+func copyOf(api *fake.API) *staleCopy {
+	c := &staleCopy{API: api, pools: map[string]*shim.Pool{}, resv: map[string]*shim.Reservation{}}
+	for _, p := range api.AllPools("kube-system") {
+		c.pools[p.Name] = &p
+	}
+	for _, o := range api.AllReservations("kube-system") {
+		c.resv[o.Name] = &o
+	}
+	return c
+}
+
+func (c *staleCopy) LocalPool(_, name string) *shim.Pool               { return c.pools[name] }
+func (c *staleCopy) LocalReservation(_, name string) *shim.Reservation { return c.resv[name] }
+
+// A node agent's DEL plans on its copy of the pool, which may be behind: the
+// agent took the ADD, wrote 192.168.50.5 and did not answer; the plugin
+// released that and the exec path allocated 192.168.50.9 to the same
+// attachment, which the copy has not seen. The patch planned on the copy
+// fails its resourceVersion test (422), the fresh read finds .5 gone: DEL
+// plans again on a fresh read and releases .9 and its reservation before it
+// forgets the checkpoint.
+func TestDelPlansAgainWhenItsCopyWasBehind(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	p := r.api.Pool("kube-system", poolName)
+	p.Spec.Allocations["5"] = alloc{ContainerID: "new1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+	_, err := r.api.UpdatePool("kube-system", p)
+	require.NoError(t, err)
+	r.api.Put(fake.NewReservation("192.168.50.5", "longhorn-system/im-a"))
+	cp := copyOf(r.api)
+	// Since: .5 released, .9 allocated by the exec path.
+	p = r.api.Pool("kube-system", poolName)
+	delete(p.Spec.Allocations, "5")
+	p.Spec.Allocations["9"] = alloc{ContainerID: "new1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+	_, err = r.api.UpdatePool("kube-system", p)
+	require.NoError(t, err)
+	r.api.Remove(fake.Reservations, "kube-system", "192.168.50.5")
+	r.api.Put(fake.NewReservation("192.168.50.9", "longhorn-system/im-a"))
+	r.record(t, "new1", "192.168.50.5/24", "192.168.50.9/24")
+	opts := shim.Options{Backoff: shim.Backoff{Steps: 4, Duration: 1, Factor: 2}}
+	r.p.NewStore = func(string) (*shim.Store, error) { return shim.New(cp, "kube-system", opts), nil }
+
+	require.NoError(t, r.p.Del(args(t, "new1", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	assert.NotContains(t, r.pool(), "9", "the attachment's entry the copy did not show is released")
+	assert.Len(t, r.pool(), 3, "nothing else")
+	assert.NotContains(t, r.orips(), "192.168.50.9=longhorn-system/im-a")
+	_, ok, err := checkpoint.Dir(r.cpDir).Read("new1", "lhnet1")
+	require.NoError(t, err)
+	assert.False(t, ok, "forgotten once released")
+}

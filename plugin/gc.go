@@ -109,7 +109,7 @@ func (p *Plugin) collect(ctx context.Context, store *shim.Store, rec checkpoint.
 			return err
 		}
 		why := fmt.Sprintf("GC: %s/%s is not a valid attachment", rec.ContainerID, rec.IfName)
-		if err := p.release(ctx, store, plan, "gc", why, log); err != nil {
+		if _, err := p.release(ctx, store, plan, "gc", why, log, nil); err != nil {
 			return fmt.Errorf("release from pool %s: %w", pl.Name, err)
 		}
 	}

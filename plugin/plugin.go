@@ -96,6 +96,21 @@ type AgentClient interface {
 	Do(ctx context.Context, req wire.Request) client.Result
 }
 
+// RecordingAllocator is an Allocator that writes the attachment's
+// checkpoint itself: rec as the plugin made it (pools, pod, kubeconfig), with
+// each address the allocator chose, durably (checkpoint.Dir.Write) before it
+// writes that address anywhere. The plugin then does not write rec before
+// releasing earlier sandboxes, which allocate nothing for this attachment:
+// one fsynced write of the record instead of two. Its record errors are
+// *types.Error of code ErrIOFailure.
+type RecordingAllocator interface {
+	Allocator
+	AddRecording(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, rec checkpoint.Record) (cnitypes.Result, error)
+}
+
+// checkpointHint is the hint of a checkpoint that cannot be written.
+const checkpointHint = "the checkpoint directory must be writable by root (" + conf.OptionsKey + ".checkpoint_dir)"
+
 // DefaultTimeout stays within the runtime's own CNI timeout, and above
 // whereabouts' (2 minutes for ADD), whose work is part of ours.
 const DefaultTimeout = 150 * time.Second
@@ -288,6 +303,9 @@ type phases struct {
 func newPhases() *phases { return &phases{last: time.Now()} }
 
 func (ph *phases) mark(step string) {
+	if ph == nil {
+		return
+	}
 	now := time.Now()
 	if ph.now != nil {
 		now = ph.now()
@@ -310,19 +328,34 @@ func (l *logger) retried(s *shim.Store) {
 // reservations (judged under whereabouts' Lease), then the pool entries still
 // as planned. A crash between the two leaves the entries, which the next
 // ADD, DEL or reconciler pass releases; verb names the boundary for the
-// crash hook.
-func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger) error {
+// crash hook. A node agent's store, which keeps a copy of the pools, frees
+// both in one turn under the Lease (shim.Store.Release). It returns the
+// entries removed.
+func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *phases) ([]shim.Allocation, error) {
 	if plan.Empty() {
-		return nil
+		return nil, nil
+	}
+	if store.HasLocal() {
+		// A node agent, with its own copy of the pools: both in one turn
+		// under the Lease (shim.Store.Release).
+		removed, deleted, err := store.Release(ctx, plan)
+		ph.mark("release")
+		log.released(why, plan, removed, deleted)
+		if err != nil {
+			return removed, fmt.Errorf("release %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
+		}
+		return removed, nil
 	}
 	deleted, err := store.ReleaseReservations(ctx, plan)
 	if err != nil {
-		return fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
+		return nil, fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
 	}
 	p.at(verb + "-after-reservations")
+	ph.mark("reservations")
 	removed, err := store.RemoveAllocations(ctx, plan)
+	ph.mark("entries")
 	log.released(why, plan, removed, deleted)
-	return err
+	return removed, err
 }
 
 func (l *logger) released(why string, plan shim.Plan, removed []shim.Allocation, reservations []string) {

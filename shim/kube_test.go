@@ -4,80 +4,117 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
-	wbfake "github.com/k8snetworkplumbingwg/whereabouts/pkg/generated/clientset/versioned/fake"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	k8stesting "k8s.io/client-go/testing"
 )
 
-// The API on a real server is a thin translation to client-go: what each
-// call asks the server for.
+// The API on a real server is a thin translation to REST requests: what
+// each call asks the server for, and the answers decoded.
 func TestKubeAPIAsksTheServerForWhatItSays(t *testing.T) {
-	pool := &Pool{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.0-24", Namespace: "kube-system"}}
+	pool := &Pool{TypeMeta: metav1.TypeMeta{APIVersion: "whereabouts.cni.cncf.io/v1alpha1", Kind: "IPPool"},
+		ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.0-24", Namespace: "kube-system", ResourceVersion: "5"}}
 	pool.Spec.Range = "192.168.50.0/24"
 	pool.Spec.Allocations = map[string]IPAllocation{"4": {ContainerID: "c", PodRef: "ns/p"}}
-	orip := &Reservation{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.4", Namespace: "kube-system", UID: "u1", ResourceVersion: "7"}}
-	wb := wbfake.NewSimpleClientset(pool, orip)
-	var actions []k8stesting.Action
-	record := func(a k8stesting.Action) (bool, runtime.Object, error) {
-		actions = append(actions, a)
-		return false, nil, nil
-	}
-	wb.PrependReactor("*", "*", record)
-	api := &kubeAPI{wb: wb.WhereaboutsV1alpha1()}
+	orip := &Reservation{TypeMeta: metav1.TypeMeta{APIVersion: "whereabouts.cni.cncf.io/v1alpha1", Kind: "OverlappingRangeIPReservation"},
+		ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.4", Namespace: "kube-system", UID: "u1", ResourceVersion: "7"}}
+	orip.Spec.PodRef = "ns/p"
+	type req struct{ method, path, query, contentType, body string }
+	var reqs []req
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		reqs = append(reqs, req{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Content-Type"), strings.TrimSpace(string(b))})
+		w.Header().Set("Content-Type", "application/json")
+		var out any
+		switch {
+		case r.Method == http.MethodDelete:
+			out = metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusSuccess}
+		case strings.HasSuffix(r.URL.Path, "/ippools"):
+			if r.Method == http.MethodPost {
+				out = pool
+			} else {
+				out = &PoolList{TypeMeta: metav1.TypeMeta{APIVersion: "whereabouts.cni.cncf.io/v1alpha1", Kind: "IPPoolList"},
+					ListMeta: metav1.ListMeta{Continue: "c2"}, Items: []Pool{*pool}}
+			}
+		case strings.Contains(r.URL.Path, "/ippools/"):
+			out = pool
+		case strings.HasSuffix(r.URL.Path, "/overlappingrangeipreservations"):
+			if r.Method == http.MethodPost {
+				out = orip
+			} else {
+				out = &ReservationList{TypeMeta: metav1.TypeMeta{APIVersion: "whereabouts.cni.cncf.io/v1alpha1", Kind: "OverlappingRangeIPReservationList"},
+					Items: []Reservation{*orip}}
+			}
+		default:
+			out = orip
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	}))
+	defer srv.Close()
+	api, err := NewKubeAPI(&rest.Config{Host: srv.URL})
+	require.NoError(t, err)
 	ctx := context.Background()
 
 	got, err := api.GetPool(ctx, "kube-system", pool.Name, Fresh)
 	require.NoError(t, err)
 	assert.Equal(t, pool.Spec, got.Spec)
+	assert.Equal(t, "5", got.ResourceVersion)
 	_, err = api.GetPool(ctx, "kube-system", pool.Name, Cache)
 	require.NoError(t, err)
 	ps, next, err := api.ListPools(ctx, "kube-system", Page{Limit: 3, Continue: "c1"})
 	require.NoError(t, err)
 	assert.Len(t, ps, 1)
-	assert.Equal(t, "", next)
-	_, err = api.PatchPool(ctx, "kube-system", pool.Name, Guarded("x", PatchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{"a": "b"}}))
-	assert.Error(t, err, "the resourceVersion test fails: the patch is sent as a JSON patch")
+	assert.Equal(t, "c2", next)
+	_, err = api.PatchPool(ctx, "kube-system", pool.Name, Guarded("5", PatchOp{Op: "remove", Path: "/spec/allocations/4"}))
+	require.NoError(t, err)
+	_, err = api.CreatePool(ctx, "kube-system", &Pool{ObjectMeta: metav1.ObjectMeta{Name: "p2"}})
+	require.NoError(t, err)
+	require.NoError(t, api.DeletePool(ctx, "kube-system", "p2", Preconditions{UID: "u2", ResourceVersion: "9"}))
 	os, _, err := api.ListReservations(ctx, "kube-system", Page{Limit: 2})
 	require.NoError(t, err)
-	assert.Len(t, os, 1)
+	assert.Equal(t, "ns/p", os[0].Spec.PodRef)
 	o, err := api.GetReservation(ctx, "kube-system", orip.Name)
 	require.NoError(t, err)
 	assert.Equal(t, orip.Name, o.Name)
+	_, err = api.CreateReservation(ctx, "kube-system", &Reservation{ObjectMeta: metav1.ObjectMeta{Name: "192.168.50.5"}})
+	require.NoError(t, err)
 	_, err = api.PatchReservation(ctx, "kube-system", orip.Name, Guarded("7", PatchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{"a": "b"}}))
 	require.NoError(t, err)
 	require.NoError(t, api.DeleteReservation(ctx, "kube-system", orip.Name, Preconditions{UID: "u1", ResourceVersion: "7"}))
 
-	require.Len(t, actions, 8)
-	get := func(i int) k8stesting.GetActionImpl { return actions[i].(k8stesting.GetActionImpl) }
-	list := func(i int) k8stesting.ListActionImpl { return actions[i].(k8stesting.ListActionImpl) }
-	assert.Equal(t, "ippools", get(0).GetResource().Resource)
-	assert.Equal(t, "192.168.50.0-24", get(0).GetName())
-	assert.Equal(t, "kube-system", get(0).GetNamespace())
-	assert.Equal(t, "ippools", get(1).GetResource().Resource)
-	assert.Equal(t, "ippools", list(2).GetResource().Resource)
-	patch := actions[3].(k8stesting.PatchActionImpl)
-	assert.Equal(t, types.JSONPatchType, patch.GetPatchType())
-	var ops []map[string]any
-	require.NoError(t, json.Unmarshal(patch.GetPatch(), &ops))
-	assert.Equal(t, "test", ops[0]["op"])
-	assert.Equal(t, "overlappingrangeipreservations", list(4).GetResource().Resource)
-	assert.Equal(t, "overlappingrangeipreservations", get(5).GetResource().Resource)
-	assert.Equal(t, types.JSONPatchType, actions[6].(k8stesting.PatchActionImpl).GetPatchType())
-	del := actions[7].(k8stesting.DeleteActionImpl)
-	require.NotNil(t, del.DeleteOptions.Preconditions)
-	assert.Equal(t, types.UID("u1"), *del.DeleteOptions.Preconditions.UID)
-	assert.Equal(t, "7", *del.DeleteOptions.Preconditions.ResourceVersion)
+	const base = "/apis/whereabouts.cni.cncf.io/v1alpha1/namespaces/kube-system/"
+	const delBody = `{"kind":"DeleteOptions","apiVersion":"whereabouts.cni.cncf.io/v1alpha1","preconditions":{"uid":"%s","resourceVersion":"%s"}}`
+	want := []req{
+		{"GET", base + "ippools/192.168.50.0-24", "", "", ""},
+		{"GET", base + "ippools/192.168.50.0-24", "resourceVersion=0", "", ""},
+		{"GET", base + "ippools", "continue=c1&limit=3", "", ""},
+		{"PATCH", base + "ippools/192.168.50.0-24", "", "application/json-patch+json",
+			`[{"op":"test","path":"/metadata/resourceVersion","value":"5"},{"op":"remove","path":"/spec/allocations/4"}]`},
+		{"POST", base + "ippools", "", "application/json",
+			`{"kind":"IPPool","apiVersion":"whereabouts.cni.cncf.io/v1alpha1","metadata":{"name":"p2"},"spec":{"range":"","allocations":null}}`},
+		{"DELETE", base + "ippools/p2", "", "application/json", fmt.Sprintf(delBody, "u2", "9")},
+		{"GET", base + "overlappingrangeipreservations", "limit=2", "", ""},
+		{"GET", base + "overlappingrangeipreservations/192.168.50.4", "", "", ""},
+		{"POST", base + "overlappingrangeipreservations", "", "application/json",
+			`{"kind":"OverlappingRangeIPReservation","apiVersion":"whereabouts.cni.cncf.io/v1alpha1","metadata":{"name":"192.168.50.5"},"spec":{"podref":""}}`},
+		{"PATCH", base + "overlappingrangeipreservations/192.168.50.4", "", "application/json-patch+json",
+			`[{"op":"test","path":"/metadata/resourceVersion","value":"7"},{"op":"add","path":"/metadata/annotations","value":{"a":"b"}}]`},
+		{"DELETE", base + "overlappingrangeipreservations/192.168.50.4", "", "application/json", fmt.Sprintf(delBody, "u1", "7")},
+	}
+	require.Len(t, reqs, len(want))
+	for i := range want {
+		assert.Equal(t, want[i], reqs[i], "request %d", i)
+	}
 }
 
 // Leases go through a REST client that knows only Leases: the requests a
@@ -162,7 +199,10 @@ func TestAFreshReadIsAQuorumRead(t *testing.T) {
 	require.NoError(t, err)
 	_, _, _ = api.ListPools(context.Background(), "kube-system", Page{Limit: 3, Continue: "c1"})
 	_, _, _ = api.ListReservations(context.Background(), "kube-system", Page{Limit: 2})
-	assert.Equal(t, []string{"continue=c1&limit=3", "limit=2"}, queries)
+	// A list as of one of our own writes, or later: the first page only.
+	_, _, _ = api.ListPools(context.Background(), "kube-system", Page{Limit: 3, NotOlderThan: "42"})
+	_, _, _ = api.ListPools(context.Background(), "kube-system", Page{Limit: 3, NotOlderThan: "42", Continue: "c1"})
+	assert.Equal(t, []string{"continue=c1&limit=3", "limit=2", "limit=3&resourceVersion=42&resourceVersionMatch=NotOlderThan", "continue=c1&limit=3"}, queries)
 }
 
 // roundTrip is an http.RoundTripper that records a request's query and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,7 +26,10 @@ const (
 	leaseSeconds = 5
 	// Within a long critical section the Lease is renewed once it has been
 	// held leaseRenewAfter of its duration (1.5 s of 5 s), and no request is
-	// made under it leaseValidFor of its duration after our last write.
+	// made under it that could land (leaseCallTimeout) later than
+	// leaseValidFor of its duration after our last write: a renewal that
+	// fails loses the hold unless the time after it, plus leaseCallTimeout,
+	// is within that (never, at 5 s).
 	leaseRenewAfter = 0.3
 	leaseValidFor   = 0.6
 	// leaseCallTimeout bounds each request made under the Lease, well within
@@ -44,23 +48,57 @@ func defaultIdentity() string {
 // Locked is the store while whereabouts' Lease is held: whereabouts
 // allocates and deallocates nothing meanwhile.
 type Locked struct {
-	s       *Store
-	lease   *Lease
-	written time.Time // our last successful write of the Lease
+	s *Store
+	h *hold
+}
+
+// hold is one acquisition of the Lease: the record as we last wrote it.
+// The calls of a Group that share an acquisition share its hold.
+type hold struct {
+	mu       sync.Mutex
+	lease    *Lease
+	written  time.Time // our last successful write of the Lease
+	identity string
+	lost     bool // a renewal failed: the Lease may be someone else's
 }
 
 // Locked runs fn while holding whereabouts' Lease of the namespace, and
-// releases it after, whatever fn returns.
+// releases it after, whatever fn returns. With Options.Group, the calls of
+// the group's stores take their turns under one acquisition (Group).
 func (s *Store) Locked(ctx context.Context, fn func(context.Context, *Locked) error) error {
-	l, err := s.acquire(ctx)
+	if s.o.Group != nil {
+		return s.o.Group.locked(ctx, s, fn)
+	}
+	h, err := s.acquire(ctx, s.o.Identity, nil)
 	if err != nil {
 		return err
 	}
-	defer l.release(ctx)
-	return fn(ctx, l)
+	defer h.release(ctx, s)
+	return fn(ctx, &Locked{s: s, h: h})
 }
 
-func (s *Store) acquire(ctx context.Context) (*Locked, error) {
+// acquire takes the Lease as identity. record, when set, is the Lease as
+// this process last handed it back: while nobody has written it since, it
+// is free, and taking it needs no read first (a conflict says someone did:
+// then it is read as usual).
+func (s *Store) acquire(ctx context.Context, identity string, record *Lease) (*hold, error) {
+	if record != nil && (record.Spec.HolderIdentity == nil || *record.Spec.HolderIdentity == "") {
+		l := record.DeepCopy()
+		transitions := int32(1)
+		if l.Spec.LeaseTransitions != nil {
+			transitions += *l.Spec.LeaseTransitions
+		}
+		l.Spec.LeaseTransitions = &transitions
+		now := s.Now()
+		s.hold(l, now, identity)
+		cctx, cancel := s.call(ctx)
+		got, err := s.api.UpdateLease(cctx, l)
+		cancel()
+		if err == nil {
+			return &hold{lease: got, written: now, identity: identity}, nil
+		}
+		// Written by someone since (409), or not answered: look at it.
+	}
 	// The holder's record as we first saw it, and when: an elector judges a
 	// Lease expired when its record has not changed for its duration.
 	var seen string
@@ -75,12 +113,12 @@ func (s *Store) acquire(ctx context.Context) (*Locked, error) {
 			zero := int32(0)
 			l := &Lease{ObjectMeta: metav1.ObjectMeta{Name: names.Lease, Namespace: s.namespace}}
 			l.Spec.LeaseTransitions = &zero
-			s.hold(l, now)
+			s.hold(l, now, identity)
 			cctx, cancel := s.call(ctx)
 			got, err := s.api.CreateLease(cctx, l)
 			cancel()
 			if err == nil {
-				return &Locked{s: s, lease: got, written: now}, nil
+				return &hold{lease: got, written: now, identity: identity}, nil
 			}
 			if !apierrors.IsAlreadyExists(err) {
 				return nil, fmt.Errorf("create lease %s/%s: %w", s.namespace, names.Lease, err)
@@ -102,9 +140,9 @@ func (s *Store) acquire(ctx context.Context) (*Locked, error) {
 		if cur.Spec.LeaseDurationSeconds != nil {
 			duration = time.Duration(*cur.Spec.LeaseDurationSeconds) * time.Second
 		}
-		if holder == "" || holder == s.o.Identity || !now.Before(seenAt.Add(duration)) {
+		if holder == "" || holder == identity || !now.Before(seenAt.Add(duration)) {
 			l := cur.DeepCopy()
-			if holder != s.o.Identity {
+			if holder != identity {
 				transitions := int32(0)
 				if l.Spec.LeaseTransitions != nil {
 					transitions = *l.Spec.LeaseTransitions
@@ -112,12 +150,12 @@ func (s *Store) acquire(ctx context.Context) (*Locked, error) {
 				transitions++
 				l.Spec.LeaseTransitions = &transitions
 			}
-			s.hold(l, now)
+			s.hold(l, now, identity)
 			cctx, cancel := s.call(ctx)
 			got, err := s.api.UpdateLease(cctx, l)
 			cancel()
 			if err == nil {
-				return &Locked{s: s, lease: got, written: now}, nil
+				return &hold{lease: got, written: now, identity: identity}, nil
 			}
 			if !apierrors.IsConflict(err) {
 				return nil, fmt.Errorf("take lease %s/%s: %w", s.namespace, names.Lease, err)
@@ -130,11 +168,11 @@ func (s *Store) acquire(ctx context.Context) (*Locked, error) {
 	}
 }
 
-// hold makes l's record ours, acquired or renewed at now.
-func (s *Store) hold(l *Lease, now time.Time) {
-	id, secs := s.o.Identity, s.o.LeaseSeconds
+// hold makes l's record identity's, acquired or renewed at now.
+func (s *Store) hold(l *Lease, now time.Time, identity string) {
+	secs := s.o.LeaseSeconds
 	t := metav1.NewMicroTime(now)
-	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &id, &secs
+	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds = &identity, &secs
 	l.Spec.AcquireTime, l.Spec.RenewTime = &t, &t
 }
 
@@ -142,40 +180,67 @@ func (s *Store) hold(l *Lease, now time.Time) {
 // when it has been held a while; it fails when it is lost. Locked's own
 // requests keep it; a caller that writes by other means calls it first.
 func (l *Locked) Keep(ctx context.Context) error {
+	h := l.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost {
+		return fmt.Errorf("lease %s/%s: lost", l.s.namespace, names.Lease)
+	}
 	now := l.s.Now()
 	duration := time.Duration(l.s.o.LeaseSeconds) * time.Second
-	if now.Sub(l.written) < time.Duration(float64(duration)*leaseRenewAfter) {
+	if now.Sub(h.written) < time.Duration(float64(duration)*leaseRenewAfter) {
 		return nil
 	}
-	next := l.lease.DeepCopy()
+	next := h.lease.DeepCopy()
 	t := metav1.NewMicroTime(now)
 	next.Spec.RenewTime = &t
 	cctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
 	got, err := l.s.api.UpdateLease(cctx, next)
 	cancel()
 	if err != nil {
-		if now.Sub(l.written) < time.Duration(float64(duration)*leaseValidFor) && !apierrors.IsConflict(err) {
+		// Still ours only if the next request, made now and bounded by
+		// leaseCallTimeout, lands within validity of our last good write:
+		// judged by the clock after the failed renewal, which may have
+		// taken up to leaseCallTimeout itself (a timeout).
+		after := l.s.Now()
+		if after.Sub(h.written)+leaseCallTimeout < time.Duration(float64(duration)*leaseValidFor) && !apierrors.IsConflict(err) {
 			return nil // a failed renewal within validity: still ours this once
 		}
+		h.lost = true
 		return fmt.Errorf("renew lease %s/%s: %w", l.s.namespace, names.Lease, err)
 	}
-	l.lease, l.written = got, now
+	h.lease, h.written = got, now
 	return nil
 }
 
+// lost says whether the hold is lost: a renewal failed, and no request may
+// be made under it.
+func (l *Locked) lost() bool {
+	l.h.mu.Lock()
+	defer l.h.mu.Unlock()
+	return l.h.lost
+}
+
 // release hands the Lease back as client-go's elector does: no holder, a
-// duration of one second; a Lease that changed meanwhile is not ours to touch.
-func (l *Locked) release(ctx context.Context) {
-	next := l.lease.DeepCopy()
+// duration of one second; a Lease that changed meanwhile is not ours to
+// touch. It returns the Lease as written, nil when it was not.
+func (h *hold) release(ctx context.Context, s *Store) *Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	next := h.lease.DeepCopy()
 	empty, one := "", int32(1)
-	t := metav1.NewMicroTime(l.s.Now())
+	t := metav1.NewMicroTime(s.Now())
 	next.Spec.HolderIdentity, next.Spec.LeaseDurationSeconds = &empty, &one
 	next.Spec.RenewTime, next.Spec.AcquireTime = &t, &t
 	// A cancelled verb still hands the Lease back, or whereabouts would wait
 	// leaseSeconds for it.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseCallTimeout)
 	defer cancel()
-	_, _ = l.s.api.UpdateLease(cctx, next)
+	got, err := s.api.UpdateLease(cctx, next)
+	if err != nil {
+		return nil
+	}
+	return got
 }
 
 // Pools lists every pool of the namespace, fresh.
@@ -218,11 +283,23 @@ func (l *Locked) DeleteReservation(ctx context.Context, o *Reservation) (deleted
 // read and judged again, whole (held on the pools as they are then), up to
 // Backoff.Steps times. It returns the name deleted, "" when it was not (or no
 // longer) c's to delete.
+//
+// The first attempt judges the reservation as the candidate was read (before
+// the Lease, or the process's own copy): the delete's UID and resourceVersion
+// preconditions make it delete only that very object, and whether another
+// entry of the pod holds it is judged on pools listed under the Lease. A
+// reservation that changed since fails the delete (409) and is read again.
 func (l *Locked) releaseReservation(ctx context.Context, c candidate, held func(ctx context.Context, o *Reservation, fresh bool) (bool, error)) (string, error) {
 	for attempt := 1; ; attempt++ {
-		o, err := l.Reservation(ctx, c.name)
-		if err != nil || o == nil || !Owns(o, c.Allocation) {
-			return "", err
+		o := c.read
+		if attempt > 1 || o == nil {
+			var err error
+			if o, err = l.Reservation(ctx, c.name); err != nil {
+				return "", err
+			}
+		}
+		if o == nil || !Owns(o, c.Allocation) {
+			return "", nil
 		}
 		if h, err := held(ctx, o, attempt > 1); err != nil || h {
 			return "", err

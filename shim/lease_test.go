@@ -361,33 +361,53 @@ func TestTheLeaseIsRenewedAndItsLossStopsTheDeletes(t *testing.T) {
 }
 
 // Under the Lease, a request is made only while the Lease is ours: it is
-// renewed once held 1.5 s; a renewal that fails is forgiven within 3 s of
-// the last good write, unless the Lease was taken (409).
+// renewed once held 30% of its duration (1.5 s of 5 s). A renewal that
+// fails is forgiven only when the next request, bounded by the 2 s of a
+// call under the Lease, still lands within 60% of the duration of the last
+// good write, judged by the clock after the failed renewal (a renewal that
+// timed out took its time); else, and when the Lease was taken (409), the
+// hold is lost, and no request is made under it.
 func TestTheLeaseIsKept(t *testing.T) {
 	timeout := errors.New("etcdserver: request timed out")
 	taken := apierrors.NewConflict(schema.GroupResource{Resource: "leases"}, names.Lease, errors.New("modified"))
 	for _, tt := range []struct {
-		name       string
-		after      time.Duration // the clock moves on by this before the request
-		renewErr   error
-		wantUpdate bool // a renewal was sent
-		wantErr    string
+		name         string
+		leaseSeconds int32         // our record's duration (0: 5 s)
+		after        time.Duration // the clock moves on by this before the request
+		renewErr     error
+		renewTakes   time.Duration // the clock moves on by this during the renewal
+		wantUpdate   bool          // a renewal was sent
+		wantErr      string
 	}{
-		{"held 1.499 s: no renewal", 1499 * time.Millisecond, nil, false, ""},
-		{"held 1.5 s: renewed", 1500 * time.Millisecond, nil, true, ""},
-		{"renewal fails within 3 s: still ours", 2999 * time.Millisecond, timeout, true, ""},
-		{"renewal fails at 3 s: lost", 3 * time.Second, timeout, true, "renew lease kube-system/whereabouts: etcdserver: request timed out"},
-		{"taken by another: lost at once", 1500 * time.Millisecond, taken, true, "renew lease kube-system/whereabouts"},
+		{name: "held 1.499 s: no renewal", after: 1499 * time.Millisecond},
+		{name: "held 1.5 s: renewed", after: 1500 * time.Millisecond, wantUpdate: true},
+		{name: "renewal fails at 1.5 s: 1.5 + 2 s passes 3 s: lost", after: 1500 * time.Millisecond, renewErr: timeout, wantUpdate: true,
+			wantErr: "renew lease kube-system/whereabouts: etcdserver: request timed out"},
+		{name: "15 s: renewal fails at once at 4.5 s: still ours", leaseSeconds: 15, after: 4500 * time.Millisecond, renewErr: timeout, wantUpdate: true},
+		{name: "15 s: renewal fails after 2.4 s: 6.9 + 2 s within 9 s: still ours", leaseSeconds: 15, after: 4500 * time.Millisecond, renewErr: timeout, renewTakes: 2400 * time.Millisecond, wantUpdate: true},
+		{name: "15 s: renewal times out after 2.5 s: 7 + 2 s reaches 9 s: lost", leaseSeconds: 15, after: 4500 * time.Millisecond, renewErr: timeout, renewTakes: 2500 * time.Millisecond, wantUpdate: true,
+			wantErr: "renew lease kube-system/whereabouts: etcdserver: request timed out"},
+		{name: "taken by another: lost at once", after: 1500 * time.Millisecond, renewErr: taken, wantUpdate: true, wantErr: "renew lease kube-system/whereabouts"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s, api, c := newStore(storageNetwork()...)
-			updates := 0
+			api := fake.New()
+			api.Put(storageNetwork()...)
+			c := &clock{now: testEpoch}
+			s := shim.New(api, ns, shim.Options{
+				Backoff: shim.Backoff{Steps: 4, Duration: time.Millisecond, Factor: 2, Jitter: 1}, Clock: c,
+				Random: func() float64 { return 0.5 }, Identity: "harvester-ipam/test", LeaseSeconds: tt.leaseSeconds,
+			})
+			updates, reads := 0, 0
 			err := s.Locked(context.Background(), func(ctx context.Context, l *shim.Locked) error {
 				c.now = c.now.Add(tt.after)
 				api.Hook = func(call *fake.Call) error {
 					if call.Resource == fake.Leases && call.Verb == "update" {
 						updates++
+						c.now = c.now.Add(tt.renewTakes) // a slow API server
 						return tt.renewErr
+					}
+					if call.Resource == fake.Reservations {
+						reads++
 					}
 					return nil
 				}
@@ -400,9 +420,11 @@ func TestTheLeaseIsKept(t *testing.T) {
 			})
 			if tt.wantErr == "" {
 				require.NoError(t, err)
+				assert.Equal(t, 1, reads)
 			} else {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tt.wantErr)
+				assert.Equal(t, 0, reads, "no request under a lost hold")
 			}
 			assert.Equal(t, tt.wantUpdate, updates > 0, "renewal sent")
 			if tt.wantUpdate && tt.renewErr == nil {
@@ -494,4 +516,69 @@ func TestTheSmallestLeaseSettingsHold(t *testing.T) {
 		return nil
 	}))
 	assert.Equal(t, []time.Duration{time.Nanosecond, time.Nanosecond}, c.waits, "looked at again every nanosecond (1.5 ns, truncated)")
+}
+
+// A reservation is looked up before the Lease and deleted under it as it was
+// read: one that whereabouts deleted and made again for another pod in
+// between (another object, same name) is read again and left, and so is one
+// of the pod whose new sandbox took the address meanwhile.
+func TestAReservationIsDeletedOnlyAsItWasRead(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		between func(api *fake.API)
+		want    []string // deleted
+		podRef  string   // of 192.168.50.4 after
+	}{
+		{name: "unchanged", between: func(*fake.API) {}, want: []string{"192.168.50.4", "192.168.50.8"}},
+		{
+			name: "another pod's now",
+			between: func(api *fake.API) {
+				api.Remove(fake.Reservations, ns, "192.168.50.4")
+				api.Put(fake.NewReservation("192.168.50.4", "longhorn-system/im-z"))
+			},
+			want:   []string{"192.168.50.8"},
+			podRef: "longhorn-system/im-z",
+		},
+		{
+			name: "the pod's new sandbox holds the address",
+			between: func(api *fake.API) {
+				p := api.Pool(ns, storage)
+				p.Spec.Allocations["4"] = alloc{ContainerID: "newer", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+				_, err := api.UpdatePool(ns, p)
+				require.NoError(t, err)
+			},
+			want:   []string{"192.168.50.8"},
+			podRef: "longhorn-system/im-a",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, api, _ := newStore(storageNetwork()...)
+			plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+			require.NoError(t, err)
+			once := false
+			api.Hook = func(c *fake.Call) error {
+				// Whereabouts, just before we take the Lease.
+				if c.Resource == fake.Leases && !once {
+					once = true
+					tt.between(api)
+				}
+				return nil
+			}
+			deleted, err := s.ReleaseReservations(context.Background(), plan)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, deleted)
+			var o *shim.Reservation
+			for _, r := range api.AllReservations(ns) {
+				if r.Name == "192.168.50.4" {
+					o = &r
+				}
+			}
+			if tt.podRef == "" {
+				assert.Nil(t, o)
+			} else {
+				require.NotNil(t, o)
+				assert.Equal(t, tt.podRef, o.Spec.PodRef)
+			}
+		})
+	}
 }

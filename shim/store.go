@@ -17,7 +17,9 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +49,11 @@ type Options struct {
 	// else holds (50 ms): a model of whereabouts sets its own (1 s, 500 ms).
 	LeaseSeconds int32
 	LeaseRetry   time.Duration
+	// Group, when set, is shared by the stores of one process (a node
+	// agent's requests): their Locked calls share acquisitions of the
+	// Lease, and their releases and removals that wait at one moment are
+	// done together (Group). Nil: each call on its own.
+	Group *Group
 }
 
 // Store is the pools and reservations of one namespace. The stores of other
@@ -128,6 +135,48 @@ func (s *Store) CachedPool(ctx context.Context, name string) (*Pool, error) {
 	return s.getPool(ctx, name, Cache)
 }
 
+// Local is what an API may also offer: the process's own copy of the pools
+// and reservations (a node agent's informer copy, which its own writes keep
+// current; agent/cache). A copy may be behind: the store takes from it only
+// what a guarded write or a read under the Lease checks again, and never
+// decides from it that something is not there.
+type Local interface {
+	// LocalPool is the pool as the copy holds it; nil when it holds none.
+	LocalPool(namespace, name string) *Pool
+	// LocalReservation is the reservation as the copy holds it; nil when it
+	// holds none.
+	LocalReservation(namespace, name string) *Reservation
+}
+
+func (s *Store) local() Local {
+	l, _ := s.api.(Local)
+	return l
+}
+
+// LocalPool is the pool as the process's own copy holds it (Local); nil
+// without a copy, or when it holds none. Callers must not change it.
+func (s *Store) LocalPool(name string) *Pool {
+	if l := s.local(); l != nil {
+		return l.LocalPool(s.namespace, name)
+	}
+	return nil
+}
+
+// Look is a pool in which pick chooses something, to plan a release on: the
+// process's own copy (LocalPool) when it shows something to pick (onCopy),
+// else a fresh read. What the copy does not show is read fresh, so nothing
+// is decided from a copy alone to be not there; and a plan made on the copy
+// whose removal finds its entries gone must be made again on a fresh read,
+// since what the copy did not show may be there. Nil when the pool does not
+// exist.
+func (s *Store) Look(ctx context.Context, name string, pick Picker) (p *Pool, onCopy bool, err error) {
+	if p := s.LocalPool(name); p != nil && len(pick(p)) > 0 {
+		return p, true, nil
+	}
+	p, err = s.Pool(ctx, name)
+	return p, false, err
+}
+
 func (s *Store) getPool(ctx context.Context, name string, from Source) (*Pool, error) {
 	cctx, cancel := s.call(ctx)
 	defer cancel()
@@ -143,7 +192,13 @@ func (s *Store) getPool(ctx context.Context, name string, from Source) (*Pool, e
 
 // Pools lists every pool of the namespace, fresh, page by page.
 func (s *Store) Pools(ctx context.Context) ([]Pool, error) {
-	ps, err := ListAll(ctx, s.o.PageSize, func(ctx context.Context, page Page) ([]Pool, string, error) {
+	return s.poolsNotOlderThan(ctx, "")
+}
+
+// poolsNotOlderThan lists every pool of the namespace as of rv, one of the
+// store's own pool writes, or later ("": fresh).
+func (s *Store) poolsNotOlderThan(ctx context.Context, rv string) ([]Pool, error) {
+	ps, err := listAll(ctx, Page{Limit: s.o.PageSize, NotOlderThan: rv}, func(ctx context.Context, page Page) ([]Pool, string, error) {
 		cctx, cancel := s.call(ctx)
 		defer cancel()
 		return s.api.ListPools(cctx, s.namespace, page)
@@ -197,6 +252,9 @@ type Plan struct {
 	Pool    string
 	Network string
 	Entries []Allocation
+	// Base is the read of the pool the plan was made on: the removal's first
+	// patch is guarded by its resourceVersion (nil: read fresh first).
+	Base *Pool
 }
 
 // Empty says that the plan releases nothing.
@@ -216,7 +274,7 @@ func (s *Store) Plan(ctx context.Context, pool, networkName string, pick Picker)
 // just read fresh.
 func PlanOf(p *Pool, networkName string, pick Picker) (Plan, error) {
 	es, err := entries(p, pick(p))
-	return Plan{Pool: p.Name, Network: networkName, Entries: es}, err
+	return Plan{Pool: p.Name, Network: networkName, Entries: es, Base: p}, err
 }
 
 // maxRemovals bounds the removals of one patch: the API server refuses a JSON
@@ -225,10 +283,17 @@ const maxRemovals = 1000
 
 // RemoveAllocations removes from the plan's pool the planned entries that are
 // still what the plan saw (an entry that changed hands since is another
-// sandbox's now), in guarded patches of at most maxRemovals removals, each on
-// a fresh read. It returns the entries removed.
+// sandbox's now), in guarded patches of at most maxRemovals removals. The
+// first patch is guarded by the read the plan was made on (Plan.Base); a
+// conflict (the pool changed since) reads it fresh and tries again, and so
+// does each retry. It returns the entries removed. With Options.Group, the
+// removals from one pool that wait at one moment go in one patch.
 func (s *Store) RemoveAllocations(ctx context.Context, plan Plan) ([]Allocation, error) {
+	if g := s.o.Group; g != nil {
+		return g.removeAllocations(ctx, s, plan)
+	}
 	var removed []Allocation
+	base := plan.Base
 	for start := 0; start < len(plan.Entries); start += maxRemovals {
 		chunk := plan.Entries[start:min(start+maxRemovals, len(plan.Entries))]
 		want := make(map[string]whereaboutsv1alpha1.IPAllocation, len(chunk))
@@ -236,38 +301,67 @@ func (s *Store) RemoveAllocations(ctx context.Context, plan Plan) ([]Allocation,
 			want[e.Offset] = e.IPAllocation
 		}
 		var done []Allocation
-		err := s.retry(ctx, func() error {
-			done = nil
-			p, err := s.Pool(ctx, plan.Pool)
-			if err != nil || p == nil {
-				return err
-			}
-			offsets := Exactly(want)(p)
-			if len(offsets) == 0 {
-				return nil
-			}
-			es, err := entries(p, offsets)
-			if err != nil {
-				return err
-			}
-			cctx, cancel := s.call(ctx)
-			defer cancel()
-			_, err = s.api.PatchPool(cctx, s.namespace, plan.Pool, removeAllocations(p.ResourceVersion, offsets))
-			if apierrors.IsNotFound(err) {
-				return nil // deleted under us: nothing left to remove
-			}
-			if err != nil {
-				return fmt.Errorf("release %s from pool %s/%s: %w", describe(es), s.namespace, plan.Pool, err)
-			}
-			done = es
-			return nil
-		})
+		var err error
+		done, base, err = s.removeOnce(ctx, plan.Pool, want, base)
 		removed = append(removed, done...)
 		if err != nil {
 			return removed, err
 		}
 	}
 	return removed, nil
+}
+
+// removeOnce removes the entries of want that are still as wanted from
+// pool in one guarded patch: first on base when set (the read a plan was
+// made on, which shows them, or the pool as the previous patch left it),
+// then, after a conflict or without a base, on fresh reads, retried as every
+// pool write is. It returns the entries removed and the pool as
+// the patch left it (nil when it is not known).
+func (s *Store) removeOnce(ctx context.Context, pool string, want map[string]whereaboutsv1alpha1.IPAllocation, base *Pool) ([]Allocation, *Pool, error) {
+	var done []Allocation
+	var after *Pool
+	attempt := func(p *Pool) error {
+		done, after = nil, nil
+		offsets := Exactly(want)(p)
+		if len(offsets) == 0 {
+			after = p
+			return nil
+		}
+		es, err := entries(p, offsets)
+		if err != nil {
+			return err
+		}
+		cctx, cancel := s.call(ctx)
+		defer cancel()
+		written, err := s.api.PatchPool(cctx, s.namespace, pool, removeAllocations(p.ResourceVersion, offsets))
+		if apierrors.IsNotFound(err) {
+			return nil // deleted under us: nothing left to remove
+		}
+		if err != nil {
+			return fmt.Errorf("release %s from pool %s/%s: %w", describe(es), s.namespace, pool, err)
+		}
+		done, after = es, written
+		return nil
+	}
+	first := 1
+	if base != nil {
+		err := attempt(base)
+		if !isConflict(err) || s.o.Backoff.Steps <= 1 {
+			return done, after, err
+		}
+		// The pool changed since the plan's read: read it fresh at once.
+		s.retried.Add(1)
+		first = 2
+	}
+	err := s.retryFrom(ctx, first, func() error {
+		p, err := s.Pool(ctx, pool)
+		if err != nil || p == nil {
+			done, after = nil, nil
+			return err
+		}
+		return attempt(p)
+	})
+	return done, after, err
 }
 
 // quickLook bounds the reservations ReleaseReservations GETs one by one before
@@ -283,63 +377,349 @@ const quickLook = 20
 // Lease is held, so that no whereabouts ADD can take the address (and keep
 // its reservation, as whereabouts does when the podref matches) between the
 // two; without a reservation that may be the entries', the Lease is not
-// taken. It returns the names deleted.
+// taken. It returns the names deleted, sorted.
+//
+// With Options.Group, the releases that wait at one moment are judged
+// together, under one acquisition of the Lease and one list of the pools
+// (Group).
 func (s *Store) ReleaseReservations(ctx context.Context, plan Plan) ([]string, error) {
 	cands, err := s.reservationCandidates(ctx, plan)
 	if err != nil || len(cands) == 0 {
 		return nil, err
 	}
-	var deleted []string
-	going := map[string]bool{}
+	j := &releaseJob{ctx: ctx, network: plan.Network, cands: cands, going: map[string]bool{}}
 	for _, e := range plan.Entries {
-		going[plan.Pool+"/"+e.Offset+"/"+e.ContainerID] = true
+		j.going[goingKey(plan.Pool, e.Offset, e.ContainerID)] = true
 	}
-	err = s.Locked(ctx, func(ctx context.Context, l *Locked) error {
-		var holders map[string][]Allocation
-		held := func(ctx context.Context, o *Reservation, fresh bool) (bool, error) {
-			if holders == nil || fresh {
-				pools, err := l.Pools(ctx)
-				if err != nil {
-					return false, err
-				}
-				holders = Holders(pools, plan.Network)
-			}
-			for _, h := range holders[o.Name] {
-				if h.PodRef == o.Spec.PodRef && !going[h.Pool+"/"+h.Offset+"/"+h.ContainerID] {
-					return true, nil
-				}
-			}
-			return false, nil
+	if g := s.o.Group; g != nil {
+		g.releaseReservations(s, j)
+	} else {
+		err := s.Locked(ctx, func(ctx context.Context, l *Locked) error { return l.releaseJobs(ctx, []*releaseJob{j}, 1) })
+		if j.err == nil {
+			j.err = err
 		}
-		for _, c := range cands {
-			name, err := l.releaseReservation(ctx, c, held)
+	}
+	sort.Strings(j.deleted)
+	return j.deleted, j.err
+}
+
+// Release frees what a plan holds, entries and reservations, when the
+// process keeps its own copy of the pools (Local; a node agent): in one
+// turn under whereabouts' Lease, the entries are removed first, as
+// whereabouts' own DEL removes them (a guarded patch, each entry only while
+// it is what the plan saw), then each reservation is judged and deleted as
+// ReleaseReservations does, on one list of the pools as of that patch
+// (resourceVersionMatch=NotOlderThan: the API server answers it from its
+// watch cache as soon as the cache has that write, without waiting for it
+// to catch up with the Lease's write as a list without a resourceVersion
+// does). The patch was written under the Lease, so the list holds every
+// pool write made before the Lease was taken (whereabouts writes pools only
+// under it). The copy is never what a reservation is judged on: it is not
+// one snapshot. Without a patch (the entries were gone), the pools are
+// listed fresh. Without a reservation to judge, the entries are removed
+// without the Lease.
+//
+// A crash between the two steps leaves the reservations without their
+// entries, as whereabouts' own DEL may: the next DEL judges the
+// reservations of the addresses its checkpoint recorded, and the
+// reconciler deletes a reservation no entry of its pod holds.
+//
+// Without a copy of its own (HasLocal false), callers release in the two
+// steps ReleaseReservations, then RemoveAllocations.
+func (s *Store) Release(ctx context.Context, plan Plan) (removed []Allocation, deleted []string, err error) {
+	if plan.Empty() {
+		return nil, nil, nil
+	}
+	cands, err := s.reservationCandidates(ctx, plan)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(cands) == 0 {
+		removed, err := s.RemoveAllocations(ctx, plan)
+		return removed, nil, err
+	}
+	j := &releaseJob{ctx: ctx, network: plan.Network, cands: cands, going: map[string]bool{}, plan: plan, remove: true}
+	for _, e := range plan.Entries {
+		j.going[goingKey(plan.Pool, e.Offset, e.ContainerID)] = true
+	}
+	if g := s.o.Group; g != nil {
+		g.releaseReservations(s, j)
+	} else {
+		err := s.Locked(ctx, func(ctx context.Context, l *Locked) error { return l.releaseJobs(ctx, []*releaseJob{j}, 1) })
+		if j.err == nil {
+			j.err = err
+		}
+	}
+	sort.Strings(j.deleted)
+	return j.removed, j.deleted, j.err
+}
+
+// HasLocal says whether the store's API keeps a copy of its own (Local):
+// then Release frees a plan in one turn.
+func (s *Store) HasLocal() bool { return s.local() != nil }
+
+// releaseJob is one ReleaseReservations (or Release): its candidates, the
+// entries its plan releases, and what became of it.
+type releaseJob struct {
+	ctx     context.Context
+	network string
+	cands   []candidate
+	going   map[string]bool
+	deleted []string
+	err     error
+	done    chan struct{} // closed when a Group has run it
+	// With remove (Release), the plan's entries are removed first, under
+	// the Lease, and removed says which.
+	plan    Plan
+	remove  bool
+	removed []Allocation
+}
+
+// removeFirst removes the entries of the jobs that release them (Release),
+// one guarded patch per pool for all of them (one that wants another entry
+// at an offset another wants waits for a patch of its own), and returns the
+// resourceVersion of the newest patch that removed something ("" when none
+// did). A job whose removal fails has its error, and its reservations are
+// not judged.
+func (l *Locked) removeFirst(ctx context.Context, jobs []*releaseJob) (latest string) {
+	var newest uint64
+	byPool := map[string][]*releaseJob{}
+	var order []string
+	for _, j := range jobs {
+		if !j.remove || len(j.plan.Entries) == 0 {
+			continue
+		}
+		if byPool[j.plan.Pool] == nil {
+			order = append(order, j.plan.Pool)
+		}
+		byPool[j.plan.Pool] = append(byPool[j.plan.Pool], j)
+	}
+	for _, pool := range order {
+		pending := byPool[pool]
+		for len(pending) > 0 {
+			want := map[string]whereaboutsv1alpha1.IPAllocation{}
+			var round, later []*releaseJob
+			var base *Pool
+			for _, j := range pending {
+				mine := map[string]whereaboutsv1alpha1.IPAllocation{}
+				for _, e := range j.plan.Entries {
+					mine[e.Offset] = e.IPAllocation
+				}
+				if clashes(want, mine) {
+					later = append(later, j)
+					continue
+				}
+				round = append(round, j)
+				for off, a := range mine {
+					want[off] = a
+				}
+				if newerPool(j.plan.Base, base) {
+					base = j.plan.Base
+				}
+			}
+			pending = later
+			var done []Allocation
+			var err error
+			offs := make([]string, 0, len(want))
+			for off := range want {
+				offs = append(offs, off)
+			}
+			sort.Strings(offs)
+			for start := 0; start < len(offs) && err == nil; start += maxRemovals {
+				chunk := map[string]whereaboutsv1alpha1.IPAllocation{}
+				for _, off := range offs[start:min(start+maxRemovals, len(offs))] {
+					chunk[off] = want[off]
+				}
+				if err = l.Keep(ctx); err != nil {
+					break
+				}
+				var got []Allocation
+				var after *Pool
+				got, after, err = l.s.removeOnce(ctx, pool, chunk, base)
+				done = append(done, got...)
+				base = after
+				if len(got) > 0 && after != nil {
+					if n, perr := strconv.ParseUint(after.ResourceVersion, 10, 64); perr == nil && n > newest {
+						newest, latest = n, after.ResourceVersion
+					}
+				}
+			}
+			given := map[string]bool{}
+			for _, j := range round {
+				for _, a := range done {
+					if e, ok := plannedAt(j.plan, a.Offset); ok && e.IPAllocation == a.IPAllocation && !given[a.Offset] {
+						given[a.Offset] = true
+						j.removed = append(j.removed, a)
+					}
+				}
+				if err != nil {
+					j.err = err
+				}
+			}
+		}
+	}
+	return latest
+}
+
+// plannedAt is the plan's entry at offset.
+func plannedAt(p Plan, offset string) (Allocation, bool) {
+	for _, e := range p.Entries {
+		if e.Offset == offset {
+			return e, true
+		}
+	}
+	return Allocation{}, false
+}
+
+func goingKey(pool, offset, containerID string) string {
+	return pool + "/" + offset + "/" + containerID
+}
+
+// releaseJobs judges and deletes the candidates of jobs under the Lease, on
+// one list of the pools: each job's as ReleaseReservations alone would (a
+// reservation is held when an entry of its pod that the job does not
+// release holds it). Candidates of one reservation are judged one job after
+// the other; up to width reservations at once. A job's error is its own.
+func (l *Locked) releaseJobs(ctx context.Context, jobs []*releaseJob, width int) error {
+	latest := l.removeFirst(ctx, jobs)
+	// The pools the reservations are judged on: one list from the API
+	// server, as of the removal's patch when there was one (it was written
+	// under the Lease, so the list holds every write before it, every one
+	// of whereabouts' included). Never the process's own copy: an
+	// informer's copy is not one snapshot (a relist delivers the pools by
+	// name, not in the order of their writes), so it may hold a write and
+	// lack an older one of another pool, the very entry that holds a
+	// reservation.
+	fail := func(err error) error {
+		for _, j := range jobs {
+			if j.err == nil {
+				j.err = err
+			}
+		}
+		return err
+	}
+	if err := l.Keep(ctx); err != nil {
+		return fail(err)
+	}
+	pools, err := l.s.poolsNotOlderThan(ctx, latest)
+	if err != nil {
+		return fail(err)
+	}
+	view := make([]*Pool, len(pools))
+	for i := range pools {
+		view[i] = &pools[i]
+	}
+	var mu sync.Mutex
+	holders := map[string]map[string][]Allocation{}
+	holdersOf := func(network string) map[string][]Allocation {
+		mu.Lock()
+		defer mu.Unlock()
+		h, ok := holders[network]
+		if !ok {
+			h = holdersIn(view, network)
+			holders[network] = h
+		}
+		return h
+	}
+	type item struct {
+		j *releaseJob
+		c candidate
+	}
+	byName := map[string][]item{}
+	var names []string
+	for _, j := range jobs {
+		for _, c := range j.cands {
+			if _, ok := byName[c.name]; !ok {
+				names = append(names, c.name)
+			}
+			byName[c.name] = append(byName[c.name], item{j, c})
+		}
+	}
+	sort.Strings(names)
+	judge := func(name string) {
+		for _, it := range byName[name] {
+			j := it.j
+			mu.Lock()
+			failed := j.err != nil
+			mu.Unlock()
+			if failed {
+				continue
+			}
+			held := func(ctx context.Context, o *Reservation, fresh bool) (bool, error) {
+				var hs map[string][]Allocation
+				if fresh {
+					pools, err := l.Pools(ctx)
+					if err != nil {
+						return false, err
+					}
+					hs = Holders(pools, j.network)
+				} else {
+					hs = holdersOf(j.network)
+				}
+				for _, h := range hs[o.Name] {
+					if h.PodRef == o.Spec.PodRef && !j.going[goingKey(h.Pool, h.Offset, h.ContainerID)] {
+						return true, nil
+					}
+				}
+				return false, nil
+			}
+			deleted, err := l.releaseReservation(ctx, it.c, held)
+			mu.Lock()
 			if err != nil {
-				return err
+				j.err = err
+			} else if deleted != "" {
+				j.deleted = append(j.deleted, deleted)
 			}
-			if name != "" {
-				deleted = append(deleted, name)
-			}
+			mu.Unlock()
+		}
+	}
+	if width <= 1 {
+		for _, name := range names {
+			judge(name)
 		}
 		return nil
-	})
-	return deleted, err
+	}
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for w := 0; w < min(width, len(names)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				judge(name)
+			}
+		}()
+	}
+	for _, name := range names {
+		work <- name
+	}
+	close(work)
+	wg.Wait()
+	return nil
 }
 
 // candidate is a planned entry whose reservation exists and may be its own.
 type candidate struct {
 	Allocation
 	name string
+	// read is the reservation as looked up (nil: look it up under the Lease).
+	read *Reservation
 }
 
 // reservationCandidates are the planned entries whose reservation exists and
 // is theirs, looked up without the Lease: most often whereabouts deleted
-// them already (its own DEL), and then no Lease is needed.
+// them already (its own DEL), and then no Lease is needed. A reservation the
+// process's own copy (Local) shows as the entry's is taken as it is there
+// (its delete is guarded by the copy's resourceVersion); one the copy does
+// not show is read from the API server: "no reservation" is never decided
+// from a copy.
 func (s *Store) reservationCandidates(ctx context.Context, plan Plan) ([]candidate, error) {
 	if len(plan.Entries) == 0 {
 		return nil, nil
 	}
+	local := s.local()
 	var byName map[string]*Reservation
-	if len(plan.Entries) > quickLook {
+	if len(plan.Entries) > quickLook && local == nil {
 		all, err := s.Reservations(ctx)
 		if err != nil {
 			return nil, err
@@ -357,15 +737,23 @@ func (s *Store) reservationCandidates(ctx context.Context, plan Plan) ([]candida
 			continue
 		}
 		seen[name] = true
-		o := byName[name]
-		if byName == nil {
+		var o *Reservation
+		if local != nil {
+			if o = local.LocalReservation(s.namespace, name); o != nil && Owns(o, e) {
+				out = append(out, candidate{Allocation: e, name: name, read: o})
+				continue
+			}
+		}
+		if byName != nil {
+			o = byName[name]
+		} else {
 			var err error
 			if o, err = s.Reservation(ctx, name); err != nil {
 				return nil, err
 			}
 		}
 		if o != nil && Owns(o, e) {
-			out = append(out, candidate{Allocation: e, name: name})
+			out = append(out, candidate{Allocation: e, name: name, read: o})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
@@ -382,9 +770,16 @@ func Owns(o *Reservation, a Allocation) bool {
 // entries of the pools that may hold reservations of that network
 // (names.MayHoldReservationsOf).
 func Holders(pools []Pool, networkName string) map[string][]Allocation {
-	out := map[string][]Allocation{}
+	ps := make([]*Pool, len(pools))
 	for i := range pools {
-		p := &pools[i]
+		ps[i] = &pools[i]
+	}
+	return holdersIn(ps, networkName)
+}
+
+func holdersIn(pools []*Pool, networkName string) map[string][]Allocation {
+	out := map[string][]Allocation{}
+	for _, p := range pools {
 		if !names.MayHoldReservationsOf(p.Name, p.Spec.Range, networkName) {
 			continue
 		}
@@ -476,8 +871,13 @@ func (s *Store) MarkReservation(ctx context.Context, o *Reservation, key, value 
 // or a failed patch test (422), up to Backoff.Steps attempts in all. fn reads
 // fresh each time.
 func (s *Store) retry(ctx context.Context, fn func() error) error {
+	return s.retryFrom(ctx, 1, fn)
+}
+
+// retryFrom is retry when attempts before the first were made already.
+func (s *Store) retryFrom(ctx context.Context, first int, fn func() error) error {
 	var err error
-	for attempt := 1; ; attempt++ {
+	for attempt := first; ; attempt++ {
 		err = fn()
 		if !isConflict(err) || attempt >= s.o.Backoff.Steps {
 			return err

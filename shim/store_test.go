@@ -320,7 +320,7 @@ func TestRemoveRetriesConflicts(t *testing.T) {
 			assert.Equal(t, []string{"192.168.50.4", "192.168.50.5", "192.168.50.6"}, ipsOf(removed))
 			assert.Equal(t, []string{"3", "7", "8"}, offsets(t, api, storage))
 			assert.Equal(t, 3, patches)
-			assert.Equal(t, 4, gets, "the plan's read, then a fresh read for every attempt")
+			assert.Equal(t, 3, gets, "the plan's read, written on first, then a fresh read for every attempt after a conflict")
 			assert.EqualValues(t, 2, s.Retried())
 		})
 	}
@@ -359,8 +359,8 @@ func TestRemoveGivesUpAfterBoundedRetries(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, apierrors.IsConflict(err), "the last error is returned: %v", err)
 	assert.Contains(t, err.Error(), "release 192.168.50.4, 192.168.50.5, 192.168.50.6 from pool kube-system/192.168.50.0-24")
-	assert.Equal(t, 4, patches)
-	assert.Equal(t, 1500*time.Microsecond+3*time.Millisecond+6*time.Millisecond, c.now.Sub(start), "backoff 1, 2, 4 ms, each stretched by a jitter of half itself")
+	assert.Equal(t, 4, patches, "the plan's read counts as the first attempt")
+	assert.Equal(t, 3*time.Millisecond+6*time.Millisecond, c.now.Sub(start), "the plan's read, stale, is read again at once; then backoff 2, 4 ms, each stretched by a jitter of half itself")
 	assert.Equal(t, []string{"3", "4", "5", "6", "7", "8"}, offsets(t, api, storage))
 }
 
@@ -529,7 +529,7 @@ func TestNoLeaseWithoutAReservationToJudge(t *testing.T) {
 	assert.Empty(t, deleted)
 	assert.Equal(t, []string{
 		"get ippools " + storage, "get overlappingrangeipreservations 192.168.50.4",
-		"get ippools " + storage, "patch ippools " + storage,
+		"patch ippools " + storage, // on the plan's read
 	}, calls)
 	assert.Nil(t, api.Lease(ns, names.Lease))
 }
@@ -565,7 +565,7 @@ func TestManyReleases(t *testing.T) {
 	assert.Len(t, deleted, 25)
 	assert.Equal(t, []int{2501, 1501, 501}, sizes, "patches of at most 1000 removals")
 	assert.Equal(t, []string{"1"}, offsets(t, api, "10.0.0.0-16"))
-	assert.Equal(t, 25, gets, "listed once before the Lease; each read again under it")
+	assert.Equal(t, 0, gets, "listed once before the Lease, and deleted as listed (the delete's preconditions)")
 }
 
 func TestSetPoolAnnotation(t *testing.T) {
@@ -831,8 +831,8 @@ func TestReservationsAreLookedUpOneByOneUpTo20(t *testing.T) {
 	for _, tt := range []struct {
 		entries, wantGets, wantLists int
 	}{
-		{20, 20 + 20, 0}, // each looked up before the Lease, then read again under it
-		{21, 21, 1},
+		{20, 20, 0}, // each looked up before the Lease, and deleted as read (the delete's preconditions)
+		{21, 0, 1},
 	} {
 		t.Run(strconv.Itoa(tt.entries), func(t *testing.T) {
 			s, api, _ := newStore(manyOld(tt.entries)...)
@@ -902,8 +902,10 @@ func TestAFailedReleaseNamesItsAddresses(t *testing.T) {
 	}
 }
 
-// A release reads the pool fresh once for each patch of at most 1000
-// removals, and no more.
+// A release writes its first patch on the read its plan was made on, each
+// next one on the pool as the patch before left it: with nothing else
+// writing the pool, it reads the pool no more, one patch of at most 1000
+// removals after the other.
 func TestEachChunkOfARemovalReadsThePoolOnce(t *testing.T) {
 	for _, n := range []int{1, 1000, 1001} {
 		allocs := map[string]alloc{}
@@ -926,10 +928,33 @@ func TestEachChunkOfARemovalReadsThePoolOnce(t *testing.T) {
 		removed, err := s.RemoveAllocations(context.Background(), plan)
 		require.NoError(t, err)
 		assert.Len(t, removed, n)
-		want := (n + 999) / 1000
-		assert.Equal(t, want, patches, "%d entries", n)
-		assert.Equal(t, want, gets, "%d entries", n)
+		assert.Equal(t, (n+999)/1000, patches, "%d entries", n)
+		assert.Equal(t, 0, gets, "%d entries", n)
+		assert.Empty(t, offsets(t, api, "10.0.0.0-16"))
 	}
+}
+
+// A plan made on a read that is stale by the time of its write (the pool
+// changed meanwhile) costs one failed patch, then a fresh read at once: no
+// pause, since no writer is racing it now.
+func TestARemovalOnAStalePlanReadsAgainAtOnce(t *testing.T) {
+	s, api, c := newStore(storageNetwork()...)
+	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
+	require.NoError(t, err)
+	p := api.Pool(ns, storage)
+	p.Spec.Allocations["20"] = alloc{ContainerID: "someone", PodRef: "ns/other", IfName: "eth1"}
+	_, err = api.UpdatePool(ns, p)
+	require.NoError(t, err)
+	start := c.now
+	var calls []string
+	api.Hook = func(c *fake.Call) error { calls = append(calls, c.Verb+" "+c.Resource); return nil }
+	removed, err := s.RemoveAllocations(context.Background(), plan)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"192.168.50.4", "192.168.50.5", "192.168.50.6"}, ipsOf(removed))
+	assert.Equal(t, []string{"20", "3", "7", "8"}, offsets(t, api, storage))
+	assert.Equal(t, []string{"patch ippools", "get ippools", "patch ippools"}, calls)
+	assert.Equal(t, time.Duration(0), c.now.Sub(start))
+	assert.EqualValues(t, 1, s.Retried())
 }
 
 func TestOwns(t *testing.T) {

@@ -264,3 +264,39 @@ exit $rc
 	}
 	return bin, nil
 }
+
+// Memory is the agent process's resident set and its peak (VmRSS, VmHWM),
+// in KiB.
+func (a *Agent) Memory() (rss, peak int64, err error) {
+	m, err := a.MemoryDetail()
+	if err != nil {
+		return 0, 0, err
+	}
+	return m["VmRSS"], m["VmHWM"], nil
+}
+
+// MemoryDetail is the agent process's memory as /proc/PID/status gives it,
+// in KiB by field (VmRSS, VmHWM, RssAnon, RssFile, RssShmem, ...).
+func (a *Agent) MemoryDetail() (map[string]int64, error) {
+	a.mu.Lock()
+	pid := a.proc.cmd.Process.Pid
+	a.mu.Unlock()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasSuffix(v, " kB") {
+			continue
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(v, " kB")), 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	if out["VmRSS"] == 0 {
+		return nil, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return out, nil
+}

@@ -69,7 +69,13 @@ func (p *proc) stop(grace time.Duration) {
 	case <-p.done:
 	case <-time.After(grace):
 		_ = p.cmd.Process.Kill()
-		<-p.done
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			// Killed and still not reaped (a process stuck in the kernel):
+			// the rig goes on rather than hang the test binary for ever.
+			fmt.Fprintf(os.Stderr, "rig: %s (pid %d) did not exit 10s after SIGKILL; left behind\n", p.name, p.cmd.Process.Pid)
+		}
 	}
 }
 

@@ -94,7 +94,7 @@ type Request struct {
 	// Chosen, when set, is told each address before it is written (the
 	// checkpoint records it, so that a DEL finds an entry without an ifname
 	// that an old CRD pruned); an error fails the ADD before the write.
-	Chosen func(ip net.IP) error
+	Chosen func(ip net.IPNet) error
 }
 
 // Allocate allocates one address in each of the config's ranges, in order,

@@ -525,5 +525,5 @@ func TestDelegateRecordsTheAddressBeforeItWritesTheEntry(t *testing.T) {
 	cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
 	_, err := d.Add(context.Background(), store(api), cfg, &skel.CmdArgs{ContainerID: "c1", IfName: "lhnet1"})
 	require.NoError(t, err)
-	assert.Equal(t, [][]string{{"10.0.0.1/32"}}, recorded, "the address was in the checkpoint when its entry was written")
+	assert.Equal(t, [][]string{{"10.0.0.1/24"}}, recorded, "the address was in the checkpoint when its entry was written (as the result gives it, with the range's prefix)")
 }

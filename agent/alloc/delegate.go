@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
@@ -32,12 +33,41 @@ type Delegate struct {
 // engine: ..."), but for a store that did not answer, which is code 11 so
 // that the runtime retries.
 func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
+	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
+	record := func(ip net.IPNet) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
+	return d.add(ctx, store, cfg, args, record)
+}
+
+// AddRecording is Add writing the attachment's checkpoint rec itself
+// (plugin.RecordingAllocator): with the first address chosen, durably, before
+// that address is written anywhere; with each next one as it is chosen.
+func (d Delegate) AddRecording(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, rec checkpoint.Record) (cnitypes.Result, error) {
+	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
+	written := false
+	record := func(ip net.IPNet) error {
+		addr := ip.String() // as the result gives it, and the plugin records it
+		if !slices.Contains(rec.IPs, addr) {
+			rec.IPs = append(rec.IPs, addr)
+		}
+		var err error
+		if written {
+			err = cp.Update(rec)
+		} else if err = cp.Write(rec); err == nil {
+			written = true
+		}
+		if err != nil {
+			return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), "the checkpoint directory must be writable by root ("+conf.OptionsKey+".checkpoint_dir)")
+		}
+		return nil
+	}
+	return d.add(ctx, store, cfg, args, record)
+}
+
+func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, record func(net.IPNet) error) (cnitypes.Result, error) {
 	wb, confVersion, err := d.Load(cfg.Delegated, args.Args)
 	if err != nil {
 		return nil, asCNI(err)
 	}
-	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
-	record := func(ip net.IP) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
 	ips, err := d.Allocator.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record})
 	if err != nil {
 		return nil, asCNI(err)
@@ -48,7 +78,7 @@ func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 // recordChosen adds ip to the attachment's checkpoint before it is written:
 // an old CRD prunes the entry's ifname, and DEL then knows the entry by the
 // address recorded.
-func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IP) error {
+func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IPNet) error {
 	rec, ok, err := cp.Read(containerID, ifName)
 	if err != nil {
 		return err
@@ -56,11 +86,7 @@ func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IP) erro
 	if !ok {
 		return fmt.Errorf("no checkpoint of %s/%s to record %s in", containerID, ifName, ip)
 	}
-	bits := 32
-	if ip.To4() == nil {
-		bits = 128
-	}
-	addr := (&net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}).String()
+	addr := ip.String()
 	for _, have := range rec.IPs {
 		if have == addr {
 			return nil

@@ -40,7 +40,7 @@ type member struct {
 	containerID string
 	podRef      string
 	ifName      string
-	chosen      func(net.IP) error
+	chosen      func(net.IPNet) error
 	// skip are addresses found reserved by another pod (an overlapping
 	// range): never chosen again by this member.
 	skip []net.IP
@@ -239,7 +239,7 @@ func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, f
 		switch c.kind {
 		case added:
 			if m.chosen != nil {
-				if err := m.chosen(c.ip.IP); err != nil {
+				if err := m.chosen(c.ip); err != nil {
 					failed = append(failed, failure{m, fmt.Errorf("record %s before writing it: %w", c.ip.IP, err)})
 					continue
 				}

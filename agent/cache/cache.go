@@ -4,14 +4,14 @@
 // choose addresses on, to look for earlier sandboxes in) without a request,
 // and every other read and every write goes to the API server as before.
 //
-// A copy may be behind: that is safe because nothing is decided from it
-// alone. A pool write tests the resourceVersion the copy had, and fails
-// (422) if it was stale, after which the writer reads fresh; a reservation
-// seen here is only a hint to skip an address; "nothing to release" is
-// decided, as in the plugin, from what the API server's own watch cache
-// would have said, which an informer's copy is no older than in the steady
-// state. Objects are shared, never copied per request: callers must not
-// change them.
+// A copy may be behind, and it is not one snapshot (a relist delivers the
+// pools by name, not in the order of their writes): that is safe because
+// nothing is decided from it alone. A pool write tests the resourceVersion
+// the copy had, and fails (422) if it was stale, after which the writer
+// reads fresh; a reservation seen here is only a hint to skip an address;
+// "nothing to release" and "no reservation" are read from the API server,
+// and so is the list of pools a reservation is judged on. Objects are
+// shared, never copied per request: callers must not change them.
 package cache
 
 import (
@@ -147,7 +147,18 @@ type API struct {
 	Objects *Objects
 }
 
-var _ shim.API = API{}
+var (
+	_ shim.API   = API{}
+	_ shim.Local = API{}
+)
+
+// LocalPool is the pool as the copy holds it (shim.Local).
+func (a API) LocalPool(namespace, name string) *shim.Pool { return a.Objects.Pool(namespace, name) }
+
+// LocalReservation is the reservation as the copy holds it (shim.Local).
+func (a API) LocalReservation(namespace, name string) *shim.Reservation {
+	return a.Objects.Reservation(namespace, name)
+}
 
 // GetPool serves a read from the watch cache from the copy.
 func (a API) GetPool(ctx context.Context, namespace, name string, from shim.Source) (*shim.Pool, error) {

@@ -24,9 +24,14 @@ func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservatio
 			return fmt.Errorf("informer transform: %w", err)
 		}
 	}
+	saw := func(obj any) {
+		if p := asPool(obj); p != nil {
+			o.SawPool(p)
+		}
+	}
 	if _, err := pi.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { o.SawPool(asPool(obj)) },
-		UpdateFunc: func(_, obj any) { o.SawPool(asPool(obj)) },
+		AddFunc:    saw,
+		UpdateFunc: func(_, obj any) { saw(obj) },
 		DeleteFunc: func(obj any) {
 			if p := asPool(obj); p != nil {
 				o.GonePool(p.Namespace, p.Name, p.ResourceVersion)

@@ -25,7 +25,6 @@ import (
 	"syscall"
 	"time"
 
-	wbclient "github.com/k8snetworkplumbingwg/whereabouts/pkg/generated/clientset/versioned"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -172,6 +171,9 @@ func run(o options) error {
 		API: api, Namespaces: namespaces, Node: o.node, Metrics: metrics, MaxInFlight: o.maxInFlight,
 		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests, Allocator: allocator, AtStep: atStep,
 		NodeConfig: o.nodeConfig,
+		// The requests' stores share whereabouts' Lease: turns under one
+		// acquisition, releases and removals of one moment together.
+		StoreOptions: shim.Options{Group: &shim.Group{Identity: fmt.Sprintf("harvester-ipam-agent/%s/%d", o.node, os.Getpid())}},
 	})
 	if err != nil {
 		return err
@@ -333,28 +335,33 @@ func splitList(s string) []string {
 // namespace into objs, for as long as ctx lasts. It does not wait for them
 // to list: the agent serves meanwhile, reading from the API server.
 func watchPools(ctx context.Context, rc *rest.Config, objs *cache.Objects, namespaces []string) error {
-	wb, err := wbclient.NewForConfig(rc)
+	// The REST client of whereabouts' CRDs the plugin's store uses, not
+	// whereabouts' generated clientset: that one links client-go's discovery
+	// and the scheme of every built-in API group (half the agent's binary).
+	wb, params, err := shim.WhereaboutsClient(rc)
 	if err != nil {
-		return fmt.Errorf("whereabouts client: %w", err)
+		return err
 	}
-	c := wb.WhereaboutsV1alpha1()
+	lw := func(ns, resource string, list func() runtime.Object) *toolscache.ListWatch {
+		return &toolscache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				out := list()
+				err := wb.Get().Namespace(ns).Resource(resource).VersionedParams(&o, params).Do(ctx).Into(out)
+				return out, err
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.Watch = true
+				req := wb.Get().Namespace(ns).Resource(resource).VersionedParams(&o, params)
+				if o.TimeoutSeconds != nil {
+					req = req.Timeout(time.Duration(*o.TimeoutSeconds) * time.Second)
+				}
+				return req.Watch(ctx)
+			},
+		}
+	}
 	for _, ns := range namespaces {
-		pools := &toolscache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return c.IPPools(ns).List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return c.IPPools(ns).Watch(ctx, o)
-			},
-		}
-		reservations := &toolscache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				return c.OverlappingRangeIPReservations(ns).List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				return c.OverlappingRangeIPReservations(ns).Watch(ctx, o)
-			},
-		}
+		pools := lw(ns, "ippools", func() runtime.Object { return &shim.PoolList{} })
+		reservations := lw(ns, "overlappingrangeipreservations", func() runtime.Object { return &shim.ReservationList{} })
 		go func() {
 			if err := objs.Watch(ctx, ns, pools, reservations); err != nil && ctx.Err() == nil {
 				fmt.Fprintf(os.Stderr, "%s informers of %s: %v\n", time.Now().Format(time.RFC3339), ns, err)

@@ -150,7 +150,7 @@ func bench(ctx context.Context, rig *testcni.Rig) error {
 		}
 	}
 	if run("agent") {
-		if err := b.agentLatency(ctx, n); err != nil {
+		if err := b.agentSection(ctx, n); err != nil {
 			return err
 		}
 	}

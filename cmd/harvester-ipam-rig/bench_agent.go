@@ -2,61 +2,222 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/shim/names"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
-// agentLatency: harvester-ipam standing in for whereabouts, alone and with
-// a node agent serving its verbs (the agent running whereabouts' binary for
-// ADD, as the plugin does), against whereabouts alone: one sandbox at a
-// time, process start included, the sides interleaved.
-func (b *bencher) agentLatency(ctx context.Context, n int) error {
-	a, err := b.rig.StartAgent(ctx, nil, testcni.AgentOptions{Name: "bench-agent"})
+// The node agent's section (BENCH_ONLY=agent): whereabouts alone, the exec
+// path (harvester-ipam standing in for whereabouts, no agent) and the node
+// agent (harvester-ipam standing in, its verbs served by an agent with
+// whereabouts' allocator in-process), side by side in one run, on one API
+// server, each side on pools of its own:
+//
+//   - one sandbox at a time, interleaved (every order of the sides);
+//   - storms: 24 ADDs at once on one pool (one node), and 48 from three
+//     simulated nodes, each with its own agent, all on one pool;
+//   - the storm after a reboot: 24 (one node) and 48 (three nodes) ADDs at
+//     once, of pods that each still hold the address of an earlier sandbox
+//     (whereabouts alone hands it over; harvester-ipam releases it, its
+//     reservation under whereabouts' Lease, and allocates again);
+//   - the agent's memory once its informers hold a 10,000-entry pool and it
+//     served ADDs on it;
+//   - where the agent's verbs spend their time (the plugin's debug log,
+//     written by the agent).
+//
+// It ends with the ratio lines: the agent and the exec path against
+// whereabouts alone.
+
+// agentNodes are the simulated nodes of the storms, each with its own agent.
+var agentNodes = []string{"node-a", "node-b", "node-c"}
+
+// benchRatio is one ratio line: a figure of the agent and of the exec path
+// against whereabouts alone's.
+type benchRatio struct {
+	what            string
+	agent, exec, wb time.Duration
+	target          float64 // the agent's at most; 0: none
+	failures, dupes int
+	noExec          bool
+}
+
+// agentSides are the three sides of a part of the section, on ranges of
+// their own: whereabouts alone, the exec path, and the agent (served by
+// the agent of node k, chosen per call).
+type agentSides struct {
+	wb, exec, agent side
+	agents          []*testcni.Agent
+}
+
+func (b *bencher) newAgentSides(agents []*testcni.Agent, rngWB, rngExec, rngAgent, ifname string) agentSides {
+	// harvester-ipam's checkpoints on a disk, as a node's /var/lib/cni is
+	// (the rig's own is a tmpfs, where an fsync costs nothing).
+	cp := fmt.Sprintf(`,%q:{"checkpoint_dir":%q}`, conf.OptionsKey, b.checkpointDir())
+	return agentSides{
+		wb: side{name: "whereabouts " + b.wb, bin: b.rig.Tools["whereabouts-"+b.wb], typ: "whereabouts", path: b.rig.CNIDir(b.wb), rng: rngWB, ifname: ifname},
+		exec: side{name: "exec path", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: rngExec, ifname: ifname,
+			env: []string{wire.EnvSocket + "=" + wire.NoAgent}, extra: cp},
+		agent:  side{name: "agent", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: rngAgent, ifname: ifname, extra: cp},
+		agents: agents,
+	}
+}
+
+// checkpointDir is where the agent section's harvester-ipam sides keep
+// their checkpoints: under the rig's directory, on its disk.
+func (b *bencher) checkpointDir() string { return filepath.Join(b.rig.Dir, "checkpoints") }
+
+// onNode is the agent side served by the agent of node k.
+func (s agentSides) onNode(k int) side {
+	sd := s.agent
+	a := s.agents[k%len(s.agents)]
+	sd.env = []string{wire.EnvSocket + "=" + a.Socket, wire.EnvAckTimeout + "=" + testcni.AgentAckTimeout.String()}
+	return sd
+}
+
+func (s agentSides) all() []side { return []side{s.wb, s.exec, s.onNode(0)} }
+
+func (b *bencher) agentSection(ctx context.Context, n int) error {
+	var agents []*testcni.Agent
+	for _, node := range agentNodes {
+		a, err := b.rig.StartAgent(ctx, nil, testcni.AgentOptions{Name: node, Args: []string{"--checkpoint-dir", b.checkpointDir()}})
+		if err != nil {
+			return err
+		}
+		defer a.Kill()
+		agents = append(agents, a)
+	}
+	fmt.Printf("## The node agent against whereabouts %s alone and the exec path\n\n", b.wb)
+	fmt.Printf("The exec path is harvester-ipam standing in for whereabouts with no agent (it runs whereabouts' binary); the agent side is harvester-ipam standing in, its verbs served by a node agent (whereabouts' allocator in-process). Every side execs its binary as the runtime does (process start included). harvester-ipam's checkpoints are on the machine's disk (%s), as a node's /var/lib/cni is.\n\n", b.checkpointDir())
+
+	// BENCH_AGENT_PARTS (comma-separated: latency, phases, storms, memory)
+	// runs some parts only.
+	parts := map[string]bool{}
+	for _, p := range strings.Split(os.Getenv("BENCH_AGENT_PARTS"), ",") {
+		if p != "" {
+			parts[p] = true
+		}
+	}
+	part := func(name string) bool { return len(parts) == 0 || parts[name] }
+	var ratios []benchRatio
+	if part("latency") {
+		lat, err := b.agentLatency(ctx, agents, n)
+		if err != nil {
+			return err
+		}
+		ratios = append(ratios, lat...)
+	}
+	if part("phases") {
+		if err := b.agentPhases(ctx, agents[0]); err != nil {
+			return err
+		}
+	}
+	if part("storms") {
+		storms, err := b.agentStorms(ctx, agents)
+		if err != nil {
+			return err
+		}
+		ratios = append(ratios, storms...)
+	}
+	mem := int64(-1)
+	if part("memory") {
+		var err error
+		if mem, err = b.agentMemory(ctx, agents[0]); err != nil {
+			return err
+		}
+	}
+	counts, err := agents[0].Requests(ctx)
 	if err != nil {
 		return err
 	}
-	defer a.Kill()
-	alone := side{name: "stand-in", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: "10.241.0.0/16", ifname: "lhnet1",
-		env: []string{wire.EnvSocket + "=" + wire.NoAgent}}
-	served := side{name: "stand-in via the agent", bin: b.rig.PluginBinary(), typ: "whereabouts", path: b.rig.StandInDir(b.wb), rng: "10.242.0.0/16", ifname: "lhnet2",
-		env: []string{wire.EnvSocket + "=" + a.Socket, wire.EnvAckTimeout + "=" + testcni.AgentAckTimeout.String()}}
-	w := side{name: "whereabouts " + b.wb, bin: b.rig.Tools["whereabouts-"+b.wb], typ: "whereabouts", path: b.rig.CNIDir(b.wb), rng: "10.243.0.0/16", ifname: "lhnet3"}
-	sides := []side{alone, served, w}
+	fmt.Printf("The agent of %s counted: %s.\n\n", agentNodes[0], countsLine(counts))
+
+	fmt.Println("### Ratios (agent / whereabouts alone, exec path / whereabouts alone)")
+	fmt.Println()
+	for _, r := range ratios {
+		line := fmt.Sprintf("ratio %s: agent/whereabouts %.2fx (%s / %s)", r.what, ratio(r.agent, r.wb), ms(r.agent), ms(r.wb))
+		if !r.noExec {
+			line += fmt.Sprintf(", exec/whereabouts %.2fx (%s)", ratio(r.exec, r.wb), ms(r.exec))
+		}
+		if r.target > 0 {
+			verdict := "met"
+			if ratio(r.agent, r.wb) > r.target || r.failures > 0 || r.dupes > 0 {
+				verdict = "NOT met"
+			}
+			line += fmt.Sprintf("; target <= %.1fx: %s", r.target, verdict)
+		}
+		fmt.Println(line)
+	}
+	if mem >= 0 {
+		verdict := "met"
+		if mem > 64<<10 {
+			verdict = "NOT met"
+		}
+		fmt.Printf("agent RSS with a 10,000-entry pool in its cache: %.1f MiB; target <= 64 MiB: %s\n", float64(mem)/1024, verdict)
+	}
+	fmt.Println()
+	return nil
+}
+
+// agentLatency: one sandbox at a time, the sides interleaved.
+func (b *bencher) agentLatency(ctx context.Context, agents []*testcni.Agent, n int) ([]benchRatio, error) {
+	s := b.newAgentSides(agents, "10.243.0.0/16", "10.241.0.0/16", "10.242.0.0/16", "")
+	sides := s.all()
+	for i := range sides {
+		sides[i].ifname = fmt.Sprintf("lhnet%d", i+1)
+	}
 	add := map[string][]time.Duration{}
 	del := map[string][]time.Duration{}
 	type sb struct{ id, pod string }
 	var sbs []sb
+	before, err := agents[0].Requests(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for i := 0; i < n; i++ {
-		s := sb{b.id(), fmt.Sprintf("agent-bench-%04d", i)}
-		sbs = append(sbs, s)
+		x := sb{b.id(), fmt.Sprintf("agent-bench-%04d", i)}
+		sbs = append(sbs, x)
 		for _, sd := range order(i, sides...) {
-			m, err := b.call(ctx, sd, "ADD", s.id, s.pod)
+			m, err := b.call(ctx, sd, "ADD", x.id, x.pod)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			add[sd.name] = append(add[sd.name], m.Wall)
 		}
 	}
-	for i, s := range sbs {
+	for i, x := range sbs {
 		for _, sd := range order(i, sides...) {
-			m, err := b.call(ctx, sd, "DEL", s.id, s.pod)
+			m, err := b.call(ctx, sd, "DEL", x.id, x.pod)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			del[sd.name] = append(del[sd.name], m.Wall)
 		}
 	}
-	counts, err := a.Requests(ctx)
+	after, err := agents[0].Requests(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	fmt.Printf("## The node agent, one sandbox at a time, on whereabouts %s (%d sandboxes, process start included)\n\n", b.wb, n)
-	fmt.Printf("The agent served %d ADDs and %d DELs (declined or lost: %d).\n\n", counts["ADD served"], counts["DEL served"], n*2-counts["ADD served"]-counts["DEL served"])
-	fmt.Printf("| | harvester-ipam standing in, alone | ratio | standing in, via the node agent | ratio | whereabouts %s alone |\n", b.wb)
+	served := after["ADD served"] - before["ADD served"] + after["DEL served"] - before["DEL served"]
+	fmt.Printf("### One sandbox at a time (%d sandboxes a side, interleaved)\n\n", n)
+	fmt.Printf("The agent served %d of its side's %d verbs.\n\n", served, 2*n)
+	fmt.Printf("| | whereabouts %s alone | exec path | ratio | agent | ratio |\n", b.wb)
 	fmt.Println("|---|---|---|---|---|---|")
+	var out []benchRatio
 	for _, v := range []struct {
 		what string
 		d    map[string][]time.Duration
@@ -65,10 +226,417 @@ func (b *bencher) agentLatency(ctx context.Context, n int) error {
 			name string
 			at   func([]time.Duration) time.Duration
 		}{{"median", median}, {"p95", p95}} {
-			av, sv, wv := q.at(v.d[alone.name]), q.at(v.d[served.name]), q.at(v.d[w.name])
-			fmt.Printf("| %s %s | %s | %.2fx | %s | %.2fx | %s |\n", v.what, q.name, ms(av), ratio(av, wv), ms(sv), ratio(sv, wv), ms(wv))
+			wv, ev, av := q.at(v.d[s.wb.name]), q.at(v.d[s.exec.name]), q.at(v.d[s.agent.name])
+			fmt.Printf("| %s %s | %s | %s | %.2fx | %s | %.2fx |\n", v.what, q.name, ms(wv), ms(ev), ratio(ev, wv), ms(av), ratio(av, wv))
+			if q.name == "median" {
+				out = append(out, benchRatio{what: "one " + v.what + " at a time, median", agent: av, exec: ev, wb: wv, target: 0.5})
+			}
 		}
 	}
 	fmt.Println()
+	if served != 2*n {
+		return nil, fmt.Errorf("the agent served %d of %d verbs: %s", served, 2*n, agents[0].LogTail())
+	}
+	return out, nil
+}
+
+// agentPhases: where the agent's verbs spend their time, as the plugin's
+// debug log (written by the agent) times each step.
+func (b *bencher) agentPhases(ctx context.Context, a *testcni.Agent) error {
+	const runs = 20
+	s := b.newAgentSides([]*testcni.Agent{a}, "10.236.0.0/24", "10.237.0.0/24", "10.238.0.0/24", "lhnet1")
+	sd := s.onNode(0)
+	logFile := filepath.Join(b.rig.Dir, "bench-agent-phases.log")
+	sd.extra += fmt.Sprintf(`,"log_level":"debug","log_file":%q`, logFile)
+	times := map[string]map[string][]time.Duration{"ADD": {}, "DEL": {}}
+	steps := map[string][]string{}
+	var ids []string
+	for _, verb := range []string{"ADD", "DEL"} {
+		for i := 0; i < runs; i++ {
+			id := b.id()
+			if verb == "ADD" {
+				ids = append(ids, id)
+			} else {
+				id = ids[i]
+			}
+			m, err := b.call(ctx, sd, verb, id, fmt.Sprintf("agent-phases-%02d", i))
+			if err != nil {
+				return err
+			}
+			times[verb]["wall"] = append(times[verb]["wall"], m.Wall)
+			parts, err := stepsOf(logFile, verb, id)
+			if err != nil {
+				return err
+			}
+			for _, p := range parts {
+				if i == 0 {
+					steps[verb] = append(steps[verb], p.name)
+				}
+				times[verb][p.name] = append(times[verb][p.name], p.d)
+			}
+		}
+	}
+	served, err := agentSteps(a.Log, ids)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("### Where the agent's verbs spend their time (the plugin's debug log, written by the agent, and the agent's own log of each request; medians of %d)\n\n", runs)
+	for _, verb := range []string{"ADD", "DEL"} {
+		var parts []string
+		var sum time.Duration
+		for _, st := range steps[verb] {
+			d := median(times[verb][st])
+			sum += d
+			parts = append(parts, fmt.Sprintf("%s %s", st, ms(d)))
+		}
+		fmt.Printf("    %s: %s; %s in the verb's steps of a plugin process's %s\n", verb, strings.Join(parts, ", "), ms(sum), ms(median(times[verb]["wall"])))
+	}
+	for _, verb := range []string{"ADD", "DEL"} {
+		var parts []string
+		for _, st := range []string{"read", "admit", "go", "verb", "answer"} {
+			parts = append(parts, fmt.Sprintf("%s %s", st, ms(median(served[verb][st]))))
+		}
+		fmt.Printf("    %s in the agent: %s; %s from the connection to the answer\n", verb, strings.Join(parts, ", "), ms(median(served[verb]["all"])))
+	}
+	fmt.Println()
 	return nil
+}
+
+var servedRE = regexp.MustCompile(`(ADD|DEL) (\S+)/\S+: served in (\S+) \((.*)\)`)
+
+// agentSteps reads the steps of the requests of container ids from an
+// agent's log (--log-requests): by verb, by step ("all": the whole).
+func agentSteps(logFile string, ids []string) (map[string]map[string][]time.Duration, error) {
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		return nil, err
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	out := map[string]map[string][]time.Duration{"ADD": {}, "DEL": {}}
+	for _, line := range strings.Split(string(b), "\n") {
+		m := servedRE.FindStringSubmatch(line)
+		if m == nil || !want[m[2]] {
+			continue
+		}
+		all, err := time.ParseDuration(m[3])
+		if err != nil {
+			return nil, err
+		}
+		out[m[1]]["all"] = append(out[m[1]]["all"], all)
+		for _, part := range strings.Split(m[4], ", ") {
+			name, ds, _ := strings.Cut(part, " ")
+			d, err := time.ParseDuration(ds)
+			if err != nil {
+				return nil, fmt.Errorf("%s in %q: %w", ds, line, err)
+			}
+			out[m[1]][name] = append(out[m[1]][name], d)
+		}
+	}
+	if len(out["ADD"]["all"]) != len(ids) || len(out["DEL"]["all"]) != len(ids) {
+		return nil, fmt.Errorf("the agent's log %s has %d ADDs and %d DELs of %d sandboxes served", logFile, len(out["ADD"]["all"]), len(out["DEL"]["all"]), len(ids))
+	}
+	return out, nil
+}
+
+// stormKind is one kind of storm: how many ADDs, over how many nodes, and
+// whether each pod holds an earlier sandbox's address (a reboot).
+type stormKind struct {
+	name   string
+	pods   int
+	nodes  int
+	reboot bool
+	target float64
+}
+
+// stormResult is one side's storm in one round.
+type stormResult struct {
+	took     time.Duration
+	failures int
+	dupes    int
+	median   time.Duration // of one ADD in it
+}
+
+func (b *bencher) agentStorms(ctx context.Context, agents []*testcni.Agent) ([]benchRatio, error) {
+	rounds := envInt("BENCH_STORM_ROUNDS", 3)
+	kinds := []stormKind{
+		{name: "storm of 24 ADDs, one node", pods: 24, nodes: 1, target: 0.2},
+		{name: "storm of 48 ADDs, three nodes", pods: 48, nodes: 3, target: 0.2},
+		{name: "storm after a reboot, 24 ADDs, one node", pods: 24, nodes: 1, reboot: true, target: 0.2},
+		{name: "storm after a reboot, 48 ADDs, three nodes", pods: 48, nodes: 3, reboot: true, target: 0.2},
+	}
+	fmt.Printf("### Storms: ADDs started at once on one pool (%d rounds, the sides in turn; median of the rounds)\n\n", rounds)
+	fmt.Println("After a reboot every pod still holds an earlier sandbox's entry and reservation: whereabouts alone hands the entry over to the new sandbox; harvester-ipam releases it (the reservation under whereabouts' Lease) and allocates.")
+	fmt.Println()
+	fmt.Printf("| | whereabouts %s alone: all allocated | exec path | ratio | agent | ratio | a median ADD (whereabouts, exec, agent) | failures, duplicates (whereabouts, exec, agent) |\n", b.wb)
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	var out []benchRatio
+	seq := 0
+	for _, k := range kinds {
+		res := map[string][]stormResult{}
+		var s agentSides
+		for round := 0; round < rounds; round++ {
+			seq++
+			// Fresh pools each round: 10.(160+seq%64).{0,1,2}.0/24.
+			third := 160 + seq%64
+			s = b.newAgentSides(agents[:k.nodes], fmt.Sprintf("10.%d.0.0/24", third), fmt.Sprintf("10.%d.1.0/24", third), fmt.Sprintf("10.%d.2.0/24", third), "lhnet1")
+			for _, which := range order(round, 0, 1, 2) {
+				r, err := b.storm1(ctx, s, which, k, seq)
+				if err != nil {
+					return nil, err
+				}
+				name := []string{"wb", "exec", "agent"}[which]
+				res[name] = append(res[name], r)
+			}
+			for _, rng := range []string{s.wb.rng, s.exec.rng, s.agent.rng} {
+				if err := b.wipe(ctx, rng); err != nil {
+					return nil, err
+				}
+			}
+		}
+		took := func(side string) time.Duration {
+			var d []time.Duration
+			for _, r := range res[side] {
+				d = append(d, r.took)
+			}
+			return median(d)
+		}
+		adds := func(side string) time.Duration {
+			var d []time.Duration
+			for _, r := range res[side] {
+				d = append(d, r.median)
+			}
+			return median(d)
+		}
+		bad := func(side string) (int, int) {
+			f, d := 0, 0
+			for _, r := range res[side] {
+				f += r.failures
+				d += r.dupes
+			}
+			return f, d
+		}
+		wv, ev, av := took("wb"), took("exec"), took("agent")
+		wf, wd := bad("wb")
+		ef, ed := bad("exec")
+		af, ad := bad("agent")
+		fmt.Printf("| %s | %s | %s | %.2fx | %s | %.2fx | %s, %s, %s | %d/%d, %d/%d, %d/%d |\n", k.name, ms(wv), ms(ev), ratio(ev, wv), ms(av), ratio(av, wv),
+			ms(adds("wb")), ms(adds("exec")), ms(adds("agent")), wf, wd, ef, ed, af, ad)
+		out = append(out, benchRatio{what: k.name + ", all allocated", agent: av, exec: ev, wb: wv, target: k.target, failures: af + ef + wf, dupes: ad + ed + wd})
+	}
+	fmt.Println()
+	return out, nil
+}
+
+// storm1 runs one side's storm: k.pods ADDs at once (after a reboot, of pods
+// that each allocated with an earlier sandbox first, not timed), and checks
+// that each got an address of its own.
+func (b *bencher) storm1(ctx context.Context, s agentSides, which int, k stormKind, seq int) (stormResult, error) {
+	sideOf := func(pod int) side {
+		switch which {
+		case 0:
+			return s.wb
+		case 1:
+			return s.exec
+		}
+		return s.onNode(pod % k.nodes)
+	}
+	pod := func(p int) string { return fmt.Sprintf("storm-%03d-%02d", seq, p) }
+	if k.reboot {
+		// The sandboxes before the reboot, a few at a time.
+		if err := parallel(ctx, k.pods, 6, func(p int) error {
+			_, err := b.call(ctx, sideOf(p), "ADD", b.id(), pod(p))
+			return err
+		}); err != nil {
+			return stormResult{}, err
+		}
+	}
+	ids := make([]string, k.pods)
+	for p := range ids {
+		ids[p] = b.id()
+	}
+	ips := make([]string, k.pods)
+	walls := make([]time.Duration, k.pods)
+	errs := make([]error, k.pods)
+	var wg sync.WaitGroup
+	gate := make(chan struct{})
+	for p := 0; p < k.pods; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			<-gate
+			m, err := b.call(ctx, sideOf(p), "ADD", ids[p], pod(p))
+			walls[p], errs[p] = m.Wall, err
+			if err == nil {
+				ips[p], errs[p] = resultIP(m.Stdout)
+			}
+		}(p)
+	}
+	start := time.Now()
+	close(gate)
+	wg.Wait()
+	r := stormResult{took: time.Since(start), median: median(walls)}
+	seen := map[string]bool{}
+	for p, err := range errs {
+		if err != nil {
+			r.failures++
+			fmt.Fprintf(os.Stderr, "bench: %s: %s: %v\n", k.name, sideOf(p).name, err)
+			continue
+		}
+		if seen[ips[p]] {
+			r.dupes++
+		}
+		seen[ips[p]] = true
+	}
+	// The pool must hold exactly one entry per pod, the new sandbox's.
+	pool, err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Get(ctx, names.Pool(sideOf(0).rng, ""), metav1.GetOptions{})
+	if err != nil {
+		return r, err
+	}
+	byID := map[string]bool{}
+	for _, id := range ids {
+		byID[id] = true
+	}
+	held := 0
+	for _, a := range pool.Spec.Allocations {
+		if byID[a.ContainerID] {
+			held++
+		}
+	}
+	if r.failures == 0 && (held != k.pods || len(pool.Spec.Allocations) != k.pods) {
+		return r, fmt.Errorf("%s, %s: the pool holds %d entries, %d of the storm's %d sandboxes (%d failed)",
+			k.name, sideOf(0).name, len(pool.Spec.Allocations), held, k.pods, r.failures)
+	}
+	return r, nil
+}
+
+// resultIP is the address of a CNI result.
+func resultIP(stdout string) (string, error) {
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &res); err != nil || len(res.IPs) != 1 {
+		return "", fmt.Errorf("a result of one address expected: %q", stdout)
+	}
+	ip, _, err := net.ParseCIDR(res.IPs[0].Address)
+	if err != nil {
+		return "", err
+	}
+	return ip.String(), nil
+}
+
+// parallel runs fn(0..n-1), at most width at once; the first error.
+func parallel(ctx context.Context, n, width int, fn func(int) error) error {
+	work := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for w := 0; w < width; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				if err := fn(i); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// wipe deletes a range's pool and the reservations of its addresses, as an
+// operator would: not through CNI, untimed, so that the namespace's LISTs
+// (whereabouts lists every pool at each ADD) stay as small for every side.
+func (b *bencher) wipe(ctx context.Context, rng string) error {
+	_, ipnet, err := net.ParseCIDR(rng)
+	if err != nil {
+		return err
+	}
+	c := b.rig.WB.WhereaboutsV1alpha1()
+	if err := c.IPPools(testcni.PoolNamespace).Delete(ctx, names.Pool(rng, ""), metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	l, err := c.OverlappingRangeIPReservations(testcni.PoolNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, o := range l.Items {
+		if ip := net.ParseIP(o.Name); ip != nil && ipnet.Contains(ip) {
+			if err := c.OverlappingRangeIPReservations(testcni.PoolNamespace).Delete(ctx, o.Name, metav1.DeleteOptions{}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// agentMemory: the agent's RSS once its informers hold a 10,000-entry pool
+// and it served ADDs on that pool. It returns the RSS in KiB.
+func (b *bencher) agentMemory(ctx context.Context, a *testcni.Agent) (int64, error) {
+	const size, adds = 10000, 20
+	before, _, err := a.Memory()
+	if err != nil {
+		return 0, err
+	}
+	s := b.newAgentSides([]*testcni.Agent{a}, "", "", "10.100.0.0/16", "lhnet1")
+	pool := names.Pool(s.agent.rng, "")
+	if err := b.fill(ctx, pool, s.agent.rng, size); err != nil {
+		return 0, err
+	}
+	// The informer holds it once the agent's ADD is chosen on it: the first
+	// ADD may have read it from the API server.
+	retried := 0
+	for i := 0; i < adds; i++ {
+		// A write of the whole pool may take longer than a call's 10 s on a
+		// loaded machine: the runtime would retry; so does the bench, counted.
+		for {
+			_, err := b.call(ctx, s.onNode(0), "ADD", b.id(), fmt.Sprintf("memory-%02d", i))
+			if err == nil {
+				break
+			}
+			if retried++; retried > 3 {
+				return 0, fmt.Errorf("%w\nthe agent's log, last lines:\n%s", err, a.LogTail())
+			}
+		}
+	}
+	m, err := a.MemoryDetail()
+	if err != nil {
+		return 0, err
+	}
+	rss, hwm := m["VmRSS"], m["VmHWM"]
+	p, err := b.rig.WB.WhereaboutsV1alpha1().IPPools(testcni.PoolNamespace).Get(ctx, pool, metav1.GetOptions{})
+	if err != nil {
+		return 0, err
+	}
+	fmt.Printf("### The agent's memory\n\n")
+	fmt.Printf("| | RSS | peak RSS |\n|---|---|---|\n")
+	fmt.Printf("| the agent of %s after the sections above | %.1f MiB | |\n", agentNodes[0], float64(before)/1024)
+	fmt.Printf("| the same, its informers holding a pool of %d entries, after %d ADDs on it | %.1f MiB | %.1f MiB |\n\n", len(p.Spec.Allocations), adds, float64(rss)/1024, float64(hwm)/1024)
+	fmt.Printf("Of its RSS: %.1f MiB anonymous (the heap, stacks), %.1f MiB of its binary and other files. ADDs retried after a timeout: %d.\n\n",
+		float64(m["RssAnon"])/1024, float64(m["RssFile"]+m["RssShmem"])/1024, retried)
+	return rss, nil
+}
+
+// countsLine is an agent's request counts, in a fixed order.
+func countsLine(c map[string]int) string {
+	var keys []string
+	for k := range c {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, k+" "+strconv.Itoa(c[k]))
+	}
+	return strings.Join(parts, ", ")
 }
