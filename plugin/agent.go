@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
 )
@@ -172,6 +174,19 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 		}
 		if _, err := p.release(ctx, store, plan, "lost", fmt.Sprintf("ADD of %s/%s lost by the node agent", args.ContainerID, args.IfName), log, nil); err != nil {
 			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, store.Namespace(), pool.Name), err)
+		}
+	}
+	// The agent releases the entries first: killed before it judged their
+	// reservations (the reclaim of an earlier sandbox of this pod), it left
+	// them without entries, where this ADD's reclaim does not look and
+	// whereabouts v0.7.0 takes their addresses as taken.
+	if pod, err := conf.ParseArgs(args.Args); err == nil {
+		deleted, err := store.ReleaseStrayReservations(ctx, pod.Ref(), cfg.IPAM.NetworkName)
+		if err != nil {
+			return storeError(fmt.Sprintf("release the reservations of %s that no entry holds in %s", pod.Ref(), store.Namespace()), err)
+		}
+		if len(deleted) > 0 {
+			log.Verbosef("released reservations of %s that no entry holds (a release the node agent did not finish): %s", pod.Ref(), strings.Join(deleted, ", "))
 		}
 	}
 	return nil

@@ -236,6 +236,30 @@ func TestALostAddLeavesThePodOneAddress(t *testing.T) {
 	}
 }
 
+// A node agent killed between removing an earlier sandbox's entries and
+// judging their reservations (its release's order, whereabouts' own DEL's)
+// leaves the pod's reservations without entries. The plugin's ADD that takes
+// over the lost ADD releases them, so that whereabouts v0.7.0, which takes
+// a reserved address as taken, hands the pod its lowest free address and no
+// reservation is left without its entry.
+func TestALostAddReleasesThePodsStrayReservations(t *testing.T) {
+	for _, v := range []string{fake.V070, fake.V080, fake.V093} {
+		t.Run(v, func(t *testing.T) {
+			r := newRig(t, ipamPool(map[string]alloc{"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"}}),
+				fake.NewReservation("192.168.50.2", "longhorn-system/im-a"), // the earlier sandbox's, its entry removed
+				fake.NewReservation("192.168.50.4", "longhorn-system/im-b"))
+			r.wb.Version = v
+			stub := &agentStub{serve: func(wire.Request, net.Conn) *wire.Answer { return nil }}
+			r.p.Agent = stub.start(t)
+			require.NoError(t, through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+			assert.Equal(t, map[string]alloc{
+				"2": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: ifnameOf(v)},
+				"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"}}, r.pool())
+			assert.Equal(t, []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"}, r.orips())
+		})
+	}
+}
+
 // A lost ADD of one interface never releases another interface's entry of
 // the same sandbox, even without ifnames (v0.7.0): the sibling's recorded
 // address tells them apart; a sibling that recorded none leaves the unnamed

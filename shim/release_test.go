@@ -367,3 +367,63 @@ func TestReleaseWithACopyReadsTheReservationItDoesNotShow(t *testing.T) {
 		})
 	}
 }
+
+// The API server goes away right after a release removed the entries (it
+// restarts): the reservations are not left without their entries for the
+// reconciler, whose grace is minutes; the release judges them again, on a
+// fresh list under the Lease, once the server answers, and succeeds. The
+// pod's next ADD would not find them: it looks for earlier sandboxes'
+// entries, and they are gone.
+func TestReleaseWithACopyJudgesAgainWhenTheServerWasGone(t *testing.T) {
+	api := fake.New()
+	api.Put(storageNetwork()...)
+	cp := newCopyAPI(api, true)
+	s := copyStore(cp, &syncClock{now: testEpoch})
+	ctx := context.Background()
+	down := 0
+	api.Hook = func(c *fake.Call) error {
+		if c.Verb == "patch" && c.Resource == fake.Pools {
+			down = 5 // the next five requests meet a server that is gone
+			return nil
+		}
+		if down > 0 {
+			down--
+			return fmt.Errorf("dial tcp 127.0.0.1:6443: connect: connection refused")
+		}
+		return nil
+	}
+	p, _, err := s.Look(ctx, storage, shim.Attachment("old1", "lhnet1", nil))
+	require.NoError(t, err)
+	plan, err := shim.PlanOf(p, "", shim.Attachment("old1", "lhnet1", nil))
+	require.NoError(t, err)
+	removed, deleted, err := s.Release(ctx, plan)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"192.168.50.4", "192.168.50.8"}, ipsOf(removed))
+	assert.Equal(t, []string{"192.168.50.4", "192.168.50.8"}, deleted)
+	assert.NotContains(t, reservations(api), "192.168.50.4")
+	assert.NotContains(t, reservations(api), "192.168.50.8")
+	assert.Equal(t, []string{"3", "5", "6", "7"}, offsets(t, api, storage))
+}
+
+// The reservations of a pod that no entry of it holds (a node agent killed
+// between removing an earlier sandbox's entries and judging their
+// reservations) are released by the plugin's ADD that takes over the lost
+// ADD: judged as every reservation is, under the Lease on a fresh list of
+// the pools; those of another pod or network, and those an entry of the pod
+// holds, stay.
+func TestStrayReservationsOfAPodAreReleased(t *testing.T) {
+	api := fake.New()
+	api.Put(storageNetwork()...)
+	api.Put(fake.NewReservation("192.168.50.9", "longhorn-system/im-a"), // the stray: no entry
+		fake.NewReservation("blue-192.168.50.10", "longhorn-system/im-a"), // another network's
+		fake.NewReservation("192.168.50.11", "longhorn-system/im-b"))      // another pod's
+	s := shim.New(api, ns, shim.Options{Clock: &clock{now: testEpoch}, Identity: "harvester-ipam/test"})
+	deleted, err := s.ReleaseStrayReservations(context.Background(), "longhorn-system/im-a", "")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"192.168.50.9"}, deleted)
+	assert.NotContains(t, reservations(api), "192.168.50.9")
+	for _, stays := range []string{"192.168.50.3", "192.168.50.4", "192.168.50.5", "blue-192.168.50.10", "192.168.50.11"} {
+		assert.Contains(t, reservations(api), stays)
+	}
+	assert.Equal(t, "", *api.Lease(ns, "whereabouts").Spec.HolderIdentity, "the Lease handed back")
+}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -54,6 +55,10 @@ type Options struct {
 	// Lease, and their releases and removals that wait at one moment are
 	// done together (Group). Nil: each call on its own.
 	Group *Group
+	// AtStep, when set, is called at the step boundaries of a release
+	// ("release-after-entries": a release in one turn removed the entries
+	// and has not judged the reservations yet): test builds crash there.
+	AtStep func(step string)
 }
 
 // Store is the pools and reservations of one namespace. The stores of other
@@ -438,20 +443,54 @@ func (s *Store) Release(ctx context.Context, plan Plan) (removed []Allocation, d
 		removed, err := s.RemoveAllocations(ctx, plan)
 		return removed, nil, err
 	}
-	j := &releaseJob{ctx: ctx, network: plan.Network, cands: cands, going: map[string]bool{}, plan: plan, remove: true}
+	going := map[string]bool{}
 	for _, e := range plan.Entries {
-		j.going[goingKey(plan.Pool, e.Offset, e.ContainerID)] = true
+		going[goingKey(plan.Pool, e.Offset, e.ContainerID)] = true
 	}
+	j := &releaseJob{ctx: ctx, network: plan.Network, cands: cands, going: going, plan: plan, remove: true}
+	s.runRelease(ctx, j)
+	removed, deleted = j.removed, j.deleted
+	// The entries are gone and the reservations were not judged (the API
+	// server went away between, or the Lease was lost): nothing will look
+	// at them again but the reconciler, after its grace, since the pod's
+	// next ADD looks for entries. So they are judged again, as
+	// ReleaseReservations judges (a fresh list under the Lease), for a while.
+	deadline := s.Now().Add(rejudgeFor)
+	for wait := rejudgeFirst; j.err != nil && len(removed) > 0 && ctx.Err() == nil; wait = min(2*wait, rejudgeMax) {
+		if !s.Now().Add(wait).Before(deadline) {
+			break
+		}
+		if serr := s.o.Clock.Sleep(ctx, wait); serr != nil {
+			break
+		}
+		j = &releaseJob{ctx: ctx, network: plan.Network, cands: cands, going: going}
+		s.runRelease(ctx, j)
+		deleted = append(deleted, j.deleted...)
+	}
+	sort.Strings(deleted)
+	return removed, slices.Compact(deleted), j.err
+}
+
+// A release whose entries are gone and whose reservations were not judged
+// judges them again for rejudgeFor (an API server's restart), the waits
+// doubling from rejudgeFirst up to rejudgeMax.
+const (
+	rejudgeFor   = 30 * time.Second
+	rejudgeFirst = 250 * time.Millisecond
+	rejudgeMax   = 5 * time.Second
+)
+
+// runRelease runs j under whereabouts' Lease: in a turn of the Group, or
+// under a Lease of its own.
+func (s *Store) runRelease(ctx context.Context, j *releaseJob) {
 	if g := s.o.Group; g != nil {
 		g.releaseReservations(s, j)
-	} else {
-		err := s.Locked(ctx, func(ctx context.Context, l *Locked) error { return l.releaseJobs(ctx, []*releaseJob{j}, 1) })
-		if j.err == nil {
-			j.err = err
-		}
+		return
 	}
-	sort.Strings(j.deleted)
-	return j.removed, j.deleted, j.err
+	err := s.Locked(ctx, func(ctx context.Context, l *Locked) error { return l.releaseJobs(ctx, []*releaseJob{j}, 1) })
+	if j.err == nil {
+		j.err = err
+	}
 }
 
 // HasLocal says whether the store's API keeps a copy of its own (Local):
@@ -582,6 +621,9 @@ func goingKey(pool, offset, containerID string) string {
 // the other; up to width reservations at once. A job's error is its own.
 func (l *Locked) releaseJobs(ctx context.Context, jobs []*releaseJob, width int) error {
 	latest := l.removeFirst(ctx, jobs)
+	if latest != "" && l.s.o.AtStep != nil {
+		l.s.o.AtStep("release-after-entries")
+	}
 	// The pools the reservations are judged on: one list from the API
 	// server, as of the removal's patch when there was one (it was written
 	// under the Lease, so the list holds every write before it, every one
@@ -912,4 +954,37 @@ func IPs(as []Allocation) []net.IP {
 		out[i] = a.IP
 	}
 	return out
+}
+
+// ReleaseStrayReservations deletes the reservations of podRef, under
+// networkName, that no entry of the pod holds in any pool that may hold
+// that network's reservations: what a release killed between its two steps
+// leaves when it removed the entries first (a node agent's, as whereabouts'
+// own DEL). The pod's next ADD would not find them (it looks for entries),
+// and whereabouts v0.7.0 takes such an address as taken. They are judged as
+// ReleaseReservations judges, under whereabouts' Lease on a fresh list of
+// the pools, and deleted with the read's preconditions. The reservations
+// are listed before the pools: one an ADD creates (always after its entry)
+// is then either no candidate or seen held. It returns the names deleted.
+func (s *Store) ReleaseStrayReservations(ctx context.Context, podRef, networkName string) ([]string, error) {
+	all, err := s.Reservations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var cands []candidate
+	for i := range all {
+		o := &all[i]
+		if o.Spec.PodRef != podRef || !names.IsReservationOf(o.Name, networkName) {
+			continue
+		}
+		cands = append(cands, candidate{Allocation: Allocation{IPAllocation: whereaboutsv1alpha1.IPAllocation{
+			PodRef: podRef, ContainerID: o.Spec.ContainerID}}, name: o.Name, read: o})
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	j := &releaseJob{ctx: ctx, network: networkName, cands: cands, going: map[string]bool{}}
+	s.runRelease(ctx, j)
+	sort.Strings(j.deleted)
+	return j.deleted, j.err
 }

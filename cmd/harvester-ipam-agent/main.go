@@ -173,7 +173,7 @@ func run(o options) error {
 		NodeConfig: o.nodeConfig,
 		// The requests' stores share whereabouts' Lease: turns under one
 		// acquisition, releases and removals of one moment together.
-		StoreOptions: shim.Options{Group: &shim.Group{Identity: fmt.Sprintf("harvester-ipam-agent/%s/%d", o.node, os.Getpid())}},
+		StoreOptions: shim.Options{Group: &shim.Group{Identity: fmt.Sprintf("harvester-ipam-agent/%s/%d", o.node, os.Getpid())}, AtStep: atStep},
 	})
 	if err != nil {
 		return err

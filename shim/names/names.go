@@ -93,3 +93,21 @@ func ReservationNetworks(poolName, ipRange string) []string {
 	}
 	return out
 }
+
+// IsReservationOf says whether name is the reservation whereabouts names for
+// some address under networkName (Reservation(ip, networkName) == name).
+func IsReservationOf(name, networkName string) bool {
+	s := name
+	if networkName != "" {
+		var ok bool
+		if s, ok = strings.CutPrefix(name, networkName+"-"); !ok {
+			return false
+		}
+	}
+	text := s
+	if !strings.Contains(s, ".") {
+		text = strings.ReplaceAll(s, "-", ":") // IPv6
+	}
+	ip := net.ParseIP(text)
+	return ip != nil && Reservation(ip, networkName) == name
+}

@@ -66,3 +66,24 @@ func TestNodeSlicesAndOddNames(t *testing.T) {
 	_, ok := PoolPrefix("hand-made", "10.0.0.0/24")
 	assert.False(t, ok)
 }
+
+func TestIsReservationOf(t *testing.T) {
+	for _, tt := range []struct {
+		name, network string
+		want          bool
+	}{
+		{"192.168.50.4", "", true},
+		{"blue-192.168.50.4", "blue", true},
+		{"blue-192.168.50.4", "", false},
+		{"192.168.50.4", "blue", false},
+		{"red-192.168.50.4", "blue", false},
+		{"fd00-10--5", "", true},
+		{"fd00-10--0", "", true}, // fd00:10::, its trailing colon made 0
+		{"blue-fd00-10--5", "blue", true},
+		{"192.168.50.0-24", "", false}, // a pool's name
+		{"192.168.050.4", "", false},
+		{"", "", false},
+	} {
+		assert.Equal(t, tt.want, IsReservationOf(tt.name, tt.network), "%q under %q", tt.name, tt.network)
+	}
+}

@@ -50,7 +50,13 @@ func testAPIServerOutage(t *testing.T, e *env) {
 
 	err = s1.Del(ctx(t))
 	require.ErrorAs(t, err, &ce, "DEL with the API server down must fail, so that the runtime retries")
-	assert.Contains(t, ce.Stderr, "read pool "+e.PoolNamespace+"/"+n.PoolName())
+	if e.Agent == nil {
+		assert.Contains(t, ce.Stderr, "read pool "+e.PoolNamespace+"/"+n.PoolName())
+	} else {
+		// The agent plans on its copy of the pool, and fails when it
+		// takes whereabouts' Lease for the release.
+		assert.Contains(t, ce.Stderr, "release "+s1.ContainerID+"/lhnet1 from pool "+e.PoolNamespace+"/"+n.PoolName())
+	}
 	assert.Contains(t, ce.Stderr, "connection refused")
 
 	require.NoError(t, rig.StartAPIServer(ctx(t)))
