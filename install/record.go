@@ -1,6 +1,7 @@
 package install
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -218,4 +219,56 @@ func removeDeadAlive(binDir string) {
 func handPod() string {
 	host, _ := os.Hostname()
 	return "pid " + strconv.Itoa(os.Getpid()) + " on " + host
+}
+
+// heldByAnother is the record of the stand-in at name when another release
+// holds it and an installer of that release runs on the node.
+// A run by hand (an operator's --verify) has no release: it checks its own
+// image's build.
+func heldByAnother(binDir, name string, me Identity) (Record, bool) {
+	if name == "" || me.Release() == ByHand {
+		return Record{}, false
+	}
+	rec, ok, err := ReadRecord(binDir, name)
+	if err != nil || !ok || rec.Release == me.Release() {
+		return Record{}, false
+	}
+	alive, err := IsAlive(binDir, rec.Release)
+	return rec, err == nil && alive
+}
+
+// InstallAs is Install for an installer of a release that stands in at name
+// (or would): while another release stands in there and runs on the node,
+// harvester-ipam under its own name is that release's build, and this one
+// leaves it as it is (two builds must not rewrite it in turn), saying why.
+func InstallAs(ctx context.Context, opt Options, name string, me Identity) (Result, string, error) {
+	if rec, ok := heldByAnother(opt.BinDir, name, me); ok {
+		if err := opt.defaults(); err != nil {
+			return Result{}, "", err
+		}
+		return Result{Path: filepath.Join(opt.BinDir, opt.Name)}, fmt.Sprintf("release %s (pod %s) stands in for %s here: %s is its build, and this release (%s) leaves it",
+			rec.Release, rec.Pod, name, filepath.Join(opt.BinDir, opt.Name), me.Release()), nil
+	}
+	res, err := Install(ctx, opt)
+	return res, "", err
+}
+
+// VerifyAs is Verify for an installer of a release that stands in at name:
+// while another release stands in there and runs on the node, the build
+// under harvester-ipam's own name is that release's, and it need only run.
+func VerifyAs(ctx context.Context, opt Options, name string, me Identity) (Result, error) {
+	rec, ok := heldByAnother(opt.BinDir, name, me)
+	if !ok {
+		return Verify(ctx, opt)
+	}
+	if err := opt.defaults(); err != nil {
+		return Result{}, err
+	}
+	res := Result{Path: filepath.Join(opt.BinDir, opt.Name)}
+	about, supported, err := probe(ctx, res.Path, opt)
+	if err != nil {
+		return res, fmt.Errorf("installed %s does not run: %w", res.Path, err)
+	}
+	res.About, res.Supported = fmt.Sprintf("%s (release %s's build)", about, rec.Release), supported
+	return res, nil
 }

@@ -425,3 +425,45 @@ func TestKeepWatchingWhenInotifyIsExhausted(t *testing.T) {
 	require.Len(t, warnings, 1, "said once")
 	assert.ErrorIs(t, warnings[0], syscall.EMFILE)
 }
+
+// Two releases of two builds on one node: the one that stands in owns
+// harvester-ipam under its own name too. The other leaves that file alone
+// (rewriting it every interval in turn with the first, each pod's probe
+// would pass only after its own write: readiness flaps, rollouts and helm
+// --wait stall) and its readiness accepts the holder's build there, as long
+// as it runs. Once the holder has no installer on the node, the other
+// installs its own.
+func TestTwoReleasesShareTheOwnName(t *testing.T) {
+	ctx := context.Background()
+	dir := node(t)
+	a := Options{Source: build(t, "a"), BinDir: dir}
+	b := Options{Source: build(t, "b"), BinDir: dir}
+	own := filepath.Join(dir, "harvester-ipam")
+	unlockA, err := HoldAlive(dir, releaseA.Release())
+	require.NoError(t, err)
+	_, why, err := InstallAs(ctx, a, "whereabouts", releaseA)
+	require.NoError(t, err)
+	assert.Empty(t, why)
+	_, err = StandInAs(ctx, a, "whereabouts", releaseA, "/opt/cni/bin", true)
+	require.NoError(t, err)
+	require.Equal(t, "harvester-ipam a", contents(t, own))
+
+	ino := inode(t, own)
+	res, why, err := InstallAs(ctx, b, "whereabouts", releaseB)
+	require.NoError(t, err)
+	assert.False(t, res.Changed)
+	assert.Contains(t, why, "release kube-system/harvester-ipam (pod harvester-ipam-a1) stands in for whereabouts here")
+	assert.Equal(t, ino, inode(t, own), "the other release leaves harvester-ipam's own name as it is")
+	res, err = VerifyAs(ctx, b, "whereabouts", releaseB)
+	require.NoError(t, err, "the other release is ready with the holder's build at the own name")
+	assert.Contains(t, res.About, "harvester-ipam a")
+	_, err = VerifyAs(ctx, b, "", releaseB)
+	require.Error(t, err, "without a stand-in, the own name is this image's or not ready")
+
+	unlockA()
+	res, why, err = InstallAs(ctx, b, "whereabouts", releaseB)
+	require.NoError(t, err)
+	assert.Empty(t, why)
+	assert.True(t, res.Changed, "the holder gone from the node: this release installs its own")
+	assert.Equal(t, "harvester-ipam b", contents(t, own))
+}

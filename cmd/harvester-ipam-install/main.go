@@ -148,7 +148,7 @@ func main() {
 		return
 	}
 	if verify {
-		res, err := install.Verify(ctx, opt)
+		res, err := install.VerifyAs(ctx, opt, standIn, me)
 		if err != nil {
 			fail(err)
 		}
@@ -215,9 +215,15 @@ func main() {
 		})
 	}
 
-	var warned string
+	var warned, leaves string
 	for first := true; ; first = false {
-		res, err := install.Install(ctx, opt)
+		res, why, err := install.InstallAs(ctx, opt, standIn, me)
+		if why != leaves {
+			if why != "" {
+				logf("%s", why)
+			}
+			leaves = why
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return // terminated while waiting: nothing was changed
@@ -228,7 +234,7 @@ func main() {
 		}
 		if res.Changed {
 			logf("installed %s (%s; CNI %s)", res.Path, res.About, strings.Join(res.Supported, ", "))
-		} else if first {
+		} else if first && why == "" {
 			logf("%s is up to date (%s)", res.Path, res.About)
 		}
 		if owner != "" {

@@ -385,7 +385,9 @@ func TestKubeletREADME(t *testing.T) {
 	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", "harvester-ipam", 3*time.Minute))
 	ref := sh.yours["REGISTRY"] + "/harvester-ipam:" + appVersion
 	require.Eventually(t, func() bool {
-		pods, err := c.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=installer"})
+		// The installer's and the node agent's pods run the one image: the
+		// first to start pulls it, the other finds it on the node.
+		pods, err := c.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=harvester-ipam"})
 		if err != nil {
 			return false
 		}
@@ -404,7 +406,7 @@ func TestKubeletREADME(t *testing.T) {
 			}
 		}
 		return false
-	}, time.Minute, time.Second, "the DaemonSet's new pod pulled %s from the registry (its event)", ref)
+	}, time.Minute, time.Second, "the DaemonSets' new pods pulled %s from the registry (an event of one of them)", ref)
 	require.Eventually(t, func() bool { return at("whereabouts") == "harvester-ipam "+appVersion }, time.Minute, 200*time.Millisecond,
 		"the image pulled from the registry stands in (now %s)", at("whereabouts"))
 
