@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -192,4 +194,43 @@ func peerGone(c *net.UnixConn) bool {
 		}
 	})
 	return gone
+}
+
+// ServeAt serves l until ctx ends, then closes it. Every interval it looks
+// at l's path: when nothing is there any more (another agent took the path
+// over, a second release's, then stopped and removed its socket), it
+// listens there again, so that clients and the readiness probe reach it.
+// A path that holds another agent's socket is left to it.
+func (s *Server) ServeAt(ctx context.Context, l *Listener, every time.Duration) error {
+	served := make(chan error, 4)
+	serve := func(l *Listener) {
+		if err := s.Serve(l); err != nil {
+			served <- err
+		}
+	}
+	go serve(l)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return l.Close()
+		case err := <-served:
+			_ = l.Close()
+			return fmt.Errorf("serve: %w", err)
+		case <-t.C:
+			if _, err := os.Lstat(l.path); !errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			nl, err := Listen(l.path)
+			if err != nil {
+				s.log.Printf("the socket %s is gone; listening there again: %v", l.path, err)
+				continue
+			}
+			s.log.Printf("the socket %s was gone (another agent that had taken it over stopped): serving there again", l.path)
+			go serve(nl)
+			_ = l.UnixListener.Close() // no longer reached; its path is nl's now
+			l = nl
+		}
+	}
 }

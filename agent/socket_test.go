@@ -167,3 +167,32 @@ func TestANonRootPeerIsRefused(t *testing.T) {
 	out = run(0)
 	assert.True(t, strings.Contains(out, "outcome=served"), "uid 0: %s", out)
 }
+
+// A second agent on the node (a second release of the chart) takes the
+// socket's path over; when it stops it removes its socket, and the path is
+// empty while this agent still runs: no client reaches it, and its
+// readiness fails. It listens at the path again.
+func TestAnAgentWhoseSocketWasTakenAwayListensAgain(t *testing.T) {
+	r := newRig(t)
+	sock := filepath.Join(shortDir(t), "agent.sock")
+	mine, err := Listen(sock)
+	require.NoError(t, err)
+	srv, err := New(r.srv.o)
+	require.NoError(t, err)
+	require.NoError(t, srv.Check(context.Background()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeAt(ctx, mine, 20*time.Millisecond) }()
+	assert.Equal(t, client.Served, probe(t, sock).Outcome)
+
+	other, err := Listen(sock)
+	require.NoError(t, err)
+	require.NoError(t, other.Close(), "the other agent stops: its socket goes with it")
+	require.Eventually(t, func() bool { return probe(t, sock).Outcome == client.Served }, 5*time.Second, 20*time.Millisecond,
+		"this agent serves at the path again")
+
+	cancel()
+	require.NoError(t, <-done)
+	_, err = os.Lstat(sock)
+	assert.True(t, os.IsNotExist(err), "stopped, it removes its own socket")
+}

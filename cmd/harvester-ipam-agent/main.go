@@ -224,18 +224,16 @@ func run(o options) error {
 		}()
 	}
 
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	select {
-	case <-ctx.Done():
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
+	// Served until ctx ends; then requests stop at once (new clients are
+	// refused and work alone; a newer agent's socket is left as it is).
+	// Its path is looked at every 2 s: a second release's agent that took
+	// it over and stopped leaves it empty, and this agent listens again.
+	closeErr := srv.ServeAt(ctx, l, 2*time.Second)
+	if ctx.Err() == nil {
+		return closeErr
 	}
-	// Stop taking requests at once (new clients are refused and work alone;
-	// a newer agent's socket is left as it is), then let the verbs under way
-	// finish.
+	// Then the verbs under way finish.
 	logf("stopping: no new requests; waiting up to %s for those under way", o.grace)
-	closeErr := l.Close()
 	sctx, cancel := context.WithTimeout(context.Background(), o.grace)
 	defer cancel()
 	if err := srv.Stop(sctx); err != nil {
