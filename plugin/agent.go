@@ -179,9 +179,19 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 	// The agent releases the entries first: killed before it judged their
 	// reservations (the reclaim of an earlier sandbox of this pod), it left
 	// them without entries, where this ADD's reclaim does not look and
-	// whereabouts v0.7.0 takes their addresses as taken.
+	// whereabouts v0.7.0 takes their addresses as taken. The earlier
+	// sandbox's checkpoint on this node still names them (it is removed
+	// only by its DEL or GC).
+	// Only addresses an earlier sandbox of the pod recorded on this node.
 	if pod, err := conf.ParseArgs(args.Args); err == nil {
-		deleted, err := store.ReleaseStrayReservations(ctx, pod.Ref(), cfg.IPAM.NetworkName)
+		all, _ := checkpoint.Dir(cfg.Options.CheckpointDir).List()
+		var earlier []net.IP
+		for _, rec := range all {
+			if rec.PodRef == pod.Ref() && rec.ContainerID != args.ContainerID && rec.Namespace == store.Namespace() {
+				earlier = append(earlier, parseIPs(rec.IPs)...)
+			}
+		}
+		deleted, err := store.ReleaseStrayReservations(ctx, pod.Ref(), cfg.IPAM.NetworkName, earlier)
 		if err != nil {
 			return storeError(fmt.Sprintf("release the reservations of %s that no entry holds in %s", pod.Ref(), store.Namespace()), err)
 		}

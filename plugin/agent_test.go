@@ -249,6 +249,11 @@ func TestALostAddReleasesThePodsStrayReservations(t *testing.T) {
 				fake.NewReservation("192.168.50.2", "longhorn-system/im-a"), // the earlier sandbox's, its entry removed
 				fake.NewReservation("192.168.50.4", "longhorn-system/im-b"))
 			r.wb.Version = v
+			// The earlier sandbox's checkpoint on this node, which its DEL
+			// never removed, names the address.
+			require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "old1", IfName: "lhnet1", PodRef: "longhorn-system/im-a",
+				Network: "storagenetwork", Namespace: "kube-system", IPs: []string{"192.168.50.2/24"},
+				Pools: []checkpoint.Pool{{Name: "192.168.50.0-24", Range: "192.168.50.0/24"}}}))
 			stub := &agentStub{serve: func(wire.Request, net.Conn) *wire.Answer { return nil }}
 			r.p.Agent = stub.start(t)
 			require.NoError(t, through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))

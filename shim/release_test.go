@@ -415,14 +415,16 @@ func TestStrayReservationsOfAPodAreReleased(t *testing.T) {
 	api := fake.New()
 	api.Put(storageNetwork()...)
 	api.Put(fake.NewReservation("192.168.50.9", "longhorn-system/im-a"), // the stray: no entry
+		fake.NewReservation("192.168.50.12", "longhorn-system/im-a"),      // no entry, but no earlier sandbox recorded it
 		fake.NewReservation("blue-192.168.50.10", "longhorn-system/im-a"), // another network's
 		fake.NewReservation("192.168.50.11", "longhorn-system/im-b"))      // another pod's
 	s := shim.New(api, ns, shim.Options{Clock: &clock{now: testEpoch}, Identity: "harvester-ipam/test"})
-	deleted, err := s.ReleaseStrayReservations(context.Background(), "longhorn-system/im-a", "")
+	earlier := []net.IP{netIP("192.168.50.9"), netIP("192.168.50.3"), netIP("192.168.50.10"), netIP("192.168.50.11")}
+	deleted, err := s.ReleaseStrayReservations(context.Background(), "longhorn-system/im-a", "", earlier)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"192.168.50.9"}, deleted)
 	assert.NotContains(t, reservations(api), "192.168.50.9")
-	for _, stays := range []string{"192.168.50.3", "192.168.50.4", "192.168.50.5", "blue-192.168.50.10", "192.168.50.11"} {
+	for _, stays := range []string{"192.168.50.3", "192.168.50.4", "192.168.50.5", "blue-192.168.50.10", "192.168.50.11", "192.168.50.12"} {
 		assert.Contains(t, reservations(api), stays)
 	}
 	assert.Equal(t, "", *api.Lease(ns, "whereabouts").Spec.HolderIdentity, "the Lease handed back")

@@ -966,7 +966,19 @@ func IPs(as []Allocation) []net.IP {
 // the pools, and deleted with the read's preconditions. The reservations
 // are listed before the pools: one an ADD creates (always after its entry)
 // is then either no candidate or seen held. It returns the names deleted.
-func (s *Store) ReleaseStrayReservations(ctx context.Context, podRef, networkName string) ([]string, error) {
+//
+// Only the reservations of addresses are looked at (those an earlier
+// sandbox of the pod recorded): a reservation of the pod's current sandbox
+// may be one whereabouts shares between its interfaces on overlapping
+// ranges, and is never a stray's.
+func (s *Store) ReleaseStrayReservations(ctx context.Context, podRef, networkName string, addresses []net.IP) ([]string, error) {
+	if len(addresses) == 0 {
+		return nil, nil
+	}
+	want := map[string]bool{}
+	for _, ip := range addresses {
+		want[names.Reservation(ip, networkName)] = true
+	}
 	all, err := s.Reservations(ctx)
 	if err != nil {
 		return nil, err
@@ -974,7 +986,7 @@ func (s *Store) ReleaseStrayReservations(ctx context.Context, podRef, networkNam
 	var cands []candidate
 	for i := range all {
 		o := &all[i]
-		if o.Spec.PodRef != podRef || !names.IsReservationOf(o.Name, networkName) {
+		if o.Spec.PodRef != podRef || !want[o.Name] {
 			continue
 		}
 		cands = append(cands, candidate{Allocation: Allocation{IPAllocation: whereaboutsv1alpha1.IPAllocation{
