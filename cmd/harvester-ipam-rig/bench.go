@@ -180,47 +180,71 @@ func (b *bencher) phases(ctx context.Context) error {
 	h, _ := b.sides("10.206.0.0/24", "10.207.0.0/24")
 	logFile := filepath.Join(b.rig.Dir, "bench-phases.log")
 	h.extra = fmt.Sprintf(`,"log_level":"debug","log_file":%q`, logFile)
-	times := map[string]map[string][]time.Duration{"ADD": {}, "DEL": {}}
-	steps := map[string][]string{}
-	var ids []string
+	st, err := b.timeSteps(ctx, h, runs, "phases", logFile)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("## Where harvester-ipam's time goes (its debug log's steps, medians of %d, on whereabouts %s)\n\n", runs, b.wb)
+	for _, verb := range []string{"ADD", "DEL"} {
+		parts, sum, wall := st.medians(verb)
+		fmt.Printf("    %s: %s; %s in steps of a process's %s\n", verb, parts, ms(sum), ms(wall))
+	}
+	fmt.Println()
+	return nil
+}
+
+// stepTimes are the times of an ADD and a DEL of runs sandboxes, as the
+// plugin's debug log times each step, by verb and step ("wall": the whole
+// process), the steps in the log's order, and the sandboxes' container IDs.
+type stepTimes struct {
+	times map[string]map[string][]time.Duration
+	steps map[string][]string
+	ids   []string
+}
+
+// timeSteps runs ADD then DEL of runs sandboxes on s, one at a time, and
+// reads each verb's steps from the debug log logFile.
+func (b *bencher) timeSteps(ctx context.Context, s side, runs int, label, logFile string) (stepTimes, error) {
+	st := stepTimes{times: map[string]map[string][]time.Duration{"ADD": {}, "DEL": {}}, steps: map[string][]string{}}
 	for _, verb := range []string{"ADD", "DEL"} {
 		for i := 0; i < runs; i++ {
 			id := b.id()
 			if verb == "ADD" {
-				ids = append(ids, id)
+				st.ids = append(st.ids, id)
 			} else {
-				id = ids[i]
+				id = st.ids[i]
 			}
-			m, err := b.call(ctx, h, verb, id, fmt.Sprintf("phases-%02d", i))
+			m, err := b.call(ctx, s, verb, id, fmt.Sprintf("%s-%02d", label, i))
 			if err != nil {
-				return err
+				return st, err
 			}
-			times[verb]["wall"] = append(times[verb]["wall"], m.Wall)
+			st.times[verb]["wall"] = append(st.times[verb]["wall"], m.Wall)
 			parts, err := stepsOf(logFile, verb, id)
 			if err != nil {
-				return err
+				return st, err
 			}
 			for _, p := range parts {
 				if i == 0 {
-					steps[verb] = append(steps[verb], p.name)
+					st.steps[verb] = append(st.steps[verb], p.name)
 				}
-				times[verb][p.name] = append(times[verb][p.name], p.d)
+				st.times[verb][p.name] = append(st.times[verb][p.name], p.d)
 			}
 		}
 	}
-	fmt.Printf("## Where harvester-ipam's time goes (its debug log's steps, medians of %d, on whereabouts %s)\n\n", runs, b.wb)
-	for _, verb := range []string{"ADD", "DEL"} {
-		var parts []string
-		var sum time.Duration
-		for _, st := range steps[verb] {
-			d := median(times[verb][st])
-			sum += d
-			parts = append(parts, fmt.Sprintf("%s %s", st, ms(d)))
-		}
-		fmt.Printf("    %s: %s; %s in steps of a process's %s\n", verb, strings.Join(parts, ", "), ms(sum), ms(median(times[verb]["wall"])))
+	return st, nil
+}
+
+// medians are verb's steps with their medians ("config 0.1 ms, ..."), their
+// sum, and the process's median.
+func (st stepTimes) medians(verb string) (string, time.Duration, time.Duration) {
+	var parts []string
+	var sum time.Duration
+	for _, name := range st.steps[verb] {
+		d := median(st.times[verb][name])
+		sum += d
+		parts = append(parts, fmt.Sprintf("%s %s", name, ms(d)))
 	}
-	fmt.Println()
-	return nil
+	return strings.Join(parts, ", "), sum, median(st.times[verb]["wall"])
 }
 
 type step struct {

@@ -248,48 +248,18 @@ func (b *bencher) agentPhases(ctx context.Context, a *testcni.Agent) error {
 	sd := s.onNode(0)
 	logFile := filepath.Join(b.rig.Dir, "bench-agent-phases.log")
 	sd.extra += fmt.Sprintf(`,"log_level":"debug","log_file":%q`, logFile)
-	times := map[string]map[string][]time.Duration{"ADD": {}, "DEL": {}}
-	steps := map[string][]string{}
-	var ids []string
-	for _, verb := range []string{"ADD", "DEL"} {
-		for i := 0; i < runs; i++ {
-			id := b.id()
-			if verb == "ADD" {
-				ids = append(ids, id)
-			} else {
-				id = ids[i]
-			}
-			m, err := b.call(ctx, sd, verb, id, fmt.Sprintf("agent-phases-%02d", i))
-			if err != nil {
-				return err
-			}
-			times[verb]["wall"] = append(times[verb]["wall"], m.Wall)
-			parts, err := stepsOf(logFile, verb, id)
-			if err != nil {
-				return err
-			}
-			for _, p := range parts {
-				if i == 0 {
-					steps[verb] = append(steps[verb], p.name)
-				}
-				times[verb][p.name] = append(times[verb][p.name], p.d)
-			}
-		}
+	st, err := b.timeSteps(ctx, sd, runs, "agent-phases", logFile)
+	if err != nil {
+		return err
 	}
-	served, err := agentSteps(a.Log, ids)
+	served, err := agentSteps(a.Log, st.ids)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("### Where the agent's verbs spend their time (the plugin's debug log, written by the agent, and the agent's own log of each request; medians of %d)\n\n", runs)
 	for _, verb := range []string{"ADD", "DEL"} {
-		var parts []string
-		var sum time.Duration
-		for _, st := range steps[verb] {
-			d := median(times[verb][st])
-			sum += d
-			parts = append(parts, fmt.Sprintf("%s %s", st, ms(d)))
-		}
-		fmt.Printf("    %s: %s; %s in the verb's steps of a plugin process's %s\n", verb, strings.Join(parts, ", "), ms(sum), ms(median(times[verb]["wall"])))
+		parts, sum, wall := st.medians(verb)
+		fmt.Printf("    %s: %s; %s in the verb's steps of a plugin process's %s\n", verb, parts, ms(sum), ms(wall))
 	}
 	for _, verb := range []string{"ADD", "DEL"} {
 		var parts []string
