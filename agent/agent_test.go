@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	allocpkg "github.com/harvester/harvester-ipam/agent/alloc"
+	"github.com/harvester/harvester-ipam/agent/cache"
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
@@ -819,4 +820,46 @@ func TestTheAllocatorRecordsTheAttachmentOnceBeforeItWrites(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	assert.Equal(t, []string{"192.168.50.2/24"}, rec.IPs, "the result's address, as the plugin records it")
+}
+
+// The agent's copy of the pool may lack an entry written a moment ago: an
+// earlier sandbox of the pod allocated (by the exec path, or by an agent
+// before a reboot) after the copy was listed. ADD's reclaim must not decide
+// "no earlier sandbox" from that copy (the simulation's seeds 973 and 1227
+// on v0.7.0): the pool the allocation is written on shows the earlier
+// sandbox, and it is released before the new address is chosen.
+func TestAnAddWhoseCopyMissesTheEarlierSandboxReclaimsIt(t *testing.T) {
+	for _, v070 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ifname pruned %v", v070), func(t *testing.T) {
+			r := newRig(t, fake.NewPool(poolName, "192.168.50.0/24", map[string]alloc{
+				"9": {ContainerID: "x1", PodRef: "longhorn-system/other", IfName: "lhnet1"}}),
+				fake.NewReservation("192.168.50.9", "longhorn-system/other"))
+			objs := cache.New()
+			objs.SawPool(r.api.Pool("kube-system", poolName))
+			objs.Listed("kube-system")
+			// Since the copy was listed: the earlier sandbox c0 of im-a got .2.
+			ifname := "lhnet1"
+			if v070 {
+				ifname = "" // whereabouts v0.7.0's CRD prunes it
+			}
+			p := r.api.Pool("kube-system", poolName)
+			p.Spec.Allocations["2"] = alloc{ContainerID: "c0", PodRef: "longhorn-system/im-a", IfName: ifname}
+			_, err := r.api.UpdatePool("kube-system", p)
+			require.NoError(t, err)
+			r.api.Put(fake.NewReservation("192.168.50.2", "longhorn-system/im-a"))
+			r.srv.o.API = cache.API{API: r.api, Objects: objs}
+			r.srv.o.Allocator = allocpkg.Delegate{Allocator: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
+
+			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+			assert.Equal(t, map[string]alloc{
+				"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+				"9": {ContainerID: "x1", PodRef: "longhorn-system/other", IfName: "lhnet1"},
+			}, r.pool(), "the earlier sandbox's entry released, its address the lowest free again")
+			o, err := r.api.GetReservation(context.Background(), "kube-system", "192.168.50.2")
+			require.NoError(t, err, "the new sandbox's reservation")
+			assert.Equal(t, "longhorn-system/im-a", o.Spec.PodRef)
+		})
+	}
 }

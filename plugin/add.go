@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -92,14 +93,31 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	p.at("add-after-reclaim")
 	ph.mark("reclaim")
 
-	var res cnitypes.Result
-	switch {
-	case records:
-		res, err = recorder.AddRecording(ctx, store, cfg, args, rec)
-	case p.Allocator != nil:
-		res, err = p.Allocator.Add(ctx, store, cfg, args)
-	default:
-		res, err = delegate.Add(ctx, cfg.Options.Delegate, cfg.Delegated, exec, p.Env)
+	allocate := func() (cnitypes.Result, error) {
+		switch {
+		case records:
+			return recorder.AddRecording(ctx, store, cfg, args, rec)
+		case p.Allocator != nil:
+			return p.Allocator.Add(ctx, store, cfg, args)
+		default:
+			return delegate.Add(ctx, cfg.Options.Delegate, cfg.Delegated, exec, p.Env)
+		}
+	}
+	res, err := allocate()
+	// An allocator in-process writes only on a pool that shows no earlier
+	// sandbox of the pod: one there, which the reclaim's look at a copy did
+	// not show, is released on a fresh read and the ADD allocates again.
+	for try := 1; errors.Is(err, shim.ErrEarlierSandbox); try++ {
+		if try > earlierSandboxTries {
+			return storeError(fmt.Sprintf("release earlier sandboxes of %s", pod.Ref()), err)
+		}
+		log.Verbosef("%v: releasing it on a fresh read", err)
+		for _, pool := range cfg.Pools {
+			if err := p.reclaimFresh(ctx, store, cp, pool.Name, cfg.IPAM.NetworkName, earlier, pod.Ref(), log); err != nil {
+				return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", pod.Ref(), pool.Name), err)
+			}
+		}
+		res, err = allocate()
 	}
 	if err != nil {
 		derr := delegateError(cfg.Options.Delegate, "ADD", err)
@@ -151,8 +169,31 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 // entry only by a patch guarded by the copy's resourceVersion, while the
 // entry is still what the plan saw; a stale copy costs a fresh read.
 func (p *Plugin) reclaim(ctx context.Context, store *shim.Store, cp checkpoint.Dir, pool, network string, earlier shim.Picker, podRef string, log *logger) error {
+	return p.reclaimFrom(ctx, store, cp, pool, network, earlier, podRef, log, false)
+}
+
+// reclaimFresh is reclaim planned on a fresh read, whatever a copy shows.
+func (p *Plugin) reclaimFresh(ctx context.Context, store *shim.Store, cp checkpoint.Dir, pool, network string, earlier shim.Picker, podRef string, log *logger) error {
+	return p.reclaimFrom(ctx, store, cp, pool, network, earlier, podRef, log, true)
+}
+
+// earlierSandboxTries bounds the fresh reclaims of one ADD whose allocator
+// found an earlier sandbox its reclaim had not seen: a second is needed only
+// if an earlier sandbox's entry lands after the first, which the kubelet's
+// one sandbox of a pod at a time leaves to a lost write already on its way.
+const earlierSandboxTries = 3
+
+func (p *Plugin) reclaimFrom(ctx context.Context, store *shim.Store, cp checkpoint.Dir, pool, network string, earlier shim.Picker, podRef string, log *logger, fresh bool) error {
 	var plan shim.Plan
-	if local := store.LocalPool(pool); local != nil {
+	if fresh {
+		var err error
+		if plan, err = store.Plan(ctx, pool, network, earlier); err != nil {
+			return err
+		}
+		if plan.Empty() {
+			return nil
+		}
+	} else if local := store.LocalPool(pool); local != nil {
 		if len(earlier(local)) == 0 {
 			return nil
 		}

@@ -1,11 +1,18 @@
 package shim
 
 import (
+	"errors"
 	"net"
 	"sort"
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 )
+
+// ErrEarlierSandbox is an allocation refused, nothing written, because the
+// pool it would be written on holds an entry of an earlier sandbox of the
+// pod: the ADD's reclaim decided "no earlier sandbox" on a copy that was
+// behind. The ADD releases it on a fresh read and allocates again.
+var ErrEarlierSandbox = errors.New("the pool holds an entry of an earlier sandbox of the pod that the ADD's reclaim did not see")
 
 // Picker chooses, from a pool as read, the offsets of the entries to
 // release, sorted. It is called again on every fresh read, so it decides from

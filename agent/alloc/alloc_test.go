@@ -396,16 +396,26 @@ func TestThePodsOwnReservationIsKept(t *testing.T) {
 	assert.NotNil(t, api.Lease(ns, "whereabouts"), "judged under whereabouts' Lease")
 }
 
-func TestAnEntryOfThePodOnThisInterfaceIsHandedOver(t *testing.T) {
-	api := fake.New()
-	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{
-		"7": {ContainerID: "old", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
-	}), fake.NewReservation("10.0.0.7", "longhorn-system/im-a"))
-	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "new"))
-	require.NoError(t, err)
-	assert.Equal(t, "10.0.0.7", ips[0].IP.String())
-	assert.Equal(t, map[string]shim.IPAllocation{"7": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}},
-		api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "whereabouts v0.8.0+ rewrites the entry's id")
+// whereabouts v0.8.0+ hands the pod's entry on this interface over to a new
+// sandbox, keeping its reservation (the earlier container's). The ADD's
+// reclaim releases earlier sandboxes first; an entry of one still in the
+// pool the allocator writes on is one the reclaim did not see (it looked at
+// a copy that was behind): the allocator writes nothing and says so, and the
+// plugin releases it on a fresh read before it asks again.
+func TestAnEntryOfAnEarlierSandboxIsLeftToTheReclaim(t *testing.T) {
+	for _, ifname := range []string{"lhnet1", "lhnet2", ""} {
+		t.Run("ifname "+ifname, func(t *testing.T) {
+			api := fake.New()
+			pool := map[string]shim.IPAllocation{"7": {ContainerID: "old", PodRef: "longhorn-system/im-a", IfName: ifname}}
+			api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", pool), fake.NewReservation("10.0.0.7", "longhorn-system/im-a"))
+			n := patches(api)
+			_, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "new"))
+			require.ErrorIs(t, err, shim.ErrEarlierSandbox)
+			assert.Contains(t, err.Error(), "offsets 7")
+			assert.Equal(t, int32(0), n.Load(), "nothing written")
+			assert.Equal(t, pool, api.Pool(ns, "10.0.0.0-24").Spec.Allocations)
+		})
+	}
 }
 
 func TestAnADDRunAgainGetsItsAddressWithoutAWrite(t *testing.T) {

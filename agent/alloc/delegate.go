@@ -69,6 +69,9 @@ func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 		return nil, asCNI(err)
 	}
 	ips, err := d.Allocator.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record})
+	if errors.Is(err, shim.ErrEarlierSandbox) {
+		return nil, err // the plugin releases it and asks again
+	}
 	if err != nil {
 		return nil, asCNI(err)
 	}

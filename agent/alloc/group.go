@@ -6,6 +6,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -231,6 +232,14 @@ func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, f
 	}
 	list := reservations(base.Spec.Allocations, first)
 	for _, m := range batch {
+		// The pool as it is written on (the patch tests this version) is
+		// where the ADD's "no earlier sandbox" is decided: its reclaim may
+		// have looked at a copy that was behind.
+		if earlier := shim.EarlierSandboxes(m.podRef, m.containerID)(base); len(earlier) > 0 {
+			failed = append(failed, failure{m, fmt.Errorf("allocate in pool %s/%s for %s: %w (offsets %s)",
+				base.Namespace, base.Name, m.podRef, shim.ErrEarlierSandbox, strings.Join(earlier, ", "))})
+			continue
+		}
 		c, err := a.chooseOne(base, first, list, m)
 		if err != nil {
 			failed = append(failed, failure{m, err})
