@@ -14,6 +14,8 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +23,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +61,10 @@ type Options struct {
 	Namespaces []string
 	// Node names the node, for the Lease identity of each request.
 	Node string
+	// Identity names this start of the agent as a holder of whereabouts'
+	// Lease (Identity(Node, instance)); each request's store holds it as
+	// Identity/<sequence>. Empty: Identity(Node, the pid).
+	Identity string
 	// Allocator allocates ADD's addresses; nil runs the whereabouts binary
 	// the request's CNI_PATH holds, as the plugin does.
 	Allocator Allocator
@@ -141,6 +148,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.CheckpointDirs == nil {
 		o.CheckpointDirs = []string{conf.DefaultCheckpointDir}
+	}
+	if o.Identity == "" {
+		o.Identity = Identity(o.Node, strconv.Itoa(os.Getpid()))
 	}
 	w := o.Log
 	if w == nil {
@@ -498,8 +508,22 @@ func (s *Server) newStore(kubeconfig string) (*shim.Store, error) {
 // storeIn is a request's store of the pools of namespace ns.
 func (s *Server) storeIn(ns string) *shim.Store {
 	o := s.o.StoreOptions
-	o.Identity = fmt.Sprintf("harvester-ipam-agent/%s/%d/%d", s.o.Node, os.Getpid(), s.seq.Add(1))
+	o.Identity = fmt.Sprintf("%s/%d", s.o.Identity, s.seq.Add(1))
 	return shim.New(s.o.API, ns, o)
+}
+
+// Identity names one start of a node's agent as a holder of whereabouts'
+// Lease: harvester-ipam-agent/<node>/<instance>/<8 random hex digits>.
+// instance names the process (its pod's UID); the random part, drawn anew
+// at each call, tells apart starts that share it (a container restarted in
+// its pod keeps the UID, and the pid is 1 in every container). The Lease
+// and its observers (whereabouts, the simulation's trace) then see each
+// agent as a holder of its own; shim's own rule (a record under our name
+// that we did not write is another holder's) guards against a clash.
+func Identity(node, instance string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return fmt.Sprintf("harvester-ipam-agent/%s/%s/%s", node, instance, hex.EncodeToString(b[:]))
 }
 
 // namespaceOf is the pool namespace a whereabouts kubeconfig names, read

@@ -863,3 +863,29 @@ func TestAnAddWhoseCopyMissesTheEarlierSandboxReclaimsIt(t *testing.T) {
 		})
 	}
 }
+
+// Two agents of one node (a rollout's new one beside the old, two releases
+// of the chart, a crashed one's replacement: pid 1 in each container) hold
+// whereabouts' Lease under names of their own, each request's its
+// agent's name and a sequence of its own.
+func TestTwoAgentsOfANodeHoldTheLeaseUnderNamesOfTheirOwn(t *testing.T) {
+	api := fake.New()
+	holder := func(s *shim.Store) string {
+		var h string
+		require.NoError(t, s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+			h = *api.Lease("kube-system", "whereabouts").Spec.HolderIdentity
+			return nil
+		}))
+		return h
+	}
+	var names []string
+	for i := 0; i < 2; i++ {
+		srv, err := New(Options{API: api, Namespaces: []string{"kube-system"}, Node: "n1", Log: &bytes.Buffer{}})
+		require.NoError(t, err)
+		first, second := holder(srv.storeIn("kube-system")), holder(srv.storeIn("kube-system"))
+		assert.True(t, strings.HasPrefix(first, "harvester-ipam-agent/n1/"), first)
+		assert.NotEqual(t, first, second, "two requests of one agent")
+		names = append(names, first)
+	}
+	assert.NotEqual(t, names[0], names[1], "the first requests of two agents of one node")
+}

@@ -28,6 +28,10 @@ import (
 //     whereabouts elsewhere, which looks every 0.5 to 1.1 s, gets turns.
 //   - The Lease handed back is remembered: while nobody else writes it, the
 //     next acquisition takes it with one write, without reading it first.
+//     So is one whose hand back failed: while nobody wrote it since, it is
+//     still the group's. The Lease under the group's Identity in a record
+//     the group did not write is another holder's (another process of the
+//     same name), and waited out as any other holder's.
 //   - Releases of reservations (ReleaseReservations) waiting at one moment
 //     are judged in one turn, on one list of the pools taken under the Lease,
 //     each as it would be alone.
@@ -74,7 +78,7 @@ type shared struct {
 	held   *hold
 	by     *Store    // the store held took it with
 	since  time.Time // when held was acquired
-	record *Lease    // the Lease as the group last handed it back
+	record *Lease    // the Lease as the group last wrote it, its hold ended (acquire's record)
 	rest   time.Time // no acquisition before (after a hold of MaxHold)
 
 	jobs     []*releaseJob

@@ -78,9 +78,19 @@ func (s *Store) Locked(ctx context.Context, fn func(context.Context, *Locked) er
 }
 
 // acquire takes the Lease as identity. record, when set, is the Lease as
-// this process last handed it back: while nobody has written it since, it
-// is free, and taking it needs no read first (a conflict says someone did:
-// then it is read as usual).
+// this process last wrote it when its previous hold ended: handed back, or
+// still under identity when the hand back failed. While nobody has written
+// it since, it is ours: free, taken with no read first (a conflict says
+// someone did: then it is read as usual), or still held by us.
+//
+// A holder is the process that wrote the record, not a name: client-go's
+// electors take a record under their own identity as theirs, which is safe
+// only while no two processes share one (they add a UUID to it). Two node
+// agents of one node may (each pid 1 in its container), and so may a
+// crashed process and its replacement: a record under identity that this
+// process did not write (its resourceVersion is not record's) is another
+// holder's, waited out as any other holder's, and taken from it with a
+// transition.
 func (s *Store) acquire(ctx context.Context, identity string, record *Lease) (*hold, error) {
 	if record != nil && (record.Spec.HolderIdentity == nil || *record.Spec.HolderIdentity == "") {
 		l := record.DeepCopy()
@@ -140,9 +150,9 @@ func (s *Store) acquire(ctx context.Context, identity string, record *Lease) (*h
 		if cur.Spec.LeaseDurationSeconds != nil {
 			duration = time.Duration(*cur.Spec.LeaseDurationSeconds) * time.Second
 		}
-		if holder == "" || holder == identity || !now.Before(seenAt.Add(duration)) {
+		if holder == "" || wrote(record, cur, identity) || !now.Before(seenAt.Add(duration)) {
 			l := cur.DeepCopy()
-			if holder != identity {
+			if !wrote(record, cur, identity) {
 				transitions := int32(0)
 				if l.Spec.LeaseTransitions != nil {
 					transitions = *l.Spec.LeaseTransitions
@@ -166,6 +176,14 @@ func (s *Store) acquire(ctx context.Context, identity string, record *Lease) (*h
 			return nil, fmt.Errorf("wait for lease %s/%s held by %s: %w", s.namespace, names.Lease, holder, err)
 		}
 	}
+}
+
+// wrote says whether cur is record, the Lease as this process last wrote
+// it, held under identity: the same version of the object, which nobody
+// wrote since. A holder of the same name is another holder.
+func wrote(record, cur *Lease, identity string) bool {
+	return record != nil && cur.ResourceVersion != "" && record.ResourceVersion == cur.ResourceVersion &&
+		record.Spec.HolderIdentity != nil && *record.Spec.HolderIdentity == identity
 }
 
 // hold makes l's record identity's, acquired or renewed at now.
@@ -223,7 +241,9 @@ func (l *Locked) lost() bool {
 
 // release hands the Lease back as client-go's elector does: no holder, a
 // duration of one second; a Lease that changed meanwhile is not ours to
-// touch. It returns the Lease as written, nil when it was not.
+// touch. It returns the Lease as this hold last wrote it: handed back, or,
+// when the hand back failed, as it last took or renewed it (still ours
+// while nobody wrote it since: acquire's record).
 func (h *hold) release(ctx context.Context, s *Store) *Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -238,7 +258,7 @@ func (h *hold) release(ctx context.Context, s *Store) *Lease {
 	defer cancel()
 	got, err := s.api.UpdateLease(cctx, next)
 	if err != nil {
-		return nil
+		return h.lease
 	}
 	return got
 }

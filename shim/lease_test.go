@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,7 +51,10 @@ func TestTakingTheLease(t *testing.T) {
 		{name: "none yet: created, no transition", wantTransitions: 0},
 		{name: "handed back: taken, one more transition", held: lease("", 1, 3), wantTransitions: 4},
 		{name: "no transitions recorded: the first", held: noTransitions, wantTransitions: 1},
-		{name: "ours already (a crash under it): taken, no transition", held: lease("harvester-ipam/test", 5, 3), wantTransitions: 3},
+		// Our name on a record this store did not write: another process of
+		// the same name (a crashed one, whose requests may still land) holds
+		// it as much as anyone else: waited out, and taken from it.
+		{name: "under our name, not written by us: waited out, one more transition", held: lease("harvester-ipam/test", 5, 3), wantWait: 5025 * time.Millisecond, wantTransitions: 4},
 		{name: "held without a duration: expired at once", held: noDuration, wantTransitions: 4},
 		// Looked at again every 75 ms (50 ms and half again at random).
 		{name: "held for 2 s: taken once its record is 2 s old", held: lease("kube-system/whereabouts-node1", 2, 3), wantWait: 2025 * time.Millisecond, wantTransitions: 4},
@@ -579,6 +584,167 @@ func TestAReservationIsDeletedOnlyAsItWasRead(t *testing.T) {
 				require.NotNil(t, o)
 				assert.Equal(t, tt.podRef, o.Spec.PodRef)
 			}
+		})
+	}
+}
+
+// gateClock is a syncClock whose waits say so on waiting, then wait until
+// open is closed.
+type gateClock struct {
+	syncClock
+	waiting chan struct{}
+	open    chan struct{}
+}
+
+func (c *gateClock) Sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case c.waiting <- struct{}{}:
+	default:
+	}
+	select {
+	case <-c.open:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return c.syncClock.Sleep(ctx, d)
+}
+
+// Two holders of one name (two agents of a node, each pid 1 in its
+// container) are two holders: the second finds the Lease under its own
+// name in a record it did not write, and waits for it as for any other
+// holder's, never taking a turn while the first is in its own.
+func TestTwoHoldersOfOneNameNeverShareATurn(t *testing.T) {
+	const name = "harvester-ipam-agent/n1/1"
+	type locker func(context.Context, func(context.Context, *shim.Locked) error) error
+	store := func(api shim.API, c shim.Clock) (locker, func()) {
+		s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, Identity: name})
+		return s.Locked, func() {}
+	}
+	group := func(api shim.API, c shim.Clock) (locker, func()) {
+		g := &shim.Group{Identity: name}
+		s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, Group: g})
+		return s.Locked, func() { require.NoError(t, g.Wait(context.Background())) }
+	}
+	for _, tt := range []struct {
+		name          string
+		first, second func(shim.API, shim.Clock) (locker, func())
+	}{
+		{"two stores", store, store},
+		{"two groups", group, group},
+		{"a store, then a group", store, group},
+		{"a group, then a store", group, store},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			api := fake.New()
+			api.Put(storageNetwork()...)
+			c := &gateClock{syncClock: syncClock{now: testEpoch}, waiting: make(chan struct{}, 1), open: make(chan struct{})}
+			first, waitFirst := tt.first(api, c)
+			second, waitSecond := tt.second(api, c)
+			var inside, most atomic.Int32
+			enter := func() {
+				n := inside.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+			}
+			secondIn := make(chan struct{})
+			secondDone := make(chan error, 1)
+			err := first(context.Background(), func(ctx context.Context, l *shim.Locked) error {
+				enter()
+				defer inside.Add(-1)
+				require.NoError(t, l.Keep(ctx))
+				go func() {
+					secondDone <- second(context.Background(), func(ctx context.Context, l *shim.Locked) error {
+						enter()
+						defer inside.Add(-1)
+						close(secondIn)
+						return l.Keep(ctx)
+					})
+				}()
+				select {
+				case <-c.waiting:
+				case <-secondIn:
+					t.Error("the second took a turn while the first was in its own")
+				case <-time.After(10 * time.Second):
+					t.Error("the second neither waited nor took a turn")
+				}
+				return nil
+			})
+			require.NoError(t, err)
+			close(c.open)
+			waitFirst()
+			require.NoError(t, <-secondDone)
+			waitSecond()
+			assert.EqualValues(t, 1, most.Load(), "never two in a turn at once")
+			assert.Equal(t, "", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "handed back")
+		})
+	}
+}
+
+// handBackFails is the API server, failing the first hand back of the
+// Lease as a timeout does (not applied).
+type handBackFails struct {
+	*fake.API
+	mu     sync.Mutex
+	failed bool
+}
+
+func (a *handBackFails) UpdateLease(ctx context.Context, l *shim.Lease) (*shim.Lease, error) {
+	a.mu.Lock()
+	fail := !a.failed && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == ""
+	if fail {
+		a.failed = true
+	}
+	a.mu.Unlock()
+	if fail {
+		return nil, errors.New("etcdserver: request timed out")
+	}
+	return a.API.UpdateLease(ctx, l)
+}
+
+// A group whose hand back failed left the Lease under its name, in the
+// record it wrote: while nobody wrote it since, it is still the group's,
+// taken at once with no transition. Once another process of the same name
+// wrote it (renewed it), it is that holder's: waited out, one more
+// transition.
+func TestAGroupTakesItsNameOnTheLeaseOnlyAsItWroteIt(t *testing.T) {
+	const name = "harvester-ipam-agent/n1/1"
+	for _, tt := range []struct {
+		name            string
+		sameNameWrites  bool
+		wantWait        time.Duration
+		wantTransitions int32
+	}{
+		{name: "as it wrote it: taken at once, no transition", wantTransitions: 0},
+		{name: "written since under its name: waited out, one more transition", sameNameWrites: true, wantWait: 5 * time.Second, wantTransitions: 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			api := &handBackFails{API: fake.New()}
+			api.Put(storageNetwork()...)
+			c := &syncClock{now: testEpoch}
+			g := &shim.Group{Identity: name}
+			s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, Group: g})
+			nothing := func(context.Context, *shim.Locked) error { return nil }
+			require.NoError(t, s.Locked(context.Background(), nothing))
+			require.NoError(t, g.Wait(context.Background()))
+			l := api.Lease(ns, names.Lease)
+			require.Equal(t, name, *l.Spec.HolderIdentity, "not handed back")
+			if tt.sameNameWrites {
+				l.Spec.RenewTime = &metav1.MicroTime{Time: c.Now()}
+				_, err := api.API.UpdateLease(context.Background(), l)
+				require.NoError(t, err)
+			}
+			start := c.Now()
+			var during *shim.Lease
+			require.NoError(t, s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+				during = api.Lease(ns, names.Lease)
+				return nil
+			}))
+			require.NoError(t, g.Wait(context.Background()))
+			waited := c.Now().Sub(start)
+			assert.GreaterOrEqual(t, waited, tt.wantWait)
+			assert.Less(t, waited, tt.wantWait+100*time.Millisecond)
+			assert.Equal(t, tt.wantTransitions, *during.Spec.LeaseTransitions)
+			assert.Equal(t, "", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "handed back")
 		})
 	}
 }

@@ -167,13 +167,14 @@ func run(o options) error {
 	if o.checkpoints != "" {
 		checkpointDirs = []string{filepath.Clean(o.checkpoints)}
 	}
+	id := identity(o.node, os.Getenv)
 	srv, err := agent.New(agent.Options{
-		API: api, Namespaces: namespaces, Node: o.node, Metrics: metrics, MaxInFlight: o.maxInFlight,
+		API: api, Namespaces: namespaces, Node: o.node, Identity: id, Metrics: metrics, MaxInFlight: o.maxInFlight,
 		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests, Allocator: allocator, AtStep: atStep,
 		NodeConfig: o.nodeConfig,
 		// The requests' stores share whereabouts' Lease: turns under one
 		// acquisition, releases and removals of one moment together.
-		StoreOptions: shim.Options{Group: &shim.Group{Identity: fmt.Sprintf("harvester-ipam-agent/%s/%d", o.node, os.Getpid())}, AtStep: atStep},
+		StoreOptions: shim.Options{Group: &shim.Group{Identity: id}, AtStep: atStep},
 	})
 	if err != nil {
 		return err
@@ -196,7 +197,7 @@ func run(o options) error {
 			return err
 		}
 	}
-	logf("harvester-ipam-agent %s serving %s for the pools of %s (node %s)", Version, o.socket, strings.Join(namespaces, ", "), o.node)
+	logf("harvester-ipam-agent %s serving %s for the pools of %s (node %s, holding whereabouts' Lease as %s)", Version, o.socket, strings.Join(namespaces, ", "), o.node, id)
 
 	if o.metricsAddr != "" {
 		ms := &http.Server{Addr: o.metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
@@ -367,4 +368,16 @@ func watchPools(ctx context.Context, rc *rest.Config, objs *cache.Objects, names
 		}()
 	}
 	return nil
+}
+
+// identity names this start of the agent as a holder of whereabouts'
+// Lease: its pod's UID (POD_UID, the downward API's metadata.uid; without
+// it the host name, the pod's name) and a random part, since the pid is 1
+// in every container and a restarted container keeps its pod's UID.
+func identity(node string, getenv func(string) string) string {
+	instance := getenv("POD_UID")
+	if instance == "" {
+		instance, _ = os.Hostname()
+	}
+	return agent.Identity(node, instance)
 }

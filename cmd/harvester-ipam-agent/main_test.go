@@ -105,3 +105,31 @@ current-context: a
 	assert.True(t, os.IsNotExist(err), "the socket is removed")
 	assert.Contains(t, log.String(), "stopping: no new requests")
 }
+
+// The agent holds whereabouts' Lease under a name of its own start: its
+// pod's UID (the downward API's POD_UID; the host name, the pod's name,
+// without it) and a random part, so that two agents of a node (a rollout,
+// two releases, a crashed one's replacement: pid 1 in every container, and
+// the same pod's UID after a container restart) are never one holder.
+func TestTheAgentsLeaseIdentityIsItsStartsOwn(t *testing.T) {
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	for _, tt := range []struct {
+		name       string
+		env        map[string]string
+		wantPrefix string
+	}{
+		{"the pod's UID", map[string]string{"POD_UID": "0f8d5f1e-7c4b-4a57-9d1e-3b7f3e2c9a10"}, "harvester-ipam-agent/n1/0f8d5f1e-7c4b-4a57-9d1e-3b7f3e2c9a10/"},
+		{"no POD_UID: the host name", nil, "harvester-ipam-agent/n1/" + host + "/"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			getenv := func(k string) string { return tt.env[k] }
+			a, b := identity("n1", getenv), identity("n1", getenv)
+			assert.NotEqual(t, a, b, "two starts with the same pod UID and pid")
+			for _, id := range []string{a, b} {
+				require.True(t, strings.HasPrefix(id, tt.wantPrefix), id)
+				assert.Regexp(t, `^[0-9a-f]{8}$`, strings.TrimPrefix(id, tt.wantPrefix), "a random part")
+			}
+		})
+	}
+}

@@ -11,7 +11,11 @@ import (
 	"github.com/harvester/harvester-ipam/shim/names"
 )
 
-var agentPID = regexp.MustCompile(`^(harvester-ipam-agent/[^/]*/)[0-9]+/`)
+// agentStart is the part of an agent's Lease identity that names its start
+// (agent.Identity: harvester-ipam-agent/<node>/<instance>/<random>/, the
+// instance the pid here): another in every run, so the trace shows the
+// node's agents alike.
+var agentStart = regexp.MustCompile(`^(harvester-ipam-agent/[^/]*/)[^/]+/[0-9a-f]{8}/`)
 
 // live are the attachments in use: the sandbox runs (each of its ADDs
 // returned), or is being stopped and its network namespace still holds the
@@ -56,8 +60,8 @@ func (w *world) running() []*attachment {
 func (w *world) checkLive() []string {
 	if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != w.holder {
 		w.holder = *l.Spec.HolderIdentity
-		// An agent's identity names its process: the same in every replay.
-		w.tr.add("(whereabouts' Lease now held by %q)", agentPID.ReplaceAllString(w.holder, "${1}PID/"))
+		// An agent's identity names its start: the same in every replay.
+		w.tr.add("(whereabouts' Lease now held by %q)", agentStart.ReplaceAllString(w.holder, "${1}AGENT/"))
 	}
 	var bad []string
 	// The model's own rule: the kubelet's pod worker makes one sandbox of a
