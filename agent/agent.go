@@ -40,6 +40,13 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 )
 
+
+// FollowWait bounds the allocator's wait for the agent's copy of the pools
+// to show its own patch, before it trusts the copy's "no other pool shares
+// this range" (alloc.Options.Follows); past it, the reservation is created
+// under whereabouts' Lease.
+const FollowWait = 50 * time.Millisecond
+
 // Allocator is what allocates ADD's addresses in the agent, in place of
 // the whereabouts binary: plugin.Allocator, and a say in admission.
 type Allocator interface {

@@ -57,6 +57,13 @@ type Options struct {
 	// yet, its reservations are created under whereabouts' Lease (see
 	// reserveOne). Nil creates them without.
 	Pools func(namespace string) ([]*shim.Pool, bool)
+	// Follows, when set, says whether those pools are every pool of the
+	// namespace that existed when a pool of it was written at
+	// resourceVersion rv (the allocation's own patch), waiting a short
+	// while for the informer to deliver it. Where it says no, the copy's
+	// "no other pool shares this range" is not trusted: the reservation is
+	// created under the Lease. Nil trusts a listed copy.
+	Follows func(namespace, rv string) bool
 	// AtStep, when set, is called at each step boundary ("alloc-after-patch",
 	// ...): test builds and the simulation crash the agent there.
 	AtStep func(step string)

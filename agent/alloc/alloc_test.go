@@ -316,10 +316,15 @@ func TestAnAddressGivenUpIsRemovedWhenTheCRDPrunedItsIfName(t *testing.T) {
 // listed the pools yet, the reservation is created under the Lease; where
 // none can, without it.
 func TestAReservationAnotherPoolMayShareIsCreatedUnderTheLease(t *testing.T) {
-	pools := func(api *fake.API, listed bool) func(string) ([]*shim.Pool, bool) {
+	// The copy: every pool, or (behind) every pool but the other one, which
+	// its informer has not delivered yet.
+	pools := func(api *fake.API, listed, behind bool) func(string) ([]*shim.Pool, bool) {
 		return func(namespace string) ([]*shim.Pool, bool) {
 			var out []*shim.Pool
 			for _, p := range api.AllPools(namespace) {
+				if behind && p.Name != names.Pool("10.0.0.0/24", "") {
+					continue
+				}
 				out = append(out, p.DeepCopy())
 			}
 			return out, listed
@@ -331,13 +336,18 @@ func TestAReservationAnotherPoolMayShareIsCreatedUnderTheLease(t *testing.T) {
 		other   *shim.Pool
 		listed  bool
 		lease   bool
+		// behind: the copy lacks the other pool and has not shown the
+		// allocation's own patch (the simulation's seed 1120 on v0.8.0).
+		behind bool
 	}{
-		{"no other pool", "", nil, true, false},
-		{"another pool whose range overlaps", "", fake.NewPool("10.0.0.0-25", "10.0.0.0/25", nil), true, true},
-		{"a node slice of the network, overlapping", "red", fake.NewPool("red-node1-10.0.0.0-25", "10.0.0.0/25", nil), true, true},
-		{"another network's pool over the same range", "red", fake.NewPool("blue-10.0.0.0-25", "10.0.0.0/25", nil), true, false},
-		{"another pool, apart", "", fake.NewPool("10.0.1.0-24", "10.0.1.0/24", nil), true, false},
-		{"the pools not listed yet", "", nil, false, true},
+		{"another pool whose range overlaps, missing from a copy that has not shown the allocation's patch", "", fake.NewPool("10.0.0.0-25", "10.0.0.0/25", nil), true, true, true},
+		{"no other pool, in a copy that has not shown the allocation's patch", "", nil, true, true, true},
+		{"no other pool", "", nil, true, false, false},
+		{"another pool whose range overlaps", "", fake.NewPool("10.0.0.0-25", "10.0.0.0/25", nil), true, true, false},
+		{"a node slice of the network, overlapping", "red", fake.NewPool("red-node1-10.0.0.0-25", "10.0.0.0/25", nil), true, true, false},
+		{"another network's pool over the same range", "red", fake.NewPool("blue-10.0.0.0-25", "10.0.0.0/25", nil), true, false, false},
+		{"another pool, apart", "", fake.NewPool("10.0.1.0-24", "10.0.1.0/24", nil), true, false, false},
+		{"the pools not listed yet", "", nil, false, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			api := fake.New()
@@ -358,7 +368,11 @@ func TestAReservationAnotherPoolMayShareIsCreatedUnderTheLease(t *testing.T) {
 			}
 			c := ipam("10.0.0.0/24")
 			c.NetworkName = tc.network
-			_, err := alloc.New(alloc.Options{Pools: pools(api, tc.listed)}).Allocate(context.Background(), req(api, c, "c1"))
+			follows := func(namespace, rv string) bool {
+				assert.Equal(t, api.ResourceVersion(fake.Pools, namespace, names.Pool("10.0.0.0/24", tc.network)), rv, "the pool as the allocation wrote it")
+				return !tc.behind
+			}
+			_, err := alloc.New(alloc.Options{Pools: pools(api, tc.listed, tc.behind), Follows: follows}).Allocate(context.Background(), req(api, c, "c1"))
 			require.NoError(t, err)
 			require.Len(t, holders, 1)
 			if tc.lease {

@@ -122,6 +122,8 @@ type choice struct {
 	ip     net.IPNet
 	offset string
 	kind   kind
+	// written is the resourceVersion of the pool as the round wrote it.
+	written string
 }
 
 // kind is what a choice writes to the pool.
@@ -176,8 +178,12 @@ func (a *Allocator) commit(q *queue, batch []*member) {
 				Entry: shim.IPAllocation{ContainerID: c.m.containerID, PodRef: c.m.podRef, IfName: c.m.ifName}})
 		}
 		a.at("alloc-before-patch")
-		_, err = store.Assign(ctx, base, as)
+		var written *shim.Pool
+		written, err = store.Assign(ctx, base, as)
 		if err == nil {
+			for i := range chosen {
+				chosen[i].written = written.ResourceVersion
+			}
 			a.at("alloc-after-patch")
 			break
 		}

@@ -45,7 +45,7 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 	spec := shim.ReservationSpec{ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName}
 	var existing *shim.Reservation
 	var err error
-	if a.shared(m) {
+	if a.shared(m, c.written) {
 		err = m.store.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
 			if err := l.Keep(ctx); err != nil {
 				return err
@@ -88,13 +88,18 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 
 // shared says whether another pool may hold m's addresses under m's network
 // name (an overlapping range, a node slice), as the pools were last seen; an
-// unlisted namespace may.
-func (a *Allocator) shared(m *member) bool {
+// unlisted namespace may, and so may one whose copy has not yet shown the
+// pool as written at rv (the allocation's own patch): a pool created before
+// that patch may be missing from it.
+func (a *Allocator) shared(m *member, rv string) bool {
 	if a.o.Pools == nil {
 		return false
 	}
 	pools, listed := a.o.Pools(m.store.Namespace())
 	if !listed {
+		return true
+	}
+	if a.o.Follows != nil && !a.o.Follows(m.store.Namespace(), rv) {
 		return true
 	}
 	_, mine, err := net.ParseCIDR(m.rng.Range)

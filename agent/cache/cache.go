@@ -32,11 +32,67 @@ type Objects struct {
 	reservations map[key]*shim.Reservation
 	// listed are the namespaces whose pools an informer has listed.
 	listed map[string]bool
+	// watched is, by namespace, the newest resourceVersion of a pool that an
+	// informer delivered (never the agent's own writes' answers): a watch
+	// delivers in the order of the writes, so every pool written before it
+	// is in the copy. advanced is closed (and replaced) when one grows.
+	watched  map[string]uint64
+	advanced chan struct{}
 }
 
 // New is an empty copy.
 func New() *Objects {
-	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}, listed: map[string]bool{}}
+	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}, listed: map[string]bool{},
+		watched: map[string]uint64{}, advanced: make(chan struct{})}
+}
+
+// WatchedPool records that an informer delivered a pool of namespace at
+// resourceVersion rv (an add, an update, a deletion, or a list's object).
+func (o *Objects) WatchedPool(namespace, rv string) {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n > o.watched[namespace] {
+		o.watched[namespace] = n
+		close(o.advanced)
+		o.advanced = make(chan struct{})
+	}
+}
+
+// Follows says whether the copy holds every pool of namespace that existed
+// when a pool of it was written at resourceVersion rv: its informer has
+// listed and delivered a pool event at rv or later. A resourceVersion that
+// is not a number follows nothing.
+func (o *Objects) Follows(namespace, rv string) bool {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.follows(namespace, rv)
+}
+
+func (o *Objects) follows(namespace, rv string) bool {
+	n, err := strconv.ParseUint(rv, 10, 64)
+	return err == nil && o.listed[namespace] && o.watched[namespace] >= n
+}
+
+// WaitFollows is Follows, waiting until it holds or ctx ends: the informer
+// delivers the agent's own write a moment after its answer.
+func (o *Objects) WaitFollows(ctx context.Context, namespace, rv string) bool {
+	for {
+		o.mu.RLock()
+		ok, advanced := o.follows(namespace, rv), o.advanced
+		o.mu.RUnlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return o.Follows(namespace, rv)
+		}
+	}
 }
 
 // Pools are the pools of a namespace as last seen, by name, and whether an

@@ -152,3 +152,47 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// The copy follows the pools as of a write only once its informer has
+// delivered that write or a later one: the agent's own write's answer never
+// counts (it says nothing of pools created before it that the informer has
+// not delivered yet).
+func TestTheCopyFollowsAWriteOnlyOnceTheWatchDeliveredIt(t *testing.T) {
+	p := pool("4", nil)
+	pools := &shim.PoolList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}, Items: []shim.Pool{*p}}
+	res := &shim.ReservationList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}}
+	pw, rw := watch.NewFake(), watch.NewFake()
+	o := cache.New()
+	assert.False(t, o.Follows(ns, "4"), "nothing listed")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, o.Watch(ctx, ns, lw(pools, pw), lw(res, rw)))
+	assert.True(t, o.Follows(ns, "4"), "the list delivered version 4")
+	assert.True(t, o.Follows(ns, "3"))
+
+	// The agent's own patch answered at 7: the copy holds it, but not
+	// what the watch has yet to deliver.
+	o.SawPool(pool("7", nil))
+	assert.False(t, o.Follows(ns, "7"), "an answer to the agent's own write is not the watch")
+	assert.False(t, o.Follows(ns, "x"), "not a version")
+	assert.False(t, o.Follows("elsewhere", "1"), "another namespace")
+
+	short, stop := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer stop()
+	assert.False(t, o.WaitFollows(short, ns, "7"), "the wait ends with its context")
+
+	done := make(chan bool)
+	go func() { done <- o.WaitFollows(context.Background(), ns, "7") }()
+	other := fake.NewPool("10.0.0.0-25", "10.0.0.0/25", nil)
+	other.ResourceVersion = "6"
+	pw.Add(other)
+	pw.Modify(pool("7", nil))
+	select {
+	case ok := <-done:
+		assert.True(t, ok, "the watch delivered 7")
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitFollows never returned")
+	}
+	all, _ := o.Pools(ns)
+	assert.Len(t, all, 2, "the pool written before 7 is in the copy")
+}

@@ -27,6 +27,7 @@ func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservatio
 	saw := func(obj any) {
 		if p := asPool(obj); p != nil {
 			o.SawPool(p)
+			o.WatchedPool(p.Namespace, p.ResourceVersion)
 		}
 	}
 	if _, err := pi.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
@@ -35,6 +36,7 @@ func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservatio
 		DeleteFunc: func(obj any) {
 			if p := asPool(obj); p != nil {
 				o.GonePool(p.Namespace, p.Name, p.ResourceVersion)
+				o.WatchedPool(p.Namespace, p.ResourceVersion)
 			}
 		},
 	}); err != nil {

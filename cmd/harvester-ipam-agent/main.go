@@ -156,7 +156,12 @@ func run(o options) error {
 	var allocator agent.Allocator
 	if !o.execWB {
 		allocator = alloc.Delegate{
-			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, Pools: objs.Pools, AtStep: atStep}),
+			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, Pools: objs.Pools, AtStep: atStep,
+				Follows: func(namespace, rv string) bool {
+					ctx, cancel := context.WithTimeout(context.Background(), agent.FollowWait)
+					defer cancel()
+					return objs.WaitFollows(ctx, namespace, rv)
+				}}),
 			Load:      conf.Loader{Quiet: true}.Whereabouts,
 		}
 	}

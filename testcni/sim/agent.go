@@ -83,6 +83,12 @@ func (w *world) startAgent(a *actor, n *node) {
 	al := alloc.New(alloc.Options{
 		Reserved: ag.objs.Reservation,
 		Pools:    ag.objs.Pools,
+		// As the agent's main: up to its wait for the informer to deliver
+		// the allocation's own patch, in simulated time.
+		Follows: func(namespace, rv string) bool {
+			w.s.cur.waitUntil(func() bool { return ag.objs.Follows(namespace, rv) }, w.s.now.Add(agent.FollowWait))
+			return ag.objs.Follows(namespace, rv)
+		},
 		AtStep:   ag.atStep,
 		Go: func(f func()) {
 			ag.spawn("alloc", false, func(*actor) { f() })

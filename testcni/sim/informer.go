@@ -171,6 +171,7 @@ func (inf *informer) saw(obj any) {
 	switch o := obj.(type) {
 	case *shim.Pool:
 		inf.ag.objs.SawPool(o.DeepCopy())
+		inf.ag.objs.WatchedPool(o.Namespace, o.ResourceVersion)
 	case *shim.Reservation:
 		inf.ag.objs.SawReservation(o.DeepCopy())
 	}
@@ -180,6 +181,7 @@ func (inf *informer) saw(obj any) {
 func (inf *informer) gone(name, rv string) {
 	if inf.resource == fake.Pools {
 		inf.ag.objs.GonePool(poolNS, name, rv)
+		inf.ag.objs.WatchedPool(poolNS, rv)
 	} else {
 		inf.ag.objs.GoneReservation(poolNS, name, rv)
 	}

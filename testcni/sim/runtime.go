@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,12 +66,20 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 		if verb == "DEL" {
 			a.whereabouts = att
 		}
+		if verb == "ADD" {
+			a.wbAdd = map[string]bool{}
+		}
 		res, err = del.ExecPlugin(context.Background(), "/opt/cni/bin/whereabouts", stdin, environ(env))
 		a.whereabouts = nil
-		if verb == "ADD" && err != nil && strings.Contains(err.Error(), "already exists") {
+		read := a.wbAdd
+		a.wbAdd = nil
+		if verb == "ADD" && err != nil && strings.Contains(err.Error(), "already exists") && !readExisting(read, err) {
 			// whereabouts' ADD wrote its entry and found the address's
-			// reservation made meanwhile: under its Lease, only a writer
-			// without the Lease can have made it.
+			// reservation made meanwhile, after its own read found none:
+			// under its Lease, only a writer without the Lease can have
+			// made it. (One its read found, another pod's, on an address
+			// it handed back to the pod, v0.8.0 and later, is whereabouts'
+			// own hazard: it creates the reservation all the same.)
 			att.lostReservationRace = true
 		}
 		out.Write(res)
@@ -355,4 +364,15 @@ func errOrOK(err error) string {
 		return "ok"
 	}
 	return strings.SplitN(errText(err), "\n", 2)[0]
+}
+
+// readExisting says whether whereabouts' ADD, failed on err ("... \"NAME\"
+// already exists"), had itself read that reservation and found it.
+func readExisting(read map[string]bool, err error) bool {
+	for name, found := range read {
+		if found && strings.Contains(err.Error(), strconv.Quote(name)+" already exists") {
+			return true
+		}
+	}
+	return false
 }

@@ -78,6 +78,9 @@ type actor struct {
 	// whereabouts is set while the actor runs whereabouts' own DEL (its
 	// binary alone, its pod controller): of the entry of that attachment.
 	whereabouts *attachment
+	// wbAdd, while the actor runs whereabouts' own ADD, is what that ADD
+	// read of the reservations: by name, whether its last read found one.
+	wbAdd map[string]bool
 	// adding are the entries the pool patch it makes adds (an agent's).
 	adding map[string]shim.IPAllocation
 	// inCall is the node whose plugin process the actor runs now (call).

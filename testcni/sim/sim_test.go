@@ -270,6 +270,22 @@ func TestRegressionSeeds(t *testing.T) {
 		{"the agent keeps an address another pod reserved", 18, fake.V093, 16, true, true, true},
 		{"the agent writes before it records the address", 36, fake.V070, 16, true, true, true},
 		{"a lost ADD allocates again without releasing", 7, fake.V070, 16, true, true, true},
+		// A rebooted node's new agent, its pools informer behind (a first
+		// list at an older version, a watch broken before it delivered),
+		// served the next sandbox's ADD: its reclaim decided "no earlier
+		// sandbox" from the copy, and the earlier sandbox kept its entry
+		// (ifname pruned by v0.7.0's CRD, so not handed over either).
+		{"the agent's copy hides the earlier sandbox from the reclaim", 973, fake.V070, 16, true, true, true},
+		{"the agent's copy hides the earlier sandbox from the reclaim, again", 1227, fake.V070, 16, true, true, true},
+		// The agent created a reservation without the Lease, its copy not
+		// showing an overlapping pool created long before (a first list
+		// behind); whereabouts' own ADD of that pool later handed back an
+		// entry a crashed ADD left there, found the reservation another
+		// pod's, created it all the same and failed; its DEL deleted it by
+		// name. The checker blamed the agent for a create its ADD had read
+		// before (whereabouts' own hazard), and the agent decided from its
+		// copy: both fixed.
+		{"a reservation created on a copy that had not shown an overlapping pool", 1120, fake.V080, 16, true, true, true},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)

@@ -283,6 +283,10 @@ func (w *world) request(c *fake.Call) error {
 		panic(goExit{})
 	}
 	w.stats["requests"]++
+	if a.wbAdd != nil && c.Resource == fake.Reservations && c.Verb == "get" {
+		// The request runs as soon as this hook returns: what it finds.
+		a.wbAdd[c.Name] = w.api.ResourceVersion(fake.Reservations, poolNS, c.Name) != ""
+	}
 	if debugRequests {
 		w.tr.add("  %s %s %s (ctx %v)", c.Verb, c.Resource, c.Name, c.Ctx != nil && c.Ctx.Err() != nil)
 	}
