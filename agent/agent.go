@@ -40,7 +40,6 @@ import (
 	"github.com/harvester/harvester-ipam/shim"
 )
 
-
 // FollowWait bounds the allocator's wait for the agent's copy of the pools
 // to show its own patch, before it trusts the copy's "no other pool shares
 // this range" (alloc.Options.Follows); past it, the reservation is created

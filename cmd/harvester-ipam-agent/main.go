@@ -162,7 +162,7 @@ func run(o options) error {
 					defer cancel()
 					return objs.WaitFollows(ctx, namespace, rv)
 				}}),
-			Load:      conf.Loader{Quiet: true}.Whereabouts,
+			Load: conf.Loader{Quiet: true}.Whereabouts,
 		}
 	}
 	reg := prometheus.NewRegistry()

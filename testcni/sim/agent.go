@@ -89,7 +89,7 @@ func (w *world) startAgent(a *actor, n *node) {
 			w.s.cur.waitUntil(func() bool { return ag.objs.Follows(namespace, rv) }, w.s.now.Add(agent.FollowWait))
 			return ag.objs.Follows(namespace, rv)
 		},
-		AtStep:   ag.atStep,
+		AtStep: ag.atStep,
 		Go: func(f func()) {
 			ag.spawn("alloc", false, func(*actor) { f() })
 		},
