@@ -110,28 +110,35 @@ func IsConflict(err error) bool { return isConflict(err) }
 // Reserve creates an address's reservation as whereabouts' ADD does, with
 // the container ID too (whereabouts v0.7.0's CRD requires it; later ones
 // keep it). It returns the reservation that exists at that name when the
-// create finds one (AlreadyExists), read fresh, and nil when it created it;
-// a reservation deleted between the two is reported as a conflict.
+// create finds one (AlreadyExists), read fresh, and nil when it created it.
+// A reservation deleted between the create and the read (its holder
+// released it) leaves the address free: it is created again, a few times.
 func (s *Store) Reserve(ctx context.Context, name string, spec ReservationSpec) (existing *Reservation, err error) {
-	o := &Reservation{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace}, Spec: spec}
-	cctx, cancel := s.call(ctx)
-	_, err = s.api.CreateReservation(cctx, s.namespace, o)
-	cancel()
-	if err == nil {
-		return nil, nil
+	for try := 1; ; try++ {
+		o := &Reservation{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace}, Spec: spec}
+		cctx, cancel := s.call(ctx)
+		_, err = s.api.CreateReservation(cctx, s.namespace, o)
+		cancel()
+		if err == nil {
+			return nil, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create reservation %s/%s: %w", s.namespace, name, err)
+		}
+		existing, err = s.Reservation(ctx, name)
+		if err != nil || existing != nil {
+			return existing, err
+		}
+		if try >= reserveTries {
+			return nil, apierrors.NewConflict(reservationsResource, name, fmt.Errorf("reservation %s/%s was deleted while it was created, %d times", s.namespace, name, try))
+		}
+		s.retried.Add(1)
 	}
-	if !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("create reservation %s/%s: %w", s.namespace, name, err)
-	}
-	existing, err = s.Reservation(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	if existing == nil {
-		return nil, apierrors.NewConflict(reservationsResource, name, fmt.Errorf("reservation %s/%s was deleted while it was created", s.namespace, name))
-	}
-	return existing, nil
 }
+
+// reserveTries bounds the creates of one reservation that each find it
+// there and then gone.
+const reserveTries = 5
 
 // Pause waits d on the store's clock (a simulated one in the simulation).
 func (s *Store) Pause(ctx context.Context, d time.Duration) error { return s.o.Clock.Sleep(ctx, d) }

@@ -51,3 +51,50 @@ func TestAssignWritesNothingOnAStaleBase(t *testing.T) {
 		})
 	}
 }
+
+// Reserve's create finds the reservation there (AlreadyExists), and before
+// its read the holder deletes it (an earlier sandbox's release, whereabouts'
+// DEL, its pod controller): the address is free, and lowest-free allocation
+// makes a just-freed address the next one chosen. Reserve creates it again
+// instead of failing the ADD; one that comes back for another pod is
+// returned as that pod's.
+func TestReserveCreatesAgainAReservationDeletedUnderIt(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		comesTo string // "" stays deleted; else recreated for that pod before the next create
+		want    string // the pod holding it after Reserve
+		existed bool
+	}{
+		{"deleted for good", "", "longhorn-system/im-a", false},
+		{"taken again by another pod", "longhorn-system/other", "longhorn-system/other", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api := fake.New()
+			api.Put(fake.NewReservation("10.0.0.2", "longhorn-system/old"))
+			creates := 0
+			api.Hook = func(c *fake.Call) error {
+				if c.Resource != fake.Reservations {
+					return nil
+				}
+				switch {
+				case c.Verb == "create":
+					creates++
+				case c.Verb == "get" && creates == 1:
+					api.Remove(fake.Reservations, "kube-system", "10.0.0.2")
+					if tc.comesTo != "" {
+						api.Put(fake.NewReservation("10.0.0.2", tc.comesTo))
+					}
+				}
+				return nil
+			}
+			s := shim.New(api, "kube-system", shim.Options{})
+			existing, err := s.Reserve(ctx, "10.0.0.2", shim.ReservationSpec{ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"})
+			require.NoError(t, err)
+			assert.Equal(t, tc.existed, existing != nil)
+			got, err := api.GetReservation(ctx, "kube-system", "10.0.0.2")
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.Spec.PodRef)
+		})
+	}
+}
