@@ -400,6 +400,48 @@ func TestTheCacheHintSkipsAReservedAddressBeforeWriting(t *testing.T) {
 	assert.Equal(t, int32(1), n.Load(), "no entry written at .1 and removed again")
 }
 
+// The copy's reservations are a separate watch from its pools: it may show
+// an address reserved that the pool shows free and whose reservation is
+// gone. On the range's last free address, trusting it made the range
+// "full" (code 999) where whereabouts, reading fresh, allocates it: what the
+// hint excluded is read fresh before a range is reported full.
+func TestAStaleHintNeverMakesARangeFull(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		reserved string // who holds .2's reservation in the API server ("" none)
+		want     string // the address allocated, or "" for the range full
+	}{
+		{"the hinted reservation is gone", "", "10.0.0.2"},
+		{"the hinted reservation is there", "default/elsewhere", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api := fake.New()
+			api.Put(fake.NewPool("10.0.0.0-30", "10.0.0.0/30", map[string]shim.IPAllocation{
+				"1": {ContainerID: "x", PodRef: "default/x", IfName: "eth1"}}),
+				fake.NewReservation("10.0.0.1", "default/x"))
+			if tc.reserved != "" {
+				api.Put(fake.NewReservation("10.0.0.2", tc.reserved))
+			}
+			stale := fake.NewReservation("10.0.0.2", "default/elsewhere")
+			a := alloc.New(alloc.Options{Reserved: func(namespace, name string) *shim.Reservation {
+				if name == "10.0.0.2" {
+					return stale // the copy has not seen its deletion
+				}
+				r, _ := api.GetReservation(context.Background(), namespace, name)
+				return r
+			}})
+			ips, err := a.Allocate(context.Background(), req(api, ipam("10.0.0.0/30"), "c1"))
+			if tc.want == "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "Could not allocate IP in range")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, ips[0].IP.String())
+		})
+	}
+}
+
 func TestThePodsOwnReservationIsKept(t *testing.T) {
 	api := fake.New()
 	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -278,17 +279,36 @@ func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, f
 
 // chooseOne runs whereabouts' allocator for m on list, which it leaves as
 // it was. Addresses m must skip, and those the cache shows reserved by
-// another pod, are placeholders for this member's choice only.
+// another pod, are placeholders for this member's choice only. The cache
+// never decides that an address is taken: before the range is reported
+// full, what it excluded is read fresh, and an address no other pod holds
+// is chosen again.
 func (a *Allocator) chooseOne(base *shim.Pool, first net.IP, list []wbtypes.IPReservation, m *member) (choice, error) {
-	var extra []wbtypes.IPReservation
+	extra := make([]wbtypes.IPReservation, 0, len(m.skip))
 	for _, ip := range m.skip {
 		extra = append(extra, wbtypes.IPReservation{IP: ip, IsAllocated: true})
 	}
+	var hinted []net.IP          // excluded on the cache's word
+	checked := map[string]bool{} // read fresh: no other pod's
 	for {
 		try := append(append(make([]wbtypes.IPReservation, 0, len(list)+len(extra)+1), list...), extra...)
 		ipnet, updated, err := allocate.AssignIP(m.rng, try, m.containerID, m.podRef, m.ifName)
 		if err != nil {
-			return choice{}, rangeFull(err)
+			if len(hinted) == 0 {
+				return choice{}, rangeFull(err)
+			}
+			free, ferr := a.notReservedElsewhere(base.Namespace, m, hinted)
+			if ferr != nil {
+				return choice{}, ferr
+			}
+			if len(free) == 0 {
+				return choice{}, rangeFull(err)
+			}
+			for _, ip := range free {
+				checked[ip.String()] = true
+			}
+			extra, hinted = withoutIPs(extra, free), nil
+			continue
 		}
 		off, err := offsetOf(ipnet.IP, first)
 		if err != nil {
@@ -302,12 +322,40 @@ func (a *Allocator) chooseOne(base *shim.Pool, first net.IP, list []wbtypes.IPRe
 			}
 			return choice{m: m, ip: ipnet, offset: off, kind: k}, nil
 		}
-		if m.overlapping && a.reservedElsewhere(base.Namespace, m, ipnet.IP) {
+		if m.overlapping && !checked[ipnet.IP.String()] && a.reservedElsewhere(base.Namespace, m, ipnet.IP) {
 			extra = append(extra, wbtypes.IPReservation{IP: ipnet.IP, IsAllocated: true})
+			hinted = append(hinted, ipnet.IP)
 			continue
 		}
 		return choice{m: m, ip: ipnet, offset: off, kind: added}, nil
 	}
+}
+
+// notReservedElsewhere are the addresses of ips whose reservation, read
+// fresh, no other pod holds.
+func (a *Allocator) notReservedElsewhere(namespace string, m *member, ips []net.IP) ([]net.IP, error) {
+	var free []net.IP
+	for _, ip := range ips {
+		o, err := m.store.Reservation(m.ctx, names.Reservation(ip, m.network))
+		if err != nil {
+			return nil, storeError(fmt.Sprintf("read the reservation of %s in %s", ip, namespace), err)
+		}
+		if o == nil || o.Spec.PodRef == m.podRef {
+			free = append(free, ip)
+		}
+	}
+	return free, nil
+}
+
+// withoutIPs is rs less the placeholders of ips.
+func withoutIPs(rs []wbtypes.IPReservation, ips []net.IP) []wbtypes.IPReservation {
+	out := rs[:0:0]
+	for _, r := range rs {
+		if !slices.ContainsFunc(ips, r.IP.Equal) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // reservedElsewhere says whether the cache shows ip reserved by another pod.
