@@ -103,6 +103,10 @@ func (s *Store) Assign(ctx context.Context, base *Pool, as []Assignment) (*Pool,
 // maxPatchOps is the API server's limit on the operations of one JSON patch.
 const maxPatchOps = 10000
 
+// IsGone says whether a write failed because its object does not exist
+// (404): a pool deleted since it was read.
+func IsGone(err error) bool { return apierrors.IsNotFound(err) }
+
 // IsConflict says whether a write failed because what it was based on
 // changed: a 409, or a 422 for a failed test of a guarded patch.
 func IsConflict(err error) bool { return isConflict(err) }

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/harvester/harvester-ipam/agent/alloc"
+	"github.com/harvester/harvester-ipam/agent/cache"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
@@ -592,4 +593,25 @@ func TestDelegateRecordsTheAddressBeforeItWritesTheEntry(t *testing.T) {
 	_, err := d.Add(context.Background(), store(api), cfg, &skel.CmdArgs{ContainerID: "c1", IfName: "lhnet1"})
 	require.NoError(t, err)
 	assert.Equal(t, [][]string{{"10.0.0.1/24"}}, recorded, "the address was in the checkpoint when its entry was written (as the result gives it, with the range's prefix)")
+}
+
+// The agent's copy still shows a pool that was deleted (an operator, or
+// whereabouts' cleanup; the informer has not delivered the deletion): the
+// patch finds it gone. whereabouts never fails an ADD for a pool that does
+// not exist: it creates it, and so does the agent, then allocates there.
+func TestAPoolDeletedUnderTheCopyIsCreatedAgain(t *testing.T) {
+	api := fake.New()
+	objs := cache.New()
+	gone := fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{
+		"5": {ContainerID: "x", PodRef: "default/x", IfName: "eth1"}})
+	gone.Namespace, gone.ResourceVersion = ns, "630"
+	objs.SawPool(gone)
+	objs.Listed(ns)
+	s := shim.New(cache.API{API: api, Objects: objs}, ns, shim.Options{Clock: quick{}, LeaseRetry: time.Millisecond})
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), alloc.Request{Store: s, IPAM: ipam("10.0.0.0/24"), ContainerID: "c1", IfName: "lhnet1"})
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1", ips[0].IP.String(), "the lowest address of the pool created again")
+	p := api.Pool(ns, "10.0.0.0-24")
+	require.NotNil(t, p, "the pool exists again")
+	assert.Equal(t, map[string]shim.IPAllocation{"1": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, p.Spec.Allocations)
 }

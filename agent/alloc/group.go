@@ -188,6 +188,13 @@ func (a *Allocator) commit(q *queue, batch []*member) {
 			a.at("alloc-after-patch")
 			break
 		}
+		if shim.IsGone(err) && round < a.o.Rounds {
+			// The pool was deleted under the copy: whereabouts never fails
+			// an ADD for a pool that does not exist; it creates it.
+			base, err = store.EnsurePool(ctx, pool, rng)
+			chosen = nil
+			continue
+		}
 		if !shim.IsConflict(err) || round >= a.o.Rounds {
 			break
 		}

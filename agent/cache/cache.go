@@ -224,8 +224,13 @@ func (a API) GetPool(ctx context.Context, namespace, name string, from shim.Sour
 		}
 	}
 	p, err := a.API.GetPool(ctx, namespace, name, from)
-	if err == nil && from == shim.Fresh {
+	switch {
+	case err == nil && from == shim.Fresh:
 		a.Objects.SawPool(p)
+	case shim.IsGone(err) && from == shim.Fresh:
+		// Deleted, and the informer has not said so yet: no read from
+		// the copy serves it again.
+		a.Objects.GonePool(namespace, name, "")
 	}
 	return p, err
 }
