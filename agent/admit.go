@@ -52,6 +52,11 @@ func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
 	if h := s.health.Load(); h.reason != "" {
 		return decline("unhealthy", "%s", h.reason)
 	}
+	if s.o.Following != nil && req.Command != wire.Probe {
+		if err := s.o.Following(); err != nil {
+			return decline("behind", "its copy of the pools may not follow the cluster: %v", err)
+		}
+	}
 	if req.Env[wire.EnvGuard] != "" {
 		return decline("guard", "started as a delegate of harvester-ipam (%s is set)", wire.EnvGuard)
 	}

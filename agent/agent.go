@@ -111,6 +111,10 @@ type Options struct {
 	// AtStep, when set, is called at each step boundary of the verbs the
 	// agent runs (plugin.Plugin.AtStep): the simulation kills the agent there.
 	AtStep func(step string)
+	// Following, when set, says why the agent's copy of the pools may no
+	// longer follow the cluster (nil when it does: cache.Objects.Following):
+	// meanwhile every request is declined and the plugin works alone.
+	Following func() error
 	// NodeConfig is the node's settings file for harvester-ipam's own log
 	// (plugin.Plugin.NodeConfig); "" is conf.DefaultNodeConfig.
 	NodeConfig string

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -888,4 +889,20 @@ func TestTwoAgentsOfANodeHoldTheLeaseUnderNamesOfTheirOwn(t *testing.T) {
 		names = append(names, first)
 	}
 	assert.NotEqual(t, names[0], names[1], "the first requests of two agents of one node")
+}
+
+// An agent whose copy of the pools may no longer follow the cluster (a watch
+// failed and has not listed again) declines every verb but the probe: the
+// plugin works alone, as it would without the agent.
+func TestAnAgentWhoseCopyDoesNotFollowDeclines(t *testing.T) {
+	r := newRig(t)
+	behind := errors.New("the watch of kube-system/ippools failed (forbidden) and has not listed again")
+	r.srv.o.Following = func() error { return behind }
+	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	assert.Equal(t, client.Fallback, res.Outcome)
+	assert.Equal(t, "node agent declined: its copy of the pools may not follow the cluster: "+behind.Error(), res.Reason)
+	assert.Empty(t, r.pool(), "nothing written")
+	r.srv.o.Following = func() error { return nil }
+	res = r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	assert.Equal(t, client.Served, res.Outcome, res.Reason)
 }

@@ -16,6 +16,7 @@ package cache
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strconv"
 	"sync"
@@ -38,12 +39,48 @@ type Objects struct {
 	// is in the copy. advanced is closed (and replaced) when one grows.
 	watched  map[string]uint64
 	advanced chan struct{}
+	// broken are the informers ("namespace/resource") whose watch failed
+	// and which have not listed since: the copy no longer follows.
+	broken map[string]error
 }
 
 // New is an empty copy.
 func New() *Objects {
 	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}, listed: map[string]bool{},
-		watched: map[string]uint64{}, advanced: make(chan struct{})}
+		watched: map[string]uint64{}, advanced: make(chan struct{}), broken: map[string]error{}}
+}
+
+// Following says why the copy may no longer follow the cluster (nil when it
+// does): an informer's watch failed (an API server restarting, a watch
+// refused while its authorizer warms up) and it has not listed since. The
+// agent declines meanwhile; the plugin works alone.
+func (o *Objects) Following() error {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	var which []string
+	for k := range o.broken {
+		which = append(which, k)
+	}
+	if len(which) == 0 {
+		return nil
+	}
+	sort.Strings(which)
+	return fmt.Errorf("the watch of %s failed (%v) and has not listed again", which[0], o.broken[which[0]])
+}
+
+// watchBroke records that the informer of resource in namespace lost its
+// watch with err.
+func (o *Objects) watchBroke(namespace, resource string, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.broken[namespace+"/"+resource] = err
+}
+
+// relisted records that the informer of resource in namespace listed.
+func (o *Objects) relisted(namespace, resource string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.broken, namespace+"/"+resource)
 }
 
 // WatchedPool records that an informer delivered a pool of namespace at

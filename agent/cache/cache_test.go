@@ -2,6 +2,7 @@ package cache_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,4 +196,53 @@ func TestTheCopyFollowsAWriteOnlyOnceTheWatchDeliveredIt(t *testing.T) {
 	}
 	all, _ := o.Pools(ns)
 	assert.Len(t, all, 2, "the pool written before 7 is in the copy")
+}
+
+// After the API server restarts, a watch can fail (refused while its
+// authorizer warms up) and the informer keep a copy that no longer follows
+// the cluster until it lists again: meanwhile Following says so, and the
+// agent declines. A list brings it back.
+func TestAFailedWatchStopsTheCopyFollowingUntilItListsAgain(t *testing.T) {
+	gate := make(chan struct{})
+	watchers := make(chan *watch.FakeWatcher, 16)
+	lists := map[string]int{}
+	var mu sync.Mutex
+	lwOf := func(resource string, list runtime.Object) toolscache.ListerWatcher {
+		return &toolscache.ListWatch{
+			ListFunc: func(metav1.ListOptions) (runtime.Object, error) {
+				mu.Lock()
+				lists[resource]++
+				again := lists[resource] > 1
+				mu.Unlock()
+				if again {
+					<-gate
+				}
+				return list, nil
+			},
+			WatchFunc: func(metav1.ListOptions) (watch.Interface, error) {
+				w := watch.NewFake()
+				if resource == "pools" {
+					watchers <- w
+				}
+				return w, nil
+			},
+		}
+	}
+	pools := &shim.PoolList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}, Items: []shim.Pool{*pool("4", nil)}}
+	res := &shim.ReservationList{ListMeta: metav1.ListMeta{ResourceVersion: "4"}}
+	o := cache.New()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	require.NoError(t, o.Watch(ctx, ns, lwOf("pools", pools), lwOf("reservations", res)))
+	require.NoError(t, o.Following(), "listed and watching")
+
+	w := <-watchers
+	w.Error(&metav1.Status{Status: metav1.StatusFailure, Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `ippools.whereabouts.cni.cncf.io is forbidden: User "system:serviceaccount:kube-system:harvester-ipam-agent" cannot watch resource "ippools"`})
+	waitFor(t, func() bool { return o.Following() != nil })
+	assert.ErrorContains(t, o.Following(), "kube-system/ippools")
+	assert.ErrorContains(t, o.Following(), "forbidden")
+
+	close(gate) // the reflector's list again succeeds
+	waitFor(t, func() bool { return o.Following() == nil })
 }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
 
 	"github.com/harvester/harvester-ipam/shim"
@@ -17,11 +21,19 @@ import (
 // managedFields are dropped as objects arrive: a 10,000-entry pool carries
 // them for every writer.
 func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservations toolscache.ListerWatcher) error {
-	pi := toolscache.NewSharedIndexInformer(pools, &shim.Pool{}, 0, toolscache.Indexers{})
-	ri := toolscache.NewSharedIndexInformer(reservations, &shim.Reservation{}, 0, toolscache.Indexers{})
-	for _, inf := range []toolscache.SharedIndexInformer{pi, ri} {
+	pi := toolscache.NewSharedIndexInformer(o.following(namespace, "ippools", pools), &shim.Pool{}, 0, toolscache.Indexers{})
+	ri := toolscache.NewSharedIndexInformer(o.following(namespace, "overlappingrangeipreservations", reservations), &shim.Reservation{}, 0, toolscache.Indexers{})
+	for resource, inf := range map[string]toolscache.SharedIndexInformer{"ippools": pi, "overlappingrangeipreservations": ri} {
 		if err := inf.SetTransform(stripManagedFields); err != nil {
 			return fmt.Errorf("informer transform: %w", err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *toolscache.Reflector, err error) {
+			if !errors.Is(err, io.EOF) {
+				o.watchBroke(namespace, resource, err)
+			}
+			toolscache.DefaultWatchErrorHandler(ctx, r, err)
+		}); err != nil {
+			return fmt.Errorf("informer watch error handler: %w", err)
 		}
 	}
 	saw := func(obj any) {
@@ -60,6 +72,36 @@ func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservatio
 	}
 	o.Listed(namespace)
 	return nil
+}
+
+// following is lw whose successful lists tell o that the informer of
+// resource follows again.
+func (o *Objects) following(namespace, resource string, lw toolscache.ListerWatcher) toolscache.ListerWatcher {
+	return &toolscache.ListWatch{
+		ListFunc: func(opts metav1.ListOptions) (runtime.Object, error) {
+			obj, err := lw.List(opts)
+			if err == nil {
+				o.relisted(namespace, resource)
+			}
+			return obj, err
+		},
+		WatchFunc: func(opts metav1.ListOptions) (watch.Interface, error) {
+			w, err := lw.Watch(opts)
+			if err != nil {
+				return nil, err
+			}
+			// An error in the stream (a 410, the API server going away)
+			// ends the watch, and the reflector lists again: events are
+			// missed meanwhile. A watch that merely closes is resumed at
+			// its resourceVersion, missing nothing.
+			return watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+				if e.Type == watch.Error {
+					o.watchBroke(namespace, resource, apierrors.FromObject(e.Object))
+				}
+				return e, true
+			}), nil
+		},
+	}
 }
 
 func stripManagedFields(obj any) (any, error) {

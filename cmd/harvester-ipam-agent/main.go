@@ -176,7 +176,7 @@ func run(o options) error {
 	srv, err := agent.New(agent.Options{
 		API: api, Namespaces: namespaces, Node: o.node, Identity: id, Metrics: metrics, MaxInFlight: o.maxInFlight,
 		CheckpointDirs: checkpointDirs, LogRequests: o.logRequests, Allocator: allocator, AtStep: atStep,
-		NodeConfig: o.nodeConfig,
+		NodeConfig: o.nodeConfig, Following: objs.Following,
 		// The requests' stores share whereabouts' Lease: turns under one
 		// acquisition, releases and removals of one moment together.
 		StoreOptions: shim.Options{Group: &shim.Group{Identity: id}, AtStep: atStep},

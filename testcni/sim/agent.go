@@ -45,6 +45,9 @@ type agentProc struct {
 	serial int
 	srv    *agent.Server
 	objs   *cache.Objects
+	// broken counts its informers whose watch broke and which have not
+	// listed since: the agent declines meanwhile (Options.Following).
+	broken int
 	// serving: its socket takes requests (after its start's health check).
 	serving bool
 	dead    bool
@@ -109,6 +112,12 @@ func (w *world) startAgent(a *actor, n *node) {
 		Exec:           &fake.Delegate{WB: wb},
 		AtStep:         ag.atStep,
 		Wait:           wait,
+		Following: func() error {
+			if ag.broken > 0 {
+				return fmt.Errorf("%d watches broken, not listed again", ag.broken)
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		panic(err)

@@ -97,8 +97,10 @@ func (inf *informer) run(a *actor) {
 			backoff := time.Duration(200+w.s.pick(3000)) * time.Millisecond
 			w.tr.add("the watch of %s breaks (%d events undelivered); it lists again in %s", inf.resource, undelivered, backoff)
 			w.stats["informer: watches broken"]++
+			inf.ag.broken++
 			a.sleep(backoff)
 			inf.list(a, false)
+			inf.ag.broken--
 			continue
 		}
 		inf.deliver(w.feed[inf.resource][inf.next])
