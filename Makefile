@@ -34,6 +34,7 @@ build:
 E2E_PATHS ?= exec,agent
 test: deps build tools
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /testcni/e2e)
+	GOGC=400 $(GO) run ./cmd/harvester-ipam-sim -seeds $(SIM_SEEDS)
 	rc=0; \
 	HARVESTER_IPAM_E2E_PATHS=$(E2E_PATHS) $(GO) test -count=1 -timeout 40m -parallel 8 -skip '^TestKubelet' ./testcni/e2e || rc=1; \
 	$(GO) test -count=1 -timeout 20m -run '^TestKubelet' ./testcni/e2e || rc=1; \
@@ -99,12 +100,16 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg; \
 	done
 
-# The deterministic simulation for SIM_DURATION (1m) on every whereabouts
-# version; it closes with "N schedules, M violations". A violation prints its
-# seed and trace; replay one with go run ./cmd/harvester-ipam-sim -seed N -whereabouts v0.9.3 -trace
-SIM_DURATION ?= 1m
+# The deterministic simulation on every whereabouts version: by default the
+# seeds 1 to SIM_SEEDS, the very schedules `make test` plays (so a commit
+# that passed make test passes make sim); SIM_DURATION=10m plays new seeds
+# for that long instead. It closes with "N schedules, M violations". A
+# violation prints its seed and trace; replay one with
+# go run ./cmd/harvester-ipam-sim -seed N -whereabouts v0.9.3 -trace
+SIM_SEEDS ?= 3000
+SIM_DURATION ?=
 sim:
-	GOGC=400 $(GO) run ./cmd/harvester-ipam-sim -duration $(SIM_DURATION)
+	GOGC=400 $(GO) run ./cmd/harvester-ipam-sim $(if $(SIM_DURATION),-duration $(SIM_DURATION),-seeds $(SIM_SEEDS))
 
 # Mutation testing, in two passes, each planting one bug at a time in each
 # package and running that package's own unit tests (and, for a package in

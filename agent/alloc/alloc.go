@@ -102,6 +102,10 @@ type Request struct {
 	// checkpoint records it, so that a DEL finds an entry without an ifname
 	// that an old CRD pruned); an error fails the ADD before the write.
 	Chosen func(ip net.IPNet) error
+	// Unchosen, when set, is told an address told to Chosen that is not
+	// (or no longer) written and is replaced by another choice: the
+	// checkpoint forgets it.
+	Unchosen func(ip net.IPNet) error
 }
 
 // Allocate allocates one address in each of the config's ranges, in order,
@@ -131,6 +135,7 @@ func (a *Allocator) Allocate(ctx context.Context, r Request) ([]net.IPNet, error
 			podRef:      podRef,
 			ifName:      r.IfName,
 			chosen:      r.Chosen,
+			unchosen:    r.Unchosen,
 			done:        make(chan struct{}),
 		}
 		o := a.enqueue(m)

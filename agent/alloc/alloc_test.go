@@ -615,3 +615,51 @@ func TestAPoolDeletedUnderTheCopyIsCreatedAgain(t *testing.T) {
 	require.NotNil(t, p, "the pool exists again")
 	assert.Equal(t, map[string]shim.IPAllocation{"1": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, p.Spec.Allocations)
 }
+
+// A round's choice that a conflict made the group give up (its patch wrote
+// nothing) leaves the checkpoint when the next round chooses another: the
+// record names only what the pool may hold. Left there, on whereabouts
+// v0.7.0's CRD (the ifname pruned) it named the address another interface
+// of the sandbox got next, and the release of a lost ADD of this one took
+// that interface's entry (the simulation, seed 3147 on v0.7.0). Both ways:
+// Add reading the record, AddRecording keeping it.
+func TestAChoiceGivenUpOnAConflictLeavesTheCheckpoint(t *testing.T) {
+	for _, recording := range []bool{false, true} {
+		t.Run(fmt.Sprintf("recording %v", recording), func(t *testing.T) {
+			api := fake.New()
+			api.PruneIfName = true
+			objs := cache.New()
+			stale := fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{})
+			api.Put(stale)
+			copied := api.Pool(ns, "10.0.0.0-24")
+			objs.SawPool(copied)
+			objs.Listed(ns)
+			// Since the copy: another interface of the sandbox got .1.
+			p := api.Pool(ns, "10.0.0.0-24")
+			p.Spec.Allocations = map[string]shim.IPAllocation{"1": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}}
+			_, err := api.UpdatePool(ns, p)
+			require.NoError(t, err)
+			s := shim.New(cache.API{API: api, Objects: objs}, ns, shim.Options{Clock: quick{}, LeaseRetry: time.Millisecond})
+
+			cp := checkpoint.Dir(t.TempDir())
+			rec := checkpoint.Record{ContainerID: "c1", IfName: "lhnet2", PodRef: "longhorn-system/im-a", Network: "storagenetwork-b",
+				Namespace: ns, Pools: []checkpoint.Pool{{Name: "10.0.0.0-24", Range: "10.0.0.0/24"}}}
+			d := alloc.Delegate{Allocator: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+				return ipam("10.0.0.0/24"), "0.3.1", nil
+			}}
+			cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
+			args := &skel.CmdArgs{ContainerID: "c1", IfName: "lhnet2"}
+			if recording {
+				_, err = d.AddRecording(context.Background(), s, cfg, args, rec)
+			} else {
+				require.NoError(t, cp.Write(rec))
+				_, err = d.Add(context.Background(), s, cfg, args)
+			}
+			require.NoError(t, err)
+			got, ok, err := cp.Read("c1", "lhnet2")
+			require.NoError(t, err)
+			require.True(t, ok)
+			assert.Equal(t, []string{"10.0.0.2/24"}, got.IPs, "only the address written; .1, chosen on the stale copy, is the other interface's")
+		})
+	}
+}

@@ -35,7 +35,8 @@ type Delegate struct {
 func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
 	record := func(ip net.IPNet) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
-	return d.add(ctx, store, cfg, args, record)
+	forget := func(ip net.IPNet) error { return forgetChosen(cp, args.ContainerID, args.IfName, ip) }
+	return d.add(ctx, store, cfg, args, record, forget)
 }
 
 // AddRecording is Add writing the attachment's checkpoint rec itself
@@ -60,15 +61,26 @@ func (d Delegate) AddRecording(ctx context.Context, store *shim.Store, cfg *conf
 		}
 		return nil
 	}
-	return d.add(ctx, store, cfg, args, record)
+	forget := func(ip net.IPNet) error {
+		addr := ip.String()
+		if !written || !slices.Contains(rec.IPs, addr) {
+			return nil
+		}
+		rec.IPs = slices.DeleteFunc(rec.IPs, func(s string) bool { return s == addr })
+		if err := cp.Update(rec); err != nil {
+			return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), "the checkpoint directory must be writable by root ("+conf.OptionsKey+".checkpoint_dir)")
+		}
+		return nil
+	}
+	return d.add(ctx, store, cfg, args, record, forget)
 }
 
-func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, record func(net.IPNet) error) (cnitypes.Result, error) {
+func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, record, forget func(net.IPNet) error) (cnitypes.Result, error) {
 	wb, confVersion, err := d.Load(cfg.Delegated, args.Args)
 	if err != nil {
 		return nil, asCNI(err)
 	}
-	ips, err := d.Allocator.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record})
+	ips, err := d.Allocator.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record, Unchosen: forget})
 	if errors.Is(err, shim.ErrEarlierSandbox) {
 		return nil, err // the plugin releases it and asks again
 	}
@@ -96,6 +108,21 @@ func recordChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IPNet) e
 		}
 	}
 	rec.IPs = append(rec.IPs, addr)
+	return cp.Update(rec)
+}
+
+// forgetChosen takes ip, chosen and not written, out of the attachment's
+// checkpoint.
+func forgetChosen(cp checkpoint.Dir, containerID, ifName string, ip net.IPNet) error {
+	rec, ok, err := cp.Read(containerID, ifName)
+	if err != nil || !ok {
+		return err
+	}
+	addr := ip.String()
+	if !slices.Contains(rec.IPs, addr) {
+		return nil
+	}
+	rec.IPs = slices.DeleteFunc(rec.IPs, func(s string) bool { return s == addr })
 	return cp.Update(rec)
 }
 

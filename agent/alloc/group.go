@@ -43,6 +43,11 @@ type member struct {
 	podRef      string
 	ifName      string
 	chosen      func(net.IPNet) error
+	unchosen    func(net.IPNet) error
+	// pending is the address recorded for the member (chosen) and not
+	// written, or written and given up: a next choice replaces it in the
+	// record, so that the record names only what the pool may hold.
+	pending *net.IPNet
 	// skip are addresses found reserved by another pod (an overlapping
 	// range): never chosen again by this member.
 	skip []net.IP
@@ -184,6 +189,7 @@ func (a *Allocator) commit(q *queue, batch []*member) {
 		if err == nil {
 			for i := range chosen {
 				chosen[i].written = written.ResourceVersion
+				chosen[i].m.pending = nil
 			}
 			a.at("alloc-after-patch")
 			break
@@ -262,10 +268,16 @@ func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, f
 		switch c.kind {
 		case added:
 			if m.chosen != nil {
+				if err := a.replacePending(m, c.ip); err != nil {
+					failed = append(failed, failure{m, err})
+					continue
+				}
 				if err := m.chosen(c.ip); err != nil {
 					failed = append(failed, failure{m, fmt.Errorf("record %s before writing it: %w", c.ip.IP, err)})
 					continue
 				}
+				ip := c.ip
+				m.pending = &ip
 			}
 			list = append(list, wbtypes.IPReservation{IP: c.ip.IP, ContainerID: m.containerID, PodRef: m.podRef, IfName: m.ifName})
 		case rewritten:
@@ -282,6 +294,24 @@ func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, f
 		chosen = append(chosen, c)
 	}
 	return chosen, failed, later
+}
+
+// replacePending takes the member's pending address out of its record when
+// it now chooses another: a choice a conflict made the round give up (its
+// patch wrote nothing), or an address given up to another pod's
+// reservation. Left there, the record would name an address the pool gives
+// another interface of the sandbox (whereabouts v0.7.0's CRD prunes the
+// ifname, so entries are told apart by the addresses recorded), and a
+// release of this one would take it.
+func (a *Allocator) replacePending(m *member, ip net.IPNet) error {
+	if m.pending == nil || m.pending.IP.Equal(ip.IP) || m.unchosen == nil {
+		return nil
+	}
+	if err := m.unchosen(*m.pending); err != nil {
+		return fmt.Errorf("take %s, not written, out of the record: %w", m.pending.IP, err)
+	}
+	m.pending = nil
+	return nil
 }
 
 // chooseOne runs whereabouts' allocator for m on list, which it leaves as

@@ -81,6 +81,8 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 			return
 		}
 		a.at("alloc-after-give-up")
+		ip := c.ip
+		m.pending = &ip // recorded, no longer written
 		m.skip = append(m.skip, c.ip.IP)
 		a.requeue(q, m)
 	}

@@ -2,7 +2,11 @@
 // schedules of the world's events, on each whereabouts version, for a time,
 // or one seed again.
 //
-//	harvester-ipam-sim [-duration 1m] [-whereabouts v0.9.3,v0.8.0,v0.7.0] [-seed N -trace]
+//	harvester-ipam-sim [-duration 1m | -seeds N] [-whereabouts v0.9.3,v0.8.0,v0.7.0] [-seed N -trace]
+//
+// -seeds N plays the seeds start to start+N-1, each on every version, and
+// stops: the same schedules on every machine, however fast (make test and
+// make sim's default); -duration plays new seeds for as long as it is given.
 package main
 
 import (
@@ -27,6 +31,7 @@ func main() {
 	versions := flag.String("whereabouts", strings.Join([]string{fake.V093, fake.V080, fake.V070}, ","), "whereabouts versions, in turn")
 	seed := flag.Uint64("seed", 0, "replay this seed only (with -whereabouts naming one version)")
 	start := flag.Uint64("start", 1, "the first seed")
+	seeds := flag.Uint64("seeds", 0, "play this many seeds from -start, each on every version, then stop (0: for -duration)")
 	showTrace := flag.Bool("trace", false, "print the trace of every schedule run (with -seed)")
 	workers := flag.Int("workers", runtime.NumCPU(), "worker processes, running schedules side by side")
 	steps := flag.Int("steps", 0, "events a schedule plays (0: the default); fewer find shorter traces")
@@ -80,7 +85,7 @@ func main() {
 	}
 
 	if *worker >= 0 {
-		rc := runWorker(*worker, *workers, *start, *duration, vs, options)
+		rc := runWorker(*worker, *workers, *start, *seeds, *duration, vs, options)
 		pprof.StopCPUProfile()
 		os.Exit(rc)
 	}
@@ -98,7 +103,7 @@ func main() {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start),
+			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start), "-seeds", fmt.Sprint(*seeds),
 				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
 				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents))
 			cmd.Stderr = os.Stderr
@@ -158,11 +163,18 @@ func main() {
 }
 
 // runWorker runs seeds start+i, start+i+n, ... on every version until the
-// deadline, printing each violation and then a DONE line with its counts.
-func runWorker(i, n int, start uint64, d time.Duration, vs []string, options func(string) sim.Options) int {
+// deadline, or (seeds > 0) up to start+seeds-1, printing each violation and
+// then a DONE line with its counts.
+func runWorker(i, n int, start, seeds uint64, d time.Duration, vs []string, options func(string) sim.Options) int {
 	deadline := time.Now().Add(d)
+	more := func(seed uint64) bool {
+		if seeds > 0 {
+			return seed < start+seeds
+		}
+		return time.Now().Before(deadline)
+	}
 	o := outcome{PerVersion: map[string]int64{}, Stats: map[string]int64{}}
-	for seed := start + uint64(i); time.Now().Before(deadline); seed += uint64(n) {
+	for seed := start + uint64(i); more(seed); seed += uint64(n) {
 		for _, v := range vs {
 			res, err := sim.Run(seed, options(v))
 			if err != nil {

@@ -286,10 +286,17 @@ func TestRegressionSeeds(t *testing.T) {
 		// before (whereabouts' own hazard), and the agent decided from its
 		// copy: both fixed.
 		{"a reservation created on a copy that had not shown an overlapping pool", 1120, fake.V080, 16, true, true, true},
+		// The agent's group chose .2 on a stale copy, recorded it, lost the
+		// patch to a conflict and wrote .3: the record kept both. On v0.7.0's
+		// CRD (no ifname) the release of that lost ADD took .2, another
+		// interface's of the sandbox, and whereabouts gave .2 to both.
+		{"a choice given up on a conflict stays in the checkpoint", 3147, fake.V070, 0, true, true, true},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)
-			o.Steps = tt.steps
+			if tt.steps > 0 {
+				o.Steps = tt.steps
+			}
 			o.PodController = tt.podController
 			o.Leftovers = tt.leftovers
 			o.Agents = tt.agents
