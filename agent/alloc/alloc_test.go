@@ -443,6 +443,25 @@ func TestAStaleHintNeverMakesARangeFull(t *testing.T) {
 	}
 }
 
+// A reservation of the pod that names an earlier container (whereabouts
+// v0.7.0's CRD requires containerid; the agent writes it on every version)
+// is kept for the new sandbox, as whereabouts keeps it, and made the new
+// sandbox's: left naming the earlier container, the new sandbox's DEL would
+// not own it (shim.Owns) and leave it to the reconciler, a leak per restart.
+func TestThePodsOwnReservationOfAnEarlierContainerIsMadeTheNewOnes(t *testing.T) {
+	api := fake.New()
+	old := fake.NewReservation("10.0.0.1", "longhorn-system/im-a")
+	old.Spec.ContainerID = "old"
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}), old)
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1", ips[0].IP.String())
+	o, err := api.GetReservation(context.Background(), ns, "10.0.0.1")
+	require.NoError(t, err)
+	assert.Equal(t, "c1", o.Spec.ContainerID, "the new sandbox's DEL owns it")
+	assert.Equal(t, "longhorn-system/im-a", o.Spec.PodRef)
+}
+
 func TestThePodsOwnReservationIsKept(t *testing.T) {
 	api := fake.New()
 	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),

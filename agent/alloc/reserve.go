@@ -122,17 +122,31 @@ func (a *Allocator) shared(m *member, rv string) bool {
 
 // keepOwn makes sure the pod's reservation of an address stays: under the
 // Lease, it is read again and created if a release deleted it meanwhile.
+// One that names an earlier container of the pod is made this one's, so
+// that this sandbox's DEL owns it (shim.Owns).
 func (a *Allocator) keepOwn(ctx context.Context, m *member, name string, spec shim.ReservationSpec) error {
 	return m.store.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
-		o, err := l.Reservation(ctx, name)
-		if err != nil {
-			return err
-		}
-		if o != nil {
-			if o.Spec.PodRef == m.podRef {
+		for try := 1; ; try++ {
+			o, err := l.Reservation(ctx, name)
+			if err != nil {
+				return err
+			}
+			if o == nil {
+				break
+			}
+			if o.Spec.PodRef != m.podRef {
+				return fmt.Errorf("reservation %s/%s went to %s", m.store.Namespace(), name, o.Spec.PodRef)
+			}
+			if o.Spec.ContainerID == "" || o.Spec.ContainerID == m.containerID {
 				return nil
 			}
-			return fmt.Errorf("reservation %s/%s went to %s", m.store.Namespace(), name, o.Spec.PodRef)
+			claimed, err := m.store.ClaimReservation(ctx, o, m.containerID, "")
+			if err != nil || claimed {
+				return err
+			}
+			if try >= 5 {
+				return fmt.Errorf("reservation %s/%s kept changing", m.store.Namespace(), name)
+			}
 		}
 		existing, err := m.store.Reserve(ctx, name, spec)
 		if err == nil && existing != nil && existing.Spec.PodRef != m.podRef {
