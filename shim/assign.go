@@ -34,7 +34,7 @@ func (s *Store) EnsurePool(ctx context.Context, name, ipRange string) (*Pool, er
 	fresh := &Pool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace}}
 	fresh.Spec.Range = ipRange
 	fresh.Spec.Allocations = map[string]IPAllocation{}
-	cctx, cancel := s.call(ctx)
+	cctx, cancel := s.callWrite(ctx)
 	created, err := s.api.CreatePool(cctx, s.namespace, fresh)
 	cancel()
 	switch {
@@ -88,7 +88,7 @@ func (s *Store) Assign(ctx context.Context, base *Pool, as []Assignment) (*Pool,
 	if len(ops) > maxPatchOps {
 		return nil, fmt.Errorf("assign %d addresses in pool %s/%s: more than one patch may hold", len(as), s.namespace, base.Name)
 	}
-	cctx, cancel := s.call(ctx)
+	cctx, cancel := s.callWrite(ctx)
 	defer cancel()
 	p, err := s.api.PatchPool(cctx, s.namespace, base.Name, Guarded(base.ResourceVersion, ops...))
 	if err != nil {
@@ -120,7 +120,7 @@ func IsConflict(err error) bool { return isConflict(err) }
 func (s *Store) Reserve(ctx context.Context, name string, spec ReservationSpec) (existing *Reservation, err error) {
 	for try := 1; ; try++ {
 		o := &Reservation{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace}, Spec: spec}
-		cctx, cancel := s.call(ctx)
+		cctx, cancel := s.callWrite(ctx)
 		_, err = s.api.CreateReservation(cctx, s.namespace, o)
 		cancel()
 		if err == nil {

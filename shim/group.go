@@ -188,7 +188,7 @@ func (g *Group) run(t *turn, h *hold) (err error) {
 			err = fmt.Errorf("panic under the lease: %v", r)
 		}
 	}()
-	return t.fn(t.ctx, &Locked{s: t.s, h: h})
+	return t.fn(underLease(t.ctx), &Locked{s: t.s, h: h})
 }
 
 // take makes sure the group holds the Lease for a turn: the hold it kept,

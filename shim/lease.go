@@ -74,7 +74,17 @@ func (s *Store) Locked(ctx context.Context, fn func(context.Context, *Locked) er
 		return err
 	}
 	defer h.release(ctx, s)
-	return fn(ctx, &Locked{s: s, h: h})
+	return fn(underLease(ctx), &Locked{s: s, h: h})
+}
+
+// underLeaseKey marks the context of a turn under the Lease.
+type underLeaseKey struct{}
+
+// underLease is ctx for the requests of a turn under the Lease: each is
+// bounded by leaseCallTimeout, not the store's CallTimeout, so that none
+// lands after the hold may have passed to another holder.
+func underLease(ctx context.Context) context.Context {
+	return context.WithValue(ctx, underLeaseKey{}, true)
 }
 
 // acquire takes the Lease as identity. record, when set, is the Lease as

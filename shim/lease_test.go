@@ -748,3 +748,43 @@ func TestAGroupTakesItsNameOnTheLeaseOnlyAsItWroteIt(t *testing.T) {
 		})
 	}
 }
+
+// Every write of a turn under the Lease is bounded by the 2 s that a
+// request under it may take, not the store's 10 s call timeout: a
+// reservation's create made under the Lease must not land after the 5 s
+// Lease may have passed to whereabouts. Alone and in a Group. (A read that
+// lands late changes nothing: it keeps the store's timeout.)
+func TestRequestsUnderTheLeaseAreBoundedByItsCallTimeout(t *testing.T) {
+	for _, group := range []bool{false, true} {
+		t.Run(fmt.Sprintf("group %v", group), func(t *testing.T) {
+			api := fake.New()
+			var under, outside time.Duration
+			api.Hook = func(c *fake.Call) error {
+				if c.Resource == fake.Reservations && c.Verb == "create" {
+					d, ok := c.Ctx.Deadline()
+					require.True(t, ok, "a deadline on every request")
+					if under == 0 {
+						under = time.Until(d)
+					} else {
+						outside = time.Until(d)
+					}
+				}
+				return nil
+			}
+			o := shim.Options{LeaseRetry: time.Millisecond}
+			if group {
+				o.Group = &shim.Group{Identity: "g"}
+			}
+			s := shim.New(api, "kube-system", o)
+			spec := shim.ReservationSpec{PodRef: "default/p", ContainerID: "c1"}
+			require.NoError(t, s.Locked(context.Background(), func(ctx context.Context, l *shim.Locked) error {
+				_, err := s.Reserve(ctx, "10.0.0.1", spec)
+				return err
+			}))
+			_, err := s.Reserve(context.Background(), "10.0.0.2", spec)
+			require.NoError(t, err)
+			assert.LessOrEqual(t, under, 2*time.Second, "under the Lease")
+			assert.Greater(t, outside, 2*time.Second, "outside it, the store's call timeout")
+		})
+	}
+}

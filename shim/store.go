@@ -122,6 +122,17 @@ func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc) 
 	return context.WithTimeout(ctx, s.o.CallTimeout)
 }
 
+// callWrite bounds a write: in a turn under the Lease by leaseCallTimeout,
+// so that no write made under the Lease lands after the hold may have
+// passed to another holder (a read that lands late changes nothing, and a
+// large list may take longer); else as call.
+func (s *Store) callWrite(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Value(underLeaseKey{}) != nil && s.o.CallTimeout > leaseCallTimeout {
+		return context.WithTimeout(ctx, leaseCallTimeout)
+	}
+	return context.WithTimeout(ctx, s.o.CallTimeout)
+}
+
 // Pool reads a pool fresh; nil, nil when it does not exist.
 //
 // A GET, on purpose: a LIST by name with no resourceVersion is as fresh, and
@@ -336,7 +347,7 @@ func (s *Store) removeOnce(ctx context.Context, pool string, want map[string]whe
 		if err != nil {
 			return err
 		}
-		cctx, cancel := s.call(ctx)
+		cctx, cancel := s.callWrite(ctx)
 		defer cancel()
 		written, err := s.api.PatchPool(cctx, s.namespace, pool, removeAllocations(p.ResourceVersion, offsets))
 		if apierrors.IsNotFound(err) {
@@ -853,7 +864,7 @@ func (s *Store) SetPoolAnnotation(ctx context.Context, pool, key string, value f
 		if want == have && (ok || want == "") {
 			return nil
 		}
-		cctx, cancel := s.call(ctx)
+		cctx, cancel := s.callWrite(ctx)
 		defer cancel()
 		_, err = s.api.PatchPool(cctx, s.namespace, pool, setAnnotation(p.ResourceVersion, p.Annotations, key, want))
 		if apierrors.IsNotFound(err) {
@@ -878,7 +889,7 @@ func (s *Store) DeletePool(ctx context.Context, name string, mayGo func(*Pool) b
 	if err != nil || p == nil || !mayGo(p) {
 		return false, err
 	}
-	cctx, cancel := s.call(ctx)
+	cctx, cancel := s.callWrite(ctx)
 	defer cancel()
 	err = s.api.DeletePool(cctx, s.namespace, name, Preconditions{UID: p.UID, ResourceVersion: p.ResourceVersion})
 	switch {
@@ -897,7 +908,7 @@ func (s *Store) MarkReservation(ctx context.Context, o *Reservation, key, value 
 	if _, has := o.Annotations[key]; value == "" && !has {
 		return true, nil
 	}
-	cctx, cancel := s.call(ctx)
+	cctx, cancel := s.callWrite(ctx)
 	defer cancel()
 	_, err = s.api.PatchReservation(cctx, s.namespace, o.Name, setAnnotation(o.ResourceVersion, o.Annotations, key, value))
 	switch {
@@ -918,7 +929,7 @@ func (s *Store) ClaimReservation(ctx context.Context, o *Reservation, containerI
 	if ifName != "" {
 		ops = append(ops, PatchOp{Op: "add", Path: "/spec/ifname", Value: ifName})
 	}
-	cctx, cancel := s.call(ctx)
+	cctx, cancel := s.callWrite(ctx)
 	defer cancel()
 	_, err = s.api.PatchReservation(cctx, s.namespace, o.Name, Guarded(o.ResourceVersion, ops...))
 	switch {
