@@ -61,8 +61,9 @@ const DefaultMaxHold = 500 * time.Millisecond
 
 // groupTimeout bounds what a group does for the calls waiting at one moment
 // once it has started (the calls' own contexts may end meanwhile: what was
-// begun for them is finished).
-const groupTimeout = 30 * time.Second
+// begun for them is finished). Two minutes, as whereabouts' own ADD waits
+// for its Lease: the agent's releases give up no sooner than the exec path.
+const groupTimeout = 2 * time.Minute
 
 // shared is the Lease of one namespace as a group holds it. One goroutine
 // (hold), running while calls wait or the Lease is held, takes the Lease,

@@ -12,8 +12,10 @@ import (
 
 // reserveTimeout bounds the reservation of one written address. It runs on a
 // context of its own: once the entry is written, its reservation is made even
-// if the ADD's client went away, so that no entry is left without one.
-const reserveTimeout = 20 * time.Second
+// if the ADD's client went away, so that no entry is left without one. Two
+// minutes, as whereabouts' own ADD waits for its Lease: under contention for
+// the Lease the agent gives up no sooner than the exec path would.
+const reserveTimeout = 2 * time.Minute
 
 // reserve creates the reservation of each written address, all at once. An
 // address another pod has reserved (an overlapping range allocated it) is
