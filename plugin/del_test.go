@@ -553,3 +553,27 @@ func TestDelPlansAgainWhenItsCopyWasBehind(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ok, "forgotten once released")
 }
+
+// A node agent's DEL whose copy of the pool does not show the attachment's
+// entry at all (written after the copy, by the exec path covering for a
+// lost ADD) never decides "nothing held" from it: it reads fresh, releases
+// the entry and its reservation, and only then forgets the checkpoint.
+func TestDelNeverDecidesNothingHeldFromItsCopy(t *testing.T) {
+	r := newRig(t, crashLoopedPool()...)
+	cp := copyOf(r.api) // before the attachment's entry
+	p := r.api.Pool("kube-system", poolName)
+	p.Spec.Allocations["9"] = alloc{ContainerID: "new1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+	_, err := r.api.UpdatePool("kube-system", p)
+	require.NoError(t, err)
+	r.api.Put(fake.NewReservation("192.168.50.9", "longhorn-system/im-a"))
+	r.record(t, "new1", "192.168.50.9/24")
+	opts := shim.Options{Backoff: shim.Backoff{Steps: 4, Duration: 1, Factor: 2}}
+	r.p.NewStore = func(string) (*shim.Store, error) { return shim.New(cp, "kube-system", opts), nil }
+
+	require.NoError(t, r.p.Del(args(t, "new1", "lhnet1", podArgs, r.config("0.3.1", ""))))
+	assert.NotContains(t, r.pool(), "9", "the entry the copy did not show is released")
+	assert.NotContains(t, r.orips(), "192.168.50.9=longhorn-system/im-a", "and its reservation")
+	_, ok, err := checkpoint.Dir(r.cpDir).Read("new1", "lhnet1")
+	require.NoError(t, err)
+	assert.False(t, ok, "forgotten once released")
+}

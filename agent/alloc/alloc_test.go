@@ -682,3 +682,32 @@ func TestAChoiceGivenUpOnAConflictLeavesTheCheckpoint(t *testing.T) {
 		})
 	}
 }
+
+// A give-up removes the member's entry only while it is still the member's
+// own: between its write and the give-up, the entry at that offset may have
+// been released and written again for another container (a DEL and another
+// ADD of the exec path). That one stays.
+func TestAGiveUpRemovesOnlyTheMembersOwnEntry(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}),
+		fake.NewReservation("10.0.0.1", "default/elsewhere"))
+	intruder := shim.IPAllocation{ContainerID: "intruder", PodRef: "default/intruder", IfName: "eth1"}
+	done := false
+	api.Hook = func(c *fake.Call) error {
+		if !done && c.Verb == "create" && c.Resource == fake.Reservations && c.Name == "10.0.0.1" {
+			done = true
+			p := api.Pool(ns, "10.0.0.0-24")
+			p.Spec.Allocations["1"] = intruder
+			_, err := api.UpdatePool(ns, p)
+			require.NoError(t, err)
+		}
+		return nil
+	}
+	ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "c1"))
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2", ips[0].IP.String())
+	assert.Equal(t, map[string]shim.IPAllocation{
+		"1": intruder,
+		"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+	}, api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "the entry written for another container since stays")
+}

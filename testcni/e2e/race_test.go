@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/testcni"
 )
@@ -350,4 +351,46 @@ func testAPIServerRestartDuringAStorm(t *testing.T, e *env) {
 	require.NoError(t, rig.StartAPIServer(c))
 	time.Sleep(3 * time.Second)
 	verify(t, n, cr.finish(t), pods...)
+}
+
+// After the API server restarts (twice, a DEL made while it was down), the
+// pool is deleted, as an operator or whereabouts' cleanup may: every ADD
+// still succeeds and the pool is made again, as whereabouts alone makes it.
+// Through the agent, whose copy held the pool at a version from before the
+// restarts, the patch that finds it gone creates it again, and an agent
+// whose watch failed declines until it has listed again (the plugin works
+// alone meanwhile).
+func TestAPoolDeletedAfterAnAPIServerRestartFailsNoADD(t *testing.T) {
+	inTurn(t, testAPoolDeletedAfterAnAPIServerRestartFailsNoADD)
+}
+
+func testAPoolDeletedAfterAnAPIServerRestartFailsNoADD(t *testing.T, e *env) {
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n := e.network(t, testcni.Network{})
+	first := e.Pod("restart-pool-first")
+	gone := add(t, n, first)
+	other := e.Pod("restart-pool-other")
+	kept := add(t, n, other)
+	for i := 0; i < 2; i++ {
+		rig.StopAPIServer()
+		if i == 0 {
+			// A DEL while it is down fails, and the runtime retries it.
+			assert.Error(t, gone.Del(c), "a DEL without the API server")
+		}
+		time.Sleep(time.Second)
+		require.NoError(t, rig.StartAPIServer(c))
+	}
+	require.NoError(t, gone.Del(c), "the DEL retried")
+	require.NoError(t, rig.WB.WhereaboutsV1alpha1().IPPools(n.Tenant.PoolNamespace).Delete(c, n.PoolName(), metav1.DeleteOptions{}))
+
+	var live []*testcni.Sandbox
+	pods := []testcni.Pod{first, other}
+	for i := 0; i < 3; i++ {
+		pod := e.Pod(fmt.Sprintf("restart-pool-after-%d", i))
+		pods = append(pods, pod)
+		live = append(live, add(t, n, pod))
+	}
+	require.NoError(t, kept.Del(c), "the DEL of a sandbox whose pool is gone")
+	verify(t, n, live, pods...)
 }
