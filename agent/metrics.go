@@ -22,10 +22,12 @@ const (
 
 // Metrics counts the agent's requests: by command, outcome and (for a
 // decline) reason, and the time each served one took, from its connection
-// to its answer. Nil counts nothing.
+// to its answer; and its probes (the readiness probe's, every few seconds),
+// by result alone, apart from the verbs and the summary. Nil counts nothing.
 type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	probes   *prometheus.CounterVec
 
 	mu    sync.Mutex
 	since map[string]int // outcome [reason] -> count since the last Summary
@@ -43,10 +45,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from a request's connection to its answer, for requests the agent did (served or failed).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"command", "outcome"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "harvester_ipam_agent_probes_total",
+			Help: "Probes of the node agent (harvester-ipam-agent probe, its readiness probe), by result: served, or declined while it cannot serve.",
+		}, []string{"result"}),
 		since: map[string]int{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration)
+		reg.MustRegister(m.requests, m.duration, m.probes)
 	}
 	return m
 }
@@ -63,6 +69,13 @@ func (m *Metrics) count(command, outcome, reason string) {
 	m.mu.Lock()
 	m.since[key]++
 	m.mu.Unlock()
+}
+
+func (m *Metrics) probe(result string) {
+	if m == nil {
+		return
+	}
+	m.probes.WithLabelValues(result).Inc()
 }
 
 func (m *Metrics) refused() { m.count("", outcomeRefused, "") }
