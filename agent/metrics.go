@@ -1,7 +1,11 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -105,4 +109,55 @@ func (m *Metrics) Summary() string {
 	sort.Strings(parts)
 	m.since = map[string]int{}
 	return strings.Join(parts, ", ")
+}
+
+// ServeMetrics serves h (the registry's /metrics) at addr until ctx ends.
+// The agent runs in the host's network: in a rollout the new agent starts
+// while the old one still holds the port, so a bind that fails is tried
+// again every retry until it succeeds or ctx ends; the log says so twice,
+// at the first failure and at the bind, not at every try. Once ctx ends the
+// port is let go at once, for the next agent.
+func ServeMetrics(ctx context.Context, addr string, h http.Handler, retry time.Duration, logf func(format string, a ...any)) {
+	var lc net.ListenConfig
+	failed := false
+	for {
+		l, err := lc.Listen(ctx, "tcp", addr)
+		if err == nil {
+			if failed {
+				logf("metrics: serving %s", addr)
+			}
+			serveMetrics(ctx, l, h, logf)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !failed {
+			logf("metrics: %v; trying again every %s until it is free", err, retry)
+			failed = true
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func serveMetrics(ctx context.Context, l net.Listener, h http.Handler, logf func(format string, a ...any)) {
+	ms := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-ctx.Done():
+			ms.Close()
+		case <-stopped:
+		}
+	}()
+	if err := ms.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		logf("metrics: %v", err)
+	}
 }
