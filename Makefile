@@ -60,10 +60,13 @@ clean:
 # unless VERSION is given), as an OCI image archive that `docker load`, `ctr
 # images import` and crane accept; no container engine. Reproducible for a
 # commit (docs/image.md). On a commit tagged for a release the tag must be the
-# chart's appVersion.
+# chart's appVersion. For linux/amd64 (Harvester's nodes) whatever the build
+# machine is; `make image ARCH=arm64` builds for arm64 nodes (only ARCH given
+# on make's command line counts: an ARCH in the environment is not this one).
 IMAGE ?= bin/harvester-ipam-image.tar
+IMAGE_ARCH := $(if $(filter command line,$(origin ARCH)),$(ARCH),amd64)
 image:
-	$(GO) run ./cmd/harvester-ipam-image $(if $(filter command line environment,$(origin VERSION)),-version $(VERSION)) -o $(IMAGE)
+	$(GO) run ./cmd/harvester-ipam-image $(if $(filter command line environment,$(origin VERSION)),-version $(VERSION)) -arch $(IMAGE_ARCH) -o $(IMAGE)
 
 # A Helm repository of the chart, for a Harvester add-on (install/addon): the
 # packaged chart and index.yaml in CHART_REPO, to serve at CHART_REPO_URL (the

@@ -335,7 +335,13 @@ func (st *steps) mark(step string) {
 func (st *steps) String() string { return strings.Join(st.parts, ", ") }
 
 // record counts a request's outcome and, with Options.LogRequests, logs it.
+// A probe is counted only: the readiness probe's, every 5 s, would bury the
+// log (and the summary) under lines of nothing done.
 func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time, ph *steps) {
+	if req.Command == wire.Probe {
+		s.o.Metrics.probe(outcome)
+		return
+	}
 	took := time.Since(start)
 	s.o.Metrics.count(req.Command, outcome, reason)
 	if outcome == outcomeServed || outcome == outcomeFailed {

@@ -455,6 +455,41 @@ func TestAProbeDoesNothing(t *testing.T) {
 	assert.Equal(t, client.Fallback, r.do(wire.Probe, nil, nil).Outcome)
 }
 
+// A probe (the readiness probe's, every 5 s) writes no line in the log, even
+// with LogRequests, and is not in the minute's summary: it is counted, by
+// its result, in a series of its own.
+func TestAProbeIsCountedNotLogged(t *testing.T) {
+	r := newRig(t)
+	before := r.log.String()
+	for i := 0; i < 3; i++ {
+		require.Equal(t, client.Served, r.do(wire.Probe, nil, nil).Outcome)
+	}
+	r.srv.stopping.Store(true)
+	require.Equal(t, client.Fallback, r.do(wire.Probe, nil, nil).Outcome)
+	probes := func(result string) float64 {
+		mfs, err := r.reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != "harvester_ipam_agent_probes_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "result" && l.GetValue() == result {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	assert.Eventually(t, func() bool { return probes(outcomeServed) == 3 && probes(outcomeDeclined) == 1 }, 10*time.Second, time.Millisecond,
+		"harvester_ipam_agent_probes_total: served %v (want 3), declined %v (want 1)", probes(outcomeServed), probes(outcomeDeclined))
+	assert.Equal(t, before, r.log.String(), "a probe writes no log line")
+	assert.Equal(t, "", r.metrics.Summary(), "a probe is not in the summary")
+	assert.Zero(t, r.count(wire.Probe, outcomeServed, ""), "a probe is not a request of the verbs")
+}
+
 // The client is the one to say go: an agent whose client left before it
 // (it timed out on the ack, or it left at once) writes nothing.
 func TestAClientThatLeavesBeforeGoGetsNothingWritten(t *testing.T) {

@@ -1,7 +1,11 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -22,10 +26,12 @@ const (
 
 // Metrics counts the agent's requests: by command, outcome and (for a
 // decline) reason, and the time each served one took, from its connection
-// to its answer. Nil counts nothing.
+// to its answer; and its probes (the readiness probe's, every few seconds),
+// by result alone, apart from the verbs and the summary. Nil counts nothing.
 type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	probes   *prometheus.CounterVec
 
 	mu    sync.Mutex
 	since map[string]int // outcome [reason] -> count since the last Summary
@@ -43,10 +49,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from a request's connection to its answer, for requests the agent did (served or failed).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"command", "outcome"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "harvester_ipam_agent_probes_total",
+			Help: "Probes of the node agent (harvester-ipam-agent probe, its readiness probe), by result: served, or declined while it cannot serve.",
+		}, []string{"result"}),
 		since: map[string]int{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration)
+		reg.MustRegister(m.requests, m.duration, m.probes)
 	}
 	return m
 }
@@ -63,6 +73,13 @@ func (m *Metrics) count(command, outcome, reason string) {
 	m.mu.Lock()
 	m.since[key]++
 	m.mu.Unlock()
+}
+
+func (m *Metrics) probe(result string) {
+	if m == nil {
+		return
+	}
+	m.probes.WithLabelValues(result).Inc()
 }
 
 func (m *Metrics) refused() { m.count("", outcomeRefused, "") }
@@ -92,4 +109,55 @@ func (m *Metrics) Summary() string {
 	sort.Strings(parts)
 	m.since = map[string]int{}
 	return strings.Join(parts, ", ")
+}
+
+// ServeMetrics serves h (the registry's /metrics) at addr until ctx ends.
+// The agent runs in the host's network: in a rollout the new agent starts
+// while the old one still holds the port, so a bind that fails is tried
+// again every retry until it succeeds or ctx ends; the log says so twice,
+// at the first failure and at the bind, not at every try. Once ctx ends the
+// port is let go at once, for the next agent.
+func ServeMetrics(ctx context.Context, addr string, h http.Handler, retry time.Duration, logf func(format string, a ...any)) {
+	var lc net.ListenConfig
+	failed := false
+	for {
+		l, err := lc.Listen(ctx, "tcp", addr)
+		if err == nil {
+			if failed {
+				logf("metrics: serving %s", addr)
+			}
+			serveMetrics(ctx, l, h, logf)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !failed {
+			logf("metrics: %v; trying again every %s until it is free", err, retry)
+			failed = true
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func serveMetrics(ctx context.Context, l net.Listener, h http.Handler, logf func(format string, a ...any)) {
+	ms := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-ctx.Done():
+			ms.Close()
+		case <-stopped:
+		}
+	}()
+	if err := ms.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		logf("metrics: %v", err)
+	}
 }

@@ -100,6 +100,29 @@ func VerifyStandIn(ctx context.Context, opt Options, name string) (string, error
 	return d.Ready(ctx)
 }
 
+// VerifyGivenBack checks, after the stand-in was turned off, that name is
+// the real binary's again (Dir.GivenBack); while harvester-ipam is still
+// there, the error says which release's record holds it.
+func VerifyGivenBack(ctx context.Context, opt Options, name string) (string, error) {
+	d, err := StandInDir(opt, name)
+	if err != nil {
+		return "", err
+	}
+	state, err := d.GivenBack(ctx)
+	if err != nil {
+		if rec, ok, rerr := ReadRecord(opt.BinDir, name); rerr == nil && ok {
+			err = fmt.Errorf("%w; release %s holds it (pod %s)", err, rec.Release, rec.Pod)
+		}
+	}
+	return state, err
+}
+
+// IsGivenBack says whether VerifyGivenBack finds name given back.
+func IsGivenBack(ctx context.Context, opt Options, name string) bool {
+	_, err := VerifyGivenBack(ctx, opt, name)
+	return err == nil
+}
+
 // Role is what the stand-in's record makes of an installer.
 type Role int
 

@@ -130,3 +130,53 @@ func TestStandInEntryPointsRefuseAndWait(t *testing.T) {
 		})
 	}
 }
+
+// After the stand-in is turned off, the name is given back when the real
+// binary is at it and nothing is aside; anything else says what is left.
+func TestVerifyGivenBack(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, opt Options)
+		ok    bool
+		says  string
+	}{
+		{"no whereabouts on the node", func(*testing.T, Options) {}, true, "nothing to give back: no whereabouts at "},
+		{"given back", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts", fakeReal)
+			_, err := StandIn(ctx, opt, "whereabouts", true)
+			require.NoError(t, err)
+			require.NoError(t, GiveBack(ctx, opt, "whereabouts"))
+		}, true, "harvester-ipam does not stand in for whereabouts: the real whereabouts is at "},
+		{"still standing in", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts", fakeReal)
+			_, err := StandInAs(ctx, opt, "whereabouts", Identity{Namespace: "kube-system", DaemonSet: "harvester-ipam", Pod: "harvester-ipam-x"}, "", true)
+			require.NoError(t, err)
+		}, false, "release kube-system/harvester-ipam holds it (pod harvester-ipam-x)"},
+		{"whereabouts rewrote the name, the real binary still aside", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts", fakeReal)
+			script(t, opt.BinDir, "whereabouts.real", fakeReal)
+		}, false, "whereabouts.real is still there"},
+		{"only the binary aside", func(t *testing.T, opt Options) {
+			script(t, opt.BinDir, "whereabouts.real", fakeReal)
+		}, false, "whereabouts.real is still there"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opt := Options{Source: markedPlugin(t), BinDir: t.TempDir()}
+			_, err := Install(ctx, opt)
+			require.NoError(t, err)
+			tt.setup(t, opt)
+			says, err := VerifyGivenBack(ctx, opt, "whereabouts")
+			if tt.ok {
+				require.NoError(t, err)
+				assert.Contains(t, says, tt.says)
+				assert.True(t, IsGivenBack(ctx, opt, "whereabouts"))
+			} else {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.says)
+				assert.False(t, IsGivenBack(ctx, opt, "whereabouts"))
+			}
+		})
+	}
+}

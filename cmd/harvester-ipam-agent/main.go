@@ -17,7 +17,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -205,13 +204,9 @@ func run(o options) error {
 	logf("harvester-ipam-agent %s serving %s for the pools of %s (node %s, holding whereabouts' Lease as %s)", Version, o.socket, strings.Join(namespaces, ", "), o.node, id)
 
 	if o.metricsAddr != "" {
-		ms := &http.Server{Addr: o.metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := ms.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logf("metrics: %v", err)
-			}
-		}()
-		defer ms.Close()
+		// In the host's network: during a rollout the old agent holds the
+		// port until it stops, so the bind is tried again every 2 s.
+		go agent.ServeMetrics(ctx, o.metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), 2*time.Second, logf)
 	}
 	if o.summary > 0 {
 		go func() {

@@ -2,6 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,4 +136,57 @@ func TestTheAgentsLeaseIdentityIsItsStartsOwn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A rollout on a node: the new agent starts while the old one holds the
+// metrics port (both in the host's network); once the old one stops, the new
+// one binds it and serves its metrics.
+func TestAfterARolloutTheNewAgentServesTheMetrics(t *testing.T) {
+	bin := build(t)
+	dir, err := os.MkdirTemp("", "hia")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	kc := filepath.Join(dir, "agent.kubeconfig")
+	require.NoError(t, os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: a, context: {cluster: c, user: u}}]
+current-context: a
+`), 0o600))
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := free.Addr().String()
+	require.NoError(t, free.Close())
+	scrape := func() error {
+		resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + addr + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	}
+	start := func(log *strings.Builder) *exec.Cmd {
+		cmd := exec.Command(bin, "--kubeconfig", kc, "--socket", filepath.Join(dir, "run", "agent.sock"), "--node-file", "",
+			"--checkpoint-dir", filepath.Join(dir, "checkpoints"), "--metrics-addr", addr)
+		cmd.Stderr = log
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	var oldLog, newLog strings.Builder
+	old := start(&oldLog)
+	require.Eventually(t, func() bool { return scrape() == nil }, 30*time.Second, 10*time.Millisecond, "the old agent's metrics")
+	_ = start(&newLog)
+	time.Sleep(3 * time.Second) // the new agent has tried more than once
+	require.NoError(t, old.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, old.Wait(), "%s", oldLog.String())
+	require.Eventually(t, func() bool { return scrape() == nil }, 10*time.Second, 50*time.Millisecond,
+		"the new agent serves the metrics once the old one let go (its log: %s)", newLog.String())
+	assert.Equal(t, 1, strings.Count(newLog.String(), "address already in use"), "one line for the failed binds: %s", newLog.String())
+	assert.Contains(t, newLog.String(), "metrics: serving "+addr)
 }

@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +26,23 @@ import (
 
 	"github.com/harvester/harvester-ipam/install/image"
 )
+
+// defaultArch is the image's architecture unless -arch says otherwise:
+// Harvester's nodes', whatever the machine that builds it.
+const defaultArch = "amd64"
+
+// checkArch refuses an architecture the image is not built for, and a list:
+// one archive is one architecture (docker load and crane push read one).
+func checkArch(arch string) error {
+	switch arch {
+	case "amd64", "arm64":
+		return nil
+	}
+	if strings.Contains(arch, ",") {
+		return fmt.Errorf("-arch %s: one architecture an archive; for both in a registry, build and push each under its own tag, then join them: crane index append -m <registry>/harvester-ipam:<tag>-amd64 -m <registry>/harvester-ipam:<tag>-arm64 -t <registry>/harvester-ipam:<tag>", arch)
+	}
+	return fmt.Errorf("-arch %s: amd64 or arm64", arch)
+}
 
 // Commands are the image's binaries, each built from ./cmd/<name>.
 var Commands = []string{"harvester-ipam", "harvester-ipam-agent", "harvester-ipam-install", "harvester-ipam-reconciler"}
@@ -44,7 +60,7 @@ func main() {
 	fs.StringVar(&revision, "revision", "", "the org.opencontainers.image.revision label; empty: the commit (git rev-parse HEAD)")
 	fs.Int64Var(&created, "created", -1, "the image's time, Unix seconds; -1: SOURCE_DATE_EPOCH, else the commit's time")
 	fs.StringVar(&binDir, "bin", "", "take the binaries from this directory instead of building them")
-	fs.StringVar(&arch, "arch", runtime.GOARCH, "GOARCH of the binaries and the image")
+	fs.StringVar(&arch, "arch", defaultArch, "the image's architecture, GOARCH of its binaries: amd64 or arm64 (never the build machine's unless asked)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: harvester-ipam-image -o ARCHIVE [-version VERSION] [flags]\n\n"+
 			"Builds rancher/harvester-ipam:<VERSION> (by default the chart's appVersion, which a release's git\n"+
@@ -59,6 +75,10 @@ func main() {
 	}
 	if out == "" || fs.NArg() > 0 {
 		fs.Usage()
+		os.Exit(2)
+	}
+	if err := checkArch(arch); err != nil {
+		fmt.Fprintln(os.Stderr, "harvester-ipam-image:", err)
 		os.Exit(2)
 	}
 	if version == "" {

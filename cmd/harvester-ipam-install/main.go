@@ -50,7 +50,9 @@ Modes:
                --daemonset is gone or being deleted (helm uninstall).
   --verify     check only: harvester-ipam installed and runs, and with
                --stand-in it stands in (or there is nothing to stand in for);
-               prints what it found. The chart's probes run this.
+               with --not-stand-in (the stand-in turned off) the real binary
+               is back at the name and nothing is aside; prints what it
+               found. The chart's probes run this.
   --give-back  with --stand-in: put the real binary back at the name, remove
                <name>.real, and exit (a node that missed an uninstall).
   --version    print the version.
@@ -121,6 +123,9 @@ func main() {
 	if err := node.Validate(); err != nil {
 		badUsage(err)
 	}
+	if standIn != "" && standIn == notFor {
+		badUsage(fmt.Errorf("--stand-in and --not-stand-in both name %s", standIn))
+	}
 	if require != "" {
 		opt.Require = strings.Split(require, ",")
 	} else {
@@ -153,18 +158,13 @@ func main() {
 			fail(err)
 		}
 		fmt.Printf("%s is installed and runs: %s\n", res.Path, res.About)
-		if standIn != "" {
-			state, err := install.VerifyStandInAs(ctx, opt, standIn, me)
-			if err != nil {
-				fail(err)
-			}
-			fmt.Println(state)
-			// Both binaries by what they say and their bytes: which
-			// harvester-ipam, which whereabouts.
-			at := filepath.Join(opt.BinDir, standIn)
+		// Both binaries by what they say and their bytes: which
+		// harvester-ipam, which whereabouts.
+		describe := func(name string) {
+			at := filepath.Join(opt.BinDir, name)
 			for _, p := range []string{at, standin.Aside(at)} {
 				if _, err := os.Stat(p); err != nil {
-					continue // nothing to stand in for: said above
+					continue // nothing there: said above
 				}
 				d, err := install.Describe(ctx, p, opt)
 				if err != nil {
@@ -172,6 +172,26 @@ func main() {
 				}
 				fmt.Println(d)
 			}
+		}
+		if standIn != "" {
+			state, err := install.VerifyStandInAs(ctx, opt, standIn, me)
+			if err != nil {
+				if owner == "" && install.IsGivenBack(ctx, opt, standIn) {
+					// An operator's check after the stand-in was turned off.
+					err = fmt.Errorf("%w (the stand-in turned off? check its give-back with --verify --not-stand-in=%s)", err, standIn)
+				}
+				fail(err)
+			}
+			fmt.Println(state)
+			describe(standIn)
+		} else if notFor != "" {
+			// The stand-in turned off: the real binary back at the name.
+			state, err := install.VerifyGivenBack(ctx, opt, notFor)
+			if err != nil {
+				fail(err)
+			}
+			fmt.Println(state)
+			describe(notFor)
 		}
 		return
 	}

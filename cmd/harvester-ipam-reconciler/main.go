@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -117,6 +118,21 @@ func main() {
 		fmt.Fprintf(os.Stderr, "harvester-ipam-reconciler: unexpected argument %q%s\n", fs.Arg(0), hint)
 		fs.Usage()
 		os.Exit(2)
+	}
+	// A pass's flags after inspect: it would only inspect (it writes
+	// nothing), and the operator who asked for a pass would not see one.
+	if inspect {
+		var passFlags []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "grace", "dry-run", "interval", "delete-orphaned-pools", "metrics-addr":
+				passFlags = append(passFlags, "--"+f.Name)
+			}
+		})
+		if len(passFlags) > 0 {
+			fmt.Fprintf(os.Stderr, "harvester-ipam-reconciler: inspect writes nothing and takes no %s: a pass's dry run is harvester-ipam-reconciler --grace 0 --dry-run, without inspect\n", strings.Join(passFlags, ", "))
+			os.Exit(2)
+		}
 	}
 	if o.need < 0 || (o.need > 0 && !inspect) {
 		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: --need takes a count above 0, with inspect")

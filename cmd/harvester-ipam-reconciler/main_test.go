@@ -53,6 +53,12 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 		{[]string{"--no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
 		{[]string{kc}, 1, "kubeconfig:"},
 		{[]string{"inspect", kc}, 1, "kubeconfig:"},
+		// A pass's flags after inspect: it would only inspect, and say
+		// nothing of the pass the operator asked for.
+		{[]string{"inspect", "--grace", "0", "--dry-run", kc}, 2, "inspect writes nothing and takes no --dry-run, --grace: a pass's dry run is harvester-ipam-reconciler --grace 0 --dry-run, without inspect"},
+		{[]string{"inspect", "--grace=0", kc}, 2, "takes no --grace"},
+		{[]string{"inspect", "--interval", "1m", kc}, 2, "takes no --interval"},
+		{[]string{"--grace", "0", "--dry-run", kc}, 1, "kubeconfig:"},
 	} {
 		code, out := runMain(t, tc.args...)
 		assert.Equal(t, tc.code, code, "%v: %s", tc.args, out)

@@ -836,3 +836,29 @@ func (d Dir) Ready(ctx context.Context) (string, error) {
 	}
 	return fmt.Sprintf("harvester-ipam stands in at %s; the real %s is at %s", d.name(), d.Name, d.aside()), nil
 }
+
+// GivenBack says whether the name is the real binary's again, as a stand-in
+// turned off leaves it: no harvester-ipam at the name, nothing aside. An
+// error says what is not (harvester-ipam still at the name, a binary still
+// aside).
+func (d Dir) GivenBack(ctx context.Context) (string, error) {
+	n, err := d.look(ctx, d.name())
+	if err != nil {
+		return "", err
+	}
+	a, err := d.look(ctx, d.aside())
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case n.kind == ours:
+		return "", fmt.Errorf("harvester-ipam still stands in at %s (the real %s at %s is %s)", d.name(), d.Name, d.aside(), a.kind)
+	case a.kind != missing:
+		return "", fmt.Errorf("%s is still there (%s), beside %s at %s: a give-back not finished", d.aside(), a.kind, n.kind, d.name())
+	case n.kind == missing:
+		return fmt.Sprintf("nothing to give back: no %s at %s, nothing at %s", d.Name, d.name(), d.aside()), nil
+	case n.kind != runs:
+		return "", fmt.Errorf("%s at %s is %s (%v)", d.Name, d.name(), n.kind, n.why)
+	}
+	return fmt.Sprintf("harvester-ipam does not stand in for %s: the real %s is at %s; nothing at %s", d.Name, d.Name, d.name(), d.aside()), nil
+}
