@@ -327,12 +327,31 @@ type stormResult struct {
 	failures int
 	dupes    int
 	median   time.Duration // of one ADD in it
+	// served counts the storm's ADDs the agents served (the agent's side):
+	// the others went to the exec path.
+	served int
+}
+
+// servedADDs is the ADDs the agents have served so far (their metrics); -1
+// on a metrics read that fails, which the table then shows.
+func servedADDs(ctx context.Context, agents []*testcni.Agent) int {
+	n := 0
+	for _, a := range agents {
+		got, err := a.Requests(ctx)
+		if err != nil {
+			return -1
+		}
+		n += got["ADD served"]
+	}
+	return n
 }
 
 func (b *bencher) agentStorms(ctx context.Context, agents []*testcni.Agent) ([]benchRatio, error) {
 	rounds := envInt("BENCH_STORM_ROUNDS", 3)
 	kinds := []stormKind{
 		{name: "storm of 24 ADDs, one node", pods: 24, nodes: 1, target: 0.2},
+		{name: "storm of 48 ADDs, one node", pods: 48, nodes: 1, target: 0.1},
+		{name: "storm of 96 ADDs, one node", pods: 96, nodes: 1, target: 0.1},
 		{name: "storm of 48 ADDs, three nodes", pods: 48, nodes: 3, target: 0.2},
 		{name: "storm after a reboot, 24 ADDs, one node", pods: 24, nodes: 1, reboot: true, target: 0.2},
 		{name: "storm after a reboot, 48 ADDs, three nodes", pods: 48, nodes: 3, reboot: true, target: 0.2},
@@ -340,8 +359,8 @@ func (b *bencher) agentStorms(ctx context.Context, agents []*testcni.Agent) ([]b
 	fmt.Printf("### Storms: ADDs started at once on one pool (%d rounds, the sides in turn; median of the rounds)\n\n", rounds)
 	fmt.Println("After a reboot every pod still holds an earlier sandbox's entry and reservation: whereabouts alone hands the entry over to the new sandbox; harvester-ipam releases it (the reservation under whereabouts' Lease) and allocates.")
 	fmt.Println()
-	fmt.Printf("| | whereabouts %s alone: all allocated | exec path | ratio | agent | ratio | a median ADD (whereabouts, exec, agent) | failures, duplicates (whereabouts, exec, agent) |\n", b.wb)
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Printf("| | whereabouts %s alone: all allocated | exec path | ratio | agent | ratio | a median ADD (whereabouts, exec, agent) | failures, duplicates (whereabouts, exec, agent) | ADDs the agents served |\n", b.wb)
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	var out []benchRatio
 	seq := 0
 	for _, k := range kinds {
@@ -353,9 +372,16 @@ func (b *bencher) agentStorms(ctx context.Context, agents []*testcni.Agent) ([]b
 			third := 160 + seq%64
 			s = b.newAgentSides(agents[:k.nodes], fmt.Sprintf("10.%d.0.0/24", third), fmt.Sprintf("10.%d.1.0/24", third), fmt.Sprintf("10.%d.2.0/24", third), "lhnet1")
 			for _, which := range order(round, 0, 1, 2) {
+				before := servedADDs(ctx, agents[:k.nodes])
 				r, err := b.storm1(ctx, s, which, k, seq)
 				if err != nil {
 					return nil, err
+				}
+				if which == 2 {
+					r.served = servedADDs(ctx, agents[:k.nodes]) - before
+					if k.reboot {
+						r.served -= k.pods // the sandboxes before the reboot
+					}
 				}
 				name := []string{"wb", "exec", "agent"}[which]
 				res[name] = append(res[name], r)
@@ -392,8 +418,12 @@ func (b *bencher) agentStorms(ctx context.Context, agents []*testcni.Agent) ([]b
 		wf, wd := bad("wb")
 		ef, ed := bad("exec")
 		af, ad := bad("agent")
-		fmt.Printf("| %s | %s | %s | %.2fx | %s | %.2fx | %s, %s, %s | %d/%d, %d/%d, %d/%d |\n", k.name, ms(wv), ms(ev), ratio(ev, wv), ms(av), ratio(av, wv),
-			ms(adds("wb")), ms(adds("exec")), ms(adds("agent")), wf, wd, ef, ed, af, ad)
+		served := 0
+		for _, r := range res["agent"] {
+			served += r.served
+		}
+		fmt.Printf("| %s | %s | %s | %.2fx | %s | %.2fx | %s, %s, %s | %d/%d, %d/%d, %d/%d | %d of %d |\n", k.name, ms(wv), ms(ev), ratio(ev, wv), ms(av), ratio(av, wv),
+			ms(adds("wb")), ms(adds("exec")), ms(adds("agent")), wf, wd, ef, ed, af, ad, served, k.pods*len(res["agent"]))
 		out = append(out, benchRatio{what: k.name + ", all allocated", agent: av, exec: ev, wb: wv, target: k.target, failures: af + ef + wf, dupes: ad + ed + wd})
 	}
 	fmt.Println()
