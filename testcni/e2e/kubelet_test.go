@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -183,6 +184,35 @@ func (k *kubeletNode) agentServed(t *testing.T) string {
 		}
 	}
 	return strings.Join(served, "\n")
+}
+
+// killAgent SIGKILLs the chart's node agent on the node (its container's
+// task), as the OOM killer or a crash would; its DaemonSet restarts it.
+func (k *kubeletNode) killAgent(t *testing.T) {
+	t.Helper()
+	name, err := k.c.PodOf(ctx(t), "kube-system", "app.kubernetes.io/component=agent", k.nd.Name)
+	require.NoError(t, err, "the node agent's pod")
+	pod, err := k.c.Kube.CoreV1().Pods("kube-system").Get(ctx(t), name, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.NotEmpty(t, pod.Status.ContainerStatuses, "the node agent's container")
+	id := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	c, cancel := context.WithTimeout(ctx(t), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(c, "ctr", "--address", k.nd.Socket, "--namespace", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", id).CombinedOutput()
+	require.NoError(t, err, "SIGKILL the node agent: %s", out)
+}
+
+// reservations are the storage network's reservations: the pod holding
+// each address.
+func (k *kubeletNode) reservations(t *testing.T) map[string]string {
+	t.Helper()
+	list, err := k.c.WB.WhereaboutsV1alpha1().OverlappingRangeIPReservations("kube-system").List(ctx(t), metav1.ListOptions{})
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, o := range list.Items {
+		out[o.Name] = o.Spec.PodRef
+	}
+	return out
 }
 
 // sandboxFailures are the kubelet's events of pods whose sandbox failed to
@@ -391,6 +421,95 @@ func TestKubelet(t *testing.T) {
 			go func() { defer gone.Done(); assert.NoError(t, k.c.DeletePodAndWait(ctx(t), p, 2*time.Minute)) }()
 		}
 		gone.Wait()
+	})
+
+	// The agent replaced during a busy day: helm upgrade changes the agent's
+	// pod (a rollout: the new agent beside the old one) while the storage
+	// network's pods die and start again, then the agent is SIGKILLed in the
+	// middle of a storm. Nothing the operator runs notices: every pod
+	// starts, no sandbox fails its ADD, every live pod holds exactly one
+	// entry and its reservation, and nothing of a deleted pod is left.
+	t.Run("AgentRolledOutAndKilledWhilePodsChurn", func(t *testing.T) {
+		const n = 6
+		start := time.Now()
+		churned := k.pods(t, "churn", n)
+		_, err := k.nd.WaitPodsReady(ctx(t), churned, start, 3*time.Minute)
+		require.NoError(t, err)
+		stop := make(chan struct{})
+		var churn sync.WaitGroup
+		churn.Add(1)
+		kills := 0
+		go func() {
+			defer churn.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(300 * time.Millisecond):
+				}
+				pod := churned[i%n]
+				id, err := k.nd.Sandbox(ctx(t), pod)
+				if err != nil || id == "" {
+					continue // between sandboxes
+				}
+				if k.nd.KillSandbox(ctx(t), id) == nil {
+					kills++
+				}
+			}
+		}()
+		out, err := k.helm(t, append(chartArgs("upgrade", chartTag1), "--set", "agent.maxInFlight=128")...)
+		require.NoError(t, err, out)
+		require.NoError(t, k.c.WaitRolledOut(ctx(t), "kube-system", "harvester-ipam-agent", 3*time.Minute), "kubectl rollout status daemonset/harvester-ipam-agent")
+		close(stop)
+		churn.Wait()
+		t.Logf("%d sandboxes killed while the agent rolled out", kills)
+
+		// A storm, and the agent SIGKILLed in its middle (its DaemonSet's
+		// container restarts).
+		const m = 12
+		storm := make([]testcni.Pod, m)
+		stormStart := time.Now()
+		var made sync.WaitGroup
+		for i := range storm {
+			storm[i] = k.c.Default.Pod(fmt.Sprintf("killed-storm-%d", i))
+			made.Add(1)
+			go func() { defer made.Done(); assert.NoError(t, k.nd.CreateLonghornPod(ctx(t), storm[i], k.networks())) }()
+		}
+		time.Sleep(300 * time.Millisecond)
+		k.killAgent(t)
+		made.Wait()
+
+		all := append(append([]testcni.Pod{}, churned...), storm...)
+		live, err := k.nd.WaitPodsReady(ctx(t), all, time.Time{}, 3*time.Minute)
+		require.NoError(t, err)
+		t.Logf("the storm's pods ready %s after it began", time.Since(stormStart).Round(100*time.Millisecond))
+		assert.Empty(t, k.sandboxFailures(t, all), "no sandbox failed to start")
+		k.holdsOne(t, live)
+		res := k.reservations(t)
+		for ref, id := range live {
+			ip := ""
+			for _, a := range k.allocs(t) {
+				if a.ContainerID == id {
+					ip = a.IP.String()
+				}
+			}
+			assert.Equal(t, ref, res[ip], "%s's address %s has its reservation, the pod's", ref, ip)
+		}
+
+		var gone sync.WaitGroup
+		for _, p := range all {
+			gone.Add(1)
+			go func() { defer gone.Done(); assert.NoError(t, k.c.DeletePodAndWait(ctx(t), p, 2*time.Minute)) }()
+		}
+		gone.Wait()
+		allocs := k.allocs(t)
+		res = k.reservations(t)
+		for _, p := range all {
+			assert.Empty(t, testcni.Of(allocs, p.Ref()), "nothing of deleted pod %s left in the pool", p.Ref())
+			for ip, ref := range res {
+				assert.NotEqual(t, p.Ref(), ref, "the reservation of %s, of deleted pod %s, is left", ip, p.Ref())
+			}
+		}
 	})
 
 	t.Run("WhereaboutsPodDeletedThenUpgraded", func(t *testing.T) {
