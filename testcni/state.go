@@ -75,7 +75,7 @@ func (n *Network) ORIPs(ctx context.Context) ([]ORIP, error) {
 	return out, nil
 }
 
-// Verify checks the invariants of DESIGN.md on a network's pool: one
+// Verify checks the invariants of docs/invariants.md (1, 3 and 5) on a network's pool: one
 // allocation per live sandbox (with its container ID, ifname and the address
 // its ADD returned), none for any other sandbox of the given pods, no address
 // held twice, and every reservation matching an allocation's podref and back.

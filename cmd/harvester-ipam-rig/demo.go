@@ -194,7 +194,7 @@ func showPool(ctx context.Context, title string, n *testcni.Network, pods []test
 	return t, nil
 }
 
-// verify checks harvester-ipam's side against DESIGN.md's invariants.
+// verify checks harvester-ipam's side against the invariants of docs/invariants.md.
 func verify(ctx context.Context, n *testcni.Network, live []*testcni.Sandbox, pods ...testcni.Pod) ([]string, error) {
 	bad, err := n.Verify(ctx, live, pods)
 	if err != nil {

@@ -36,7 +36,7 @@ type World struct {
 	// whereabouts' cp's, which go back: its every write looks older than
 	// every file there, as after a clock stepped back (NTP) once the files
 	// were written while it was ahead. No rule may order real binaries by
-	// their times (DESIGN.md's invariant 7): the model's times say the
+	// their times (invariant 7 of docs/invariants.md): the model's times say the
 	// opposite of the truth.
 	clock, cpClock int64
 	nextIno        uint64
@@ -169,7 +169,7 @@ func (w *World) window() bool { return !w.exchange || !w.links }
 
 // newest is the newest real version ever whole, which must be kept, or -1
 // when there is none or whereabouts' own cp (or the no-exchange window)
-// took it: an older version is not kept for it (DESIGN.md's invariant 7
+// took it: an older version is not kept for it (invariant 7 of docs/invariants.md
 // asks for the newest ever written).
 func (w *World) newest() int {
 	best := -1
