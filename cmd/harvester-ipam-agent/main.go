@@ -40,6 +40,7 @@ import (
 	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/plugin/crashpoint"
 	"github.com/harvester/harvester-ipam/shim"
 )
 
@@ -151,7 +152,7 @@ func run(o options) error {
 	}
 	// Crashpoints builds die at a step of the plugin's verbs or of the
 	// allocator (their names differ) that HARVESTER_IPAM_CRASH_AT names.
-	atStep := crashHook()
+	atStep := crashpoint.Hook()
 	var allocator agent.Allocator
 	if !o.execWB {
 		allocator = alloc.Delegate{

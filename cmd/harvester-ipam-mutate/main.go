@@ -415,7 +415,7 @@ func tally(root, pkg string, res *result, eqs *equivalents) (row, error) {
 		}
 		file := pkg + "/" + name
 		// gremlins mutates every .go file, but `go test` builds only those
-		// of the default build: a file behind a build tag (crash_on.go,
+		// of the default build: a file behind a build tag (plugin/crashpoint/on.go,
 		// `crashpoints`) is not what the unit tests run, so it is not
 		// counted either way, and the table says so.
 		if ok, err := build.Default.MatchFile(filepath.Join(root, pkg), name); err != nil {

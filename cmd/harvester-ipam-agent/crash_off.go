@@ -1,5 +1,0 @@
-//go:build !crashpoints
-
-package main
-
-func crashHook() func(string) { return nil }

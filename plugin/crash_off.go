@@ -1,5 +1,0 @@
-//go:build !crashpoints
-
-package plugin
-
-func crashHook() func(string) { return nil }
