@@ -570,7 +570,7 @@ func TestHostileRequestsLeaveTheAgentServing(t *testing.T) {
 		{"not JSON", frameOf(`{{{`), "malformed request: not a message", true},
 		{"an unknown command", frameOf(`{"type":"request","version":1,"command":"VERSION"}`), `malformed request: unknown command "VERSION"`, true},
 		{"an unknown variable", frameOf(`{"type":"request","version":1,"command":"ADD","env":{"LD_PRELOAD":"x"}}`), "unknown environment variable", true},
-		{"a newer protocol", frameOf(`{"type":"request","version":2,"command":"ADD","extra":{}}`), "protocol version 2; this agent speaks 1", false},
+		{"a newer protocol", frameOf(`{"type":"request","version":3,"command":"ADD","extra":{}}`), "protocol version 3; this agent speaks 2", false},
 		{"nothing at all", nil, "", false},
 		{"a config that is not JSON", mustFrame(wire.NewRequest(wire.Add, env("c1", "lhnet1"), []byte("\x00\xff not json"))), "config: network config is not valid JSON", false},
 	} {

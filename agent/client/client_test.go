@@ -123,10 +123,10 @@ func TestWhatComesBeforeTheAckFallsBackAndNeverSaysGo(t *testing.T) {
 		{"a closed connection", func(c net.Conn) { c.Close() }, "read its acknowledgement: EOF"},
 		{"a newer version", func(c net.Conn) {
 			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: wire.Version + 1, Serve: true})
-		}, "protocol version 2; this build speaks 1"},
+		}, fmt.Sprintf("protocol version %d; this build speaks %d", wire.Version+1, wire.Version)},
 		{"an ack that is not one", func(c net.Conn) { _ = wire.Write(c, wire.Go()) }, `type "go", want "ack"`},
 		{"an unknown field", func(c net.Conn) {
-			_ = wire.Write(c, map[string]any{"type": "ack", "version": 1, "serve": true, "x": 1})
+			_ = wire.Write(c, map[string]any{"type": "ack", "version": wire.Version, "serve": true, "x": 1})
 		}, `unknown field "x"`},
 		{"garbage", func(c net.Conn) { _, _ = c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n")) }, "message larger than the limit"},
 	} {

@@ -5,22 +5,37 @@
 // succeeds once the kernel queues it, before the agent accepts it: no client
 // can tell "the agent took my request" from "my request waits in a queue".
 //
-//	client -> agent  Request  the verb, its CNI environment and its config
-//	agent  -> client Ack      it serves the request, or declines and why
-//	client -> agent  Go       only after an Ack that serves
-//	agent  -> client Answer   what the plugin would print: the result or a CNI error
+//	client -> agent  Request   the verb, its CNI environment and its config
+//	agent  -> client Received  at once, before any work: the agent is alive and reading
+//	agent  -> client Ack       it serves the request, or declines and why
+//	client -> agent  Go        only after an Ack that serves
+//	agent  -> client Answer    what the plugin would print: the result or a CNI error
+//
+// The client bounds the wait for Received short (an agent that does not
+// read at once is dead, wedged or not accepting), and the wait for the Ack
+// that follows longer: admission reads files and may wait for one of the
+// agent's slots, and on a node busy with a burst that takes longer than
+// the plugin's own start, though the agent is sound. A request the agent
+// cannot read gets an Ack (a decline) without Received.
 //
 // The agent writes nothing (no checkpoint, no API request) before it reads
-// Go, so a client that gets no Ack in time, or a decline, closes the
-// connection and does the work itself at no risk. After Go the state is the
-// agent's until its Answer; a connection that breaks before it leaves the
-// verb's outcome unknown (see agent/client).
+// Go, so a client that gets no Received or no Ack in time, or a decline,
+// closes the connection and does the work itself at no risk. After Go the
+// state is the agent's until its Answer; a connection that breaks before it
+// leaves the verb's outcome unknown (see agent/client).
 //
 // Every message is a frame: a 4-byte big-endian length, then that many bytes
 // of JSON, at most MaxMessage. Every message names its type and the protocol
-// version; a peer that meets a version it does not know declines (the agent)
-// or falls back (the client). The frame and the "type" and "version" fields
-// never change; anything else may, under a new Version.
+// version; a peer that meets a version it does not know declines (the agent,
+// naming its own) or falls back (the client). The frame and the "type" and
+// "version" fields never change; anything else may, under a new Version.
+//
+// Plugin and agent of different builds meet during every rollout (the
+// plugin's binary and the agent are two DaemonSets). Each build speaks
+// MinVersion to Version: the agent answers a request in the version it came
+// in, and a client whose request an older agent declined for its version,
+// naming one the client still speaks, asks again in that one (agent/client).
+// Version 1 has no Received: its Ack comes after admission.
 //
 // This package uses the standard library only: the plugin links it, and
 // every sandbox pays for what the plugin links at each start.
@@ -35,8 +50,12 @@ import (
 	"io"
 )
 
-// Version is the protocol version this build speaks.
-const Version = 1
+// Version is the protocol version this build speaks: 2, the Received frame.
+const Version = 2
+
+// MinVersion is the oldest version this build still speaks, with a peer of
+// another build: 1, without Received.
+const MinVersion = 1
 
 // MaxMessage bounds a frame's JSON: a network config is a few KiB, a
 // result less.
@@ -44,10 +63,11 @@ const MaxMessage = 1 << 20
 
 // The message types.
 const (
-	TypeRequest = "request"
-	TypeAck     = "ack"
-	TypeGo      = "go"
-	TypeAnswer  = "answer"
+	TypeRequest  = "request"
+	TypeReceived = "received"
+	TypeAck      = "ack"
+	TypeGo       = "go"
+	TypeAnswer   = "answer"
 )
 
 // The commands: the CNI verbs, and Probe, which asks whether the agent
@@ -93,10 +113,14 @@ const (
 	DefaultSocket = "/run/harvester-ipam/agent.sock"
 	// NoAgent as EnvSocket turns the agent off.
 	NoAgent = "none"
-	// EnvAckTimeout, when set, is how long the plugin waits for the agent's
-	// acknowledgement (a Go duration; the default is 100 ms): for tests on a
-	// loaded machine.
+	// EnvAckTimeout, when set, is how long the plugin waits, from before the
+	// connect, for the agent's receipt of the request (a Go duration; the
+	// default is 100 ms): for tests on a loaded machine.
 	EnvAckTimeout = "HARVESTER_IPAM_AGENT_ACK_TIMEOUT"
+	// EnvDecideTimeout, when set, is how long the plugin waits for the
+	// agent's decision (serve or decline) after its receipt (a Go duration;
+	// the default is 3 s).
+	EnvDecideTimeout = "HARVESTER_IPAM_AGENT_DECIDE_TIMEOUT"
 )
 
 // NodeConf is NodeFile's content.
@@ -114,6 +138,13 @@ type Request struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Config is the network config, the plugin's stdin, as it came.
 	Config []byte `json:"config,omitempty"`
+}
+
+// Received says the agent read a Request, before any work on it; its
+// decision, an Ack, follows. Since version 2.
+type Received struct {
+	Type    string `json:"type"`
+	Version int    `json:"version"`
 }
 
 // Ack is the agent's decision on a Request.
@@ -170,6 +201,9 @@ func (e *Error) Error() string {
 func NewRequest(command string, env map[string]string, config []byte) Request {
 	return Request{Type: TypeRequest, Version: Version, Command: command, Env: env, Config: config}
 }
+
+// Receipt is a Received of this Version.
+func Receipt() Received { return Received{Type: TypeReceived, Version: Version} }
 
 // Serve is an Ack that serves.
 func Serve() Ack { return Ack{Type: TypeAck, Version: Version, Serve: true} }
@@ -260,11 +294,17 @@ func ReadHeader(body []byte) (Header, error) {
 // nothing the reader could honour; data after the message is one too, as
 // ReadHeader refuses it).
 func Decode(body []byte, typ string, v any) error {
+	return DecodeAs(body, Version, typ, v)
+}
+
+// DecodeAs is Decode of a frame of the given version, one this build still
+// speaks (MinVersion to Version), whose messages of type typ have v's shape.
+func DecodeAs(body []byte, version int, typ string, v any) error {
 	h, err := ReadHeader(body)
 	if err != nil {
 		return err
 	}
-	if h.Version != Version {
+	if h.Version != version {
 		return &VersionError{Got: h.Version}
 	}
 	if h.Type != typ {
@@ -278,6 +318,9 @@ func Decode(body []byte, typ string, v any) error {
 	return nil
 }
 
+// Speaks says whether this build speaks version.
+func Speaks(version int) bool { return version >= MinVersion && version <= Version }
+
 // VersionError is a message of a protocol version this build does not speak.
 type VersionError struct{ Got int }
 
@@ -285,8 +328,9 @@ func (e *VersionError) Error() string {
 	return fmt.Sprintf("protocol version %d; this build speaks %d", e.Got, Version)
 }
 
-// ReadRequest reads and checks a Request. A *VersionError says the client
-// speaks another version (the agent declines, naming its own).
+// ReadRequest reads and checks a Request of any version this build speaks
+// (its Version says which: the agent answers in it). A *VersionError says
+// the client speaks another (the agent declines, naming its own).
 func ReadRequest(r io.Reader) (Request, error) {
 	body, err := ReadFrame(r)
 	if err != nil {
@@ -296,9 +340,17 @@ func ReadRequest(r io.Reader) (Request, error) {
 }
 
 // DecodeRequest decodes and checks a Request's JSON.
+// A Request's shape is the same in every version this build speaks.
 func DecodeRequest(body []byte) (Request, error) {
+	h, err := ReadHeader(body)
+	if err != nil {
+		return Request{}, err
+	}
+	if !Speaks(h.Version) {
+		return Request{}, &VersionError{Got: h.Version}
+	}
 	var req Request
-	if err := Decode(body, TypeRequest, &req); err != nil {
+	if err := DecodeAs(body, h.Version, TypeRequest, &req); err != nil {
 		return Request{}, err
 	}
 	return req, req.Validate()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -45,7 +46,7 @@ func TestReadRequestRefusesWhatIsNotARequest(t *testing.T) {
 		{"too large", []byte{0x7f, 0xff, 0xff, 0xff}, ErrTooLarge.Error()},
 		{"not JSON", frame(`hello`), "not a message"},
 		{"an array", frame(`[1,2]`), "not a message"},
-		{"another version", frame(`{"type":"request","version":2,"command":"ADD"}`), "protocol version 2; this build speaks 1"},
+		{"a newer version", frame(`{"type":"request","version":3,"command":"ADD"}`), "protocol version 3; this build speaks 2"},
 		{"no version", frame(`{"type":"request","command":"ADD"}`), "protocol version 0"},
 		{"another type", frame(`{"type":"go","version":1}`), `type "go", want "request"`},
 		{"an unknown field", frame(`{"type":"request","version":1,"command":"ADD","extra":1}`), `unknown field "extra"`},
@@ -65,6 +66,77 @@ func TestReadRequestRefusesWhatIsNotARequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A request of version 1 (a plugin of an older build, during a rollout)
+// reads as it came: its shape is this version's, and its Version tells the
+// agent which version to answer in.
+func TestARequestOfAnOlderVersionThisBuildSpeaksReads(t *testing.T) {
+	if MinVersion != 1 || Version != 2 {
+		t.Fatalf("versions %d to %d: revisit this test", MinVersion, Version)
+	}
+	req, err := ReadRequest(bytes.NewReader(frame(`{"type":"request","version":1,"command":"ADD","env":{"CNI_IFNAME":"lhnet1"},"config":"e30="}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req.Version != 1 || req.Command != Add || req.Env[EnvIfName] != "lhnet1" || string(req.Config) != "{}" {
+		t.Fatalf("got %+v", req)
+	}
+	for _, v := range []int{0, 3} {
+		_, err := DecodeRequest([]byte(fmt.Sprintf(`{"type":"request","version":%d,"command":"ADD"}`, v)))
+		var ve *VersionError
+		if !errors.As(err, &ve) || ve.Got != v {
+			t.Fatalf("version %d: error %v, want a VersionError", v, err)
+		}
+	}
+}
+
+// Received is version 2's: a frame of its type, distinct from the Ack that
+// follows it, and no Ack decodes as one.
+func TestReceivedIsAFrameOfItsOwn(t *testing.T) {
+	var buf bytes.Buffer
+	if err := Write(&buf, Receipt()); err != nil {
+		t.Fatal(err)
+	}
+	if got := buf.String()[4:]; got != `{"type":"received","version":2}` {
+		t.Fatalf("frame %s", got)
+	}
+	body, _ := ReadFrame(&buf)
+	if err := Decode(body, TypeAck, &Ack{}); err == nil || !strings.Contains(err.Error(), `type "received", want "ack"`) {
+		t.Fatalf("a receipt decoded as an ack: %v", err)
+	}
+	if err := Decode(mustWrite(t, Serve()), TypeReceived, &Received{}); err == nil {
+		t.Fatal("an ack decoded as a receipt")
+	}
+	if err := Decode([]byte(`{"type":"received","version":2,"serve":true}`), TypeReceived, &Received{}); err == nil {
+		t.Fatal("a receipt with an ack's field decoded")
+	}
+}
+
+// DecodeAs reads a message of an older version this build speaks (an
+// agent's decline in version 1); Decode reads this Version's only.
+func TestDecodeAsReadsAnOlderVersion(t *testing.T) {
+	body := []byte(`{"type":"ack","version":1,"serve":false,"reason":"protocol version 2; this agent speaks 1"}`)
+	var ve *VersionError
+	if err := Decode(body, TypeAck, &Ack{}); !errors.As(err, &ve) || ve.Got != 1 {
+		t.Fatalf("Decode: %v, want a VersionError of 1", err)
+	}
+	var ack Ack
+	if err := DecodeAs(body, 1, TypeAck, &ack); err != nil || ack.Serve || ack.Version != 1 || ack.Reason == "" {
+		t.Fatalf("DecodeAs: %+v, %v", ack, err)
+	}
+	if !Speaks(1) || !Speaks(Version) || Speaks(0) || Speaks(Version+1) {
+		t.Fatal("Speaks")
+	}
+}
+
+func mustWrite(t *testing.T, v any) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Write(&buf, v); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()[4:]
 }
 
 func TestAVersionErrorSaysWhichVersions(t *testing.T) {
@@ -101,6 +173,7 @@ func TestMessagesNameTheirTypeAndVersion(t *testing.T) {
 		typ  string
 		into any
 	}{
+		{Receipt(), TypeReceived, &Received{}},
 		{Serve(), TypeAck, &Ack{}},
 		{Decline("busy"), TypeAck, &Ack{}},
 		{Go(), TypeGo, &GoAhead{}},
@@ -126,8 +199,9 @@ func TestMessagesNameTheirTypeAndVersion(t *testing.T) {
 func TestReadFrameReadsOneFrameAtATime(t *testing.T) {
 	var buf bytes.Buffer
 	_ = Write(&buf, Go())
+	_ = Write(&buf, Receipt())
 	_ = Write(&buf, Serve())
-	for _, typ := range []string{TypeGo, TypeAck} {
+	for _, typ := range []string{TypeGo, TypeReceived, TypeAck} {
 		body, err := ReadFrame(&buf)
 		if err != nil {
 			t.Fatal(err)
@@ -150,6 +224,7 @@ func FuzzReadRequest(f *testing.F) {
 	f.Add(buf.Bytes())
 	f.Add(frame(`{"type":"request","version":1,"command":"DEL","env":{"CNI_IFNAME":"x"}}`))
 	f.Add(frame(`{"type":"request","version":2}`))
+	f.Add(frame(`{"type":"request","version":3,"command":"ADD"}`))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0, 0, 0, 1, '{'})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -158,7 +233,7 @@ func FuzzReadRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if req.Validate() != nil || req.Version != Version || req.Type != TypeRequest {
+		if req.Validate() != nil || !Speaks(req.Version) || req.Type != TypeRequest {
 			t.Fatalf("accepted an invalid request %+v", req)
 		}
 		// What was accepted is written back as a request that reads the same.
