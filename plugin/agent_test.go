@@ -66,6 +66,9 @@ func (a *agentStub) handle(c net.Conn) {
 		if err != nil {
 			return
 		}
+		if wire.Write(c, wire.Receipt()) != nil {
+			return
+		}
 		ack := wire.Serve()
 		if a.ack != nil {
 			ack = a.ack(req)

@@ -2,11 +2,12 @@
 // (agent/wire): find the socket, hand a verb over, and say what became of it.
 //
 // Whenever the agent cannot serve — no socket, a refused connection, no
-// acknowledgement within AckTimeout, a decline, a protocol version this
-// build does not speak — the outcome is Fallback: nothing was written
-// anywhere, and the plugin does the work itself. Once the client has said
-// Go, the work is the agent's; a connection that breaks before its Answer is
-// Lost: the agent may have done any part of the verb.
+// receipt of the request within AckTimeout, no decision within
+// DecideTimeout of that receipt, a decline, a protocol version this build
+// does not speak — the outcome is Fallback: nothing was written anywhere,
+// and the plugin does the work itself. Once the client has said Go, the
+// work is the agent's; a connection that breaks before its Answer is Lost:
+// the agent may have done any part of the verb.
 //
 // It uses the standard library and agent/wire only: the plugin links it,
 // and every sandbox pays for the plugin's start.
@@ -25,11 +26,20 @@ import (
 	"github.com/harvester/harvester-ipam/agent/wire"
 )
 
-// DefaultAckTimeout bounds the wait for the agent's acknowledgement, from
-// before the connect: an agent that does not answer this fast is not
-// serving (stopped, overloaded, being replaced), and the plugin's own way
-// costs about 100 ms.
+// DefaultAckTimeout bounds the wait for the agent's receipt of the request
+// (wire.Received), from before the connect: an agent that does not read a
+// request this fast is not serving (stopped, wedged, being replaced), and
+// the plugin's own way costs about 100 ms. The agent writes its receipt
+// before any work on the request, so this measures whether it is alive and
+// accepting, not how busy the node is.
 const DefaultAckTimeout = 100 * time.Millisecond
+
+// DefaultDecideTimeout bounds the wait for the agent's decision (serve or
+// decline) after its receipt: its admission reads files and may wait for
+// one of its slots (agent.Options.QueueTimeout, 2 s), which a burst on a
+// busy node makes slow, while the plugin's own way would queue on
+// whereabouts' Lease for seconds.
+const DefaultDecideTimeout = 3 * time.Second
 
 // Outcome is what became of a verb handed to the agent.
 type Outcome int
@@ -66,18 +76,25 @@ type Result struct {
 type Client struct {
 	// Socket is the agent's unix socket; "" is no agent.
 	Socket string
-	// AckTimeout bounds the wait for the acknowledgement; zero is
-	// DefaultAckTimeout.
+	// AckTimeout bounds the connect and the wait for the agent's receipt of
+	// the request; zero is DefaultAckTimeout.
 	AckTimeout time.Duration
+	// DecideTimeout bounds the wait for the agent's decision after its
+	// receipt; zero is DefaultDecideTimeout. Neither wait goes past the
+	// verb's context.
+	DecideTimeout time.Duration
 }
 
 // New is a client of the socket Locate finds, from this process's
 // environment and the node's file, waiting wire.EnvAckTimeout for the
-// acknowledgement when that is set.
+// receipt and wire.EnvDecideTimeout for the decision when they are set.
 func New() *Client {
 	c := &Client{Socket: Locate(os.Getenv, wire.NodeFile)}
 	if d, err := time.ParseDuration(os.Getenv(wire.EnvAckTimeout)); err == nil && d > 0 {
 		c.AckTimeout = d
+	}
+	if d, err := time.ParseDuration(os.Getenv(wire.EnvDecideTimeout)); err == nil && d > 0 {
+		c.DecideTimeout = d
 	}
 	return c
 }
@@ -114,70 +131,144 @@ func (c *Client) Do(ctx context.Context, req wire.Request) Result {
 	if c == nil || c.Socket == "" {
 		return fallback("no node agent configured")
 	}
-	bound := c.AckTimeout
-	if bound <= 0 {
-		bound = DefaultAckTimeout
+	short := c.AckTimeout
+	if short <= 0 {
+		short = DefaultAckTimeout
 	}
-	ackBy := time.Now().Add(bound)
-	if d, ok := ctx.Deadline(); ok && d.Before(ackBy) {
-		ackBy = d
+	decide := c.DecideTimeout
+	if decide <= 0 {
+		decide = DefaultDecideTimeout
 	}
-	d := net.Dialer{Deadline: ackBy}
-	conn, err := d.DialContext(ctx, "unix", c.Socket)
+	h := handshake{ctx: ctx, socket: c.Socket, short: short, decide: decide}
+	res, older := h.do(req, time.Now().Add(short))
+	if older != 0 {
+		// An agent of an older build (a rollout: the plugin's DaemonSet and
+		// the agent's roll apart) read the request and declined its
+		// version, naming its own, which this build still speaks: asked
+		// again in that one. It is alive, and its version acknowledges only
+		// after admission: the decision's bound covers that handshake.
+		req.Version = older
+		res, _ = h.do(req, time.Now().Add(decide))
+	}
+	return res
+}
+
+// handshake is what the exchanges of one Do share: each is a connection.
+type handshake struct {
+	ctx           context.Context
+	socket        string
+	short, decide time.Duration
+}
+
+// by is t, or ctx's deadline when that comes first.
+func (h *handshake) by(t time.Time) time.Time {
+	if d, ok := h.ctx.Deadline(); ok && d.Before(t) {
+		return d
+	}
+	return t
+}
+
+// do hands req over, in req's version, the first frame due by firstBy. It
+// returns the outcome, or, when the agent declined req's version naming an
+// older one this build speaks, that version (and a Fallback).
+func (h *handshake) do(req wire.Request, firstBy time.Time) (Result, int) {
+	firstBy = h.by(firstBy)
+	bound := time.Until(firstBy).Round(time.Millisecond)
+	if req.Version == wire.Version {
+		bound = h.short
+	}
+	d := net.Dialer{Deadline: firstBy}
+	conn, err := d.DialContext(h.ctx, "unix", h.socket)
 	if err != nil {
-		return fallback("node agent at %s: %v", c.Socket, unwrap(err))
+		return fallback("node agent at %s: %v", h.socket, unwrap(err)), 0
 	}
 	defer conn.Close()
 	// A cancelled ctx ends any wait at once.
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	stop := context.AfterFunc(h.ctx, func() { _ = conn.SetDeadline(time.Now()) })
 	defer stop()
+	// setDeadline moves the connection's deadline, keeping a cancel that
+	// came meanwhile.
+	setDeadline := func(t time.Time) error {
+		if err := conn.SetDeadline(t); err != nil {
+			return err
+		}
+		if h.ctx.Err() != nil {
+			return conn.SetDeadline(time.Now())
+		}
+		return nil
+	}
 
-	if err := conn.SetDeadline(ackBy); err != nil {
-		return fallback("node agent: %v", err)
+	if err := setDeadline(firstBy); err != nil {
+		return fallback("node agent: %v", err), 0
 	}
 	if err := wire.Write(conn, req); err != nil {
-		return fallback("node agent: send the request: %v", unwrap(err))
+		return fallback("node agent: send the request: %v", unwrap(err)), 0
 	}
 	body, err := wire.ReadFrame(conn)
 	if err != nil {
 		if isTimeout(err) {
-			return fallback("node agent: no acknowledgement within %s", bound)
+			return fallback("node agent: no acknowledgement within %s", bound), 0
 		}
-		return fallback("node agent: read its acknowledgement: %v", unwrap(err))
+		return fallback("node agent: read its acknowledgement: %v", unwrap(err)), 0
+	}
+	if head, err := wire.ReadHeader(body); err == nil && head.Type == wire.TypeReceived && req.Version >= 2 {
+		// Received: the agent is alive and read the request. Its decision
+		// may take admission's time on a busy node, and a wait for a slot.
+		if err := wire.DecodeAs(body, req.Version, wire.TypeReceived, &wire.Received{}); err != nil {
+			return fallback("node agent: its receipt: %v", err), 0
+		}
+		if err := setDeadline(h.by(time.Now().Add(h.decide))); err != nil {
+			return fallback("node agent: %v", err), 0
+		}
+		if body, err = wire.ReadFrame(conn); err != nil {
+			if isTimeout(err) {
+				return fallback("node agent: no decision within %s of its receipt", h.decide), 0
+			}
+			return fallback("node agent: read its decision: %v", unwrap(err)), 0
+		}
 	}
 	var ack wire.Ack
-	if err := wire.Decode(body, wire.TypeAck, &ack); err != nil {
-		return fallback("node agent: its acknowledgement: %v", err)
+	if err := wire.DecodeAs(body, req.Version, wire.TypeAck, &ack); err != nil {
+		var ve *wire.VersionError
+		if errors.As(err, &ve) && ve.Got < req.Version && wire.Speaks(ve.Got) {
+			var old wire.Ack
+			if wire.DecodeAs(body, ve.Got, wire.TypeAck, &old) == nil && !old.Serve {
+				return fallback("node agent declined: %s", old.Reason), ve.Got
+			}
+		}
+		return fallback("node agent: its acknowledgement: %v", err), 0
 	}
 	if !ack.Serve {
-		return fallback("node agent declined: %s", ack.Reason)
+		return fallback("node agent declined: %s", ack.Reason), 0
 	}
 
 	// From here the agent may write: a break is Lost, not Fallback.
 	var deadline time.Time
-	if d, ok := ctx.Deadline(); ok {
+	if d, ok := h.ctx.Deadline(); ok {
 		deadline = d
 	}
-	if err := conn.SetDeadline(deadline); err != nil {
-		return fallback("node agent: %v", err)
+	if err := setDeadline(deadline); err != nil {
+		return fallback("node agent: %v", err), 0
 	}
-	if err := wire.Write(conn, wire.Go()); err != nil {
+	goAhead := wire.Go()
+	goAhead.Version = req.Version
+	if err := wire.Write(conn, goAhead); err != nil {
 		// A write to a unix socket that fails delivered nothing (the agent
 		// closed its end): the agent never read Go, and writes only after it.
-		return fallback("node agent: send go: %v", unwrap(err))
+		return fallback("node agent: send go: %v", unwrap(err)), 0
 	}
 	body, err = wire.ReadFrame(conn)
 	if err != nil {
 		if isTimeout(err) {
-			return lost("node agent: no answer before the verb's deadline")
+			return lost("node agent: no answer before the verb's deadline"), 0
 		}
-		return lost("node agent: read its answer: %v", unwrap(err))
+		return lost("node agent: read its answer: %v", unwrap(err)), 0
 	}
 	var ans wire.Answer
-	if err := wire.Decode(body, wire.TypeAnswer, &ans); err != nil {
-		return lost("node agent: its answer: %v", err)
+	if err := wire.DecodeAs(body, req.Version, wire.TypeAnswer, &ans); err != nil {
+		return lost("node agent: its answer: %v", err), 0
 	}
-	return Result{Outcome: Served, Answer: ans}
+	return Result{Outcome: Served, Answer: ans}, 0
 }
 
 func isTimeout(err error) bool {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -68,6 +69,7 @@ func TestAServedVerbReturnsTheAnswer(t *testing.T) {
 		if err != nil || req.Env[wire.EnvContainerID] != "c1" || string(req.Config) != `{"name":"n"}` {
 			return
 		}
+		_ = wire.Write(c, wire.Receipt())
 		_ = wire.Write(c, wire.Serve())
 		if readGo(c) != wire.TypeGo {
 			return
@@ -124,6 +126,29 @@ func TestWhatComesBeforeTheAckFallsBackAndNeverSaysGo(t *testing.T) {
 		{"a newer version", func(c net.Conn) {
 			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: wire.Version + 1, Serve: true})
 		}, fmt.Sprintf("protocol version %d; this build speaks %d", wire.Version+1, wire.Version)},
+		{"an older version that serves", func(c net.Conn) {
+			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: wire.MinVersion, Serve: true})
+		}, fmt.Sprintf("protocol version %d; this build speaks %d", wire.MinVersion, wire.Version)},
+		{"a receipt of another version", func(c net.Conn) {
+			_ = wire.Write(c, wire.Received{Type: wire.TypeReceived, Version: wire.Version + 1})
+		}, fmt.Sprintf("its receipt: protocol version %d", wire.Version+1)},
+		{"a receipt, then a decline", func(c net.Conn) {
+			_ = wire.Write(c, wire.Receipt())
+			_ = wire.Write(c, wire.Decline("busy: 4 requests in flight"))
+		}, "node agent declined: busy: 4 requests in flight"},
+		{"a receipt, then no decision in time", func(c net.Conn) {
+			_ = wire.Write(c, wire.Receipt())
+			time.Sleep(300 * time.Millisecond)
+			_ = wire.Write(c, wire.Serve())
+		}, "no decision within 100ms of its receipt"},
+		{"a receipt, then a closed connection", func(c net.Conn) {
+			_ = wire.Write(c, wire.Receipt())
+			c.Close()
+		}, "read its decision: EOF"},
+		{"two receipts", func(c net.Conn) {
+			_ = wire.Write(c, wire.Receipt())
+			_ = wire.Write(c, wire.Receipt())
+		}, `type "received", want "ack"`},
 		{"an ack that is not one", func(c net.Conn) { _ = wire.Write(c, wire.Go()) }, `type "go", want "ack"`},
 		{"an unknown field", func(c net.Conn) {
 			_ = wire.Write(c, map[string]any{"type": "ack", "version": wire.Version, "serve": true, "x": 1})
@@ -140,7 +165,9 @@ func TestWhatComesBeforeTheAckFallsBackAndNeverSaysGo(t *testing.T) {
 				tc.handle(c)
 				after <- readGo(c)
 			})
-			res := do(t, sock, 50*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			res := (&Client{Socket: sock, AckTimeout: 50 * time.Millisecond, DecideTimeout: 100 * time.Millisecond}).Do(ctx, request())
 			if res.Outcome != Fallback || !strings.Contains(res.Reason, tc.want) {
 				t.Fatalf("got %+v, want a fallback for %q", res, tc.want)
 			}
@@ -163,6 +190,161 @@ func TestAnAgentThatNeverAcceptsFallsBack(t *testing.T) {
 	res := do(t, sock, 50*time.Millisecond)
 	if res.Outcome != Fallback || !strings.Contains(res.Reason, "no acknowledgement within 50ms") {
 		t.Fatalf("got %+v", res)
+	}
+}
+
+// An agent that received the request waits for its decision as long as
+// DecideTimeout, well past the short bound: admission on a busy node, a
+// wait for one of the agent's slots.
+func TestAReceivedRequestWaitsForTheDecision(t *testing.T) {
+	sock := fakeAgent(t, func(c net.Conn) {
+		if _, err := wire.ReadRequest(c); err != nil {
+			return
+		}
+		_ = wire.Write(c, wire.Receipt())
+		time.Sleep(300 * time.Millisecond)
+		_ = wire.Write(c, wire.Serve())
+		if readGo(c) == wire.TypeGo {
+			_ = wire.Write(c, wire.NewAnswer([]byte(`{}`), nil, nil))
+		}
+	})
+	res := do(t, sock, 50*time.Millisecond)
+	if res.Outcome != Served {
+		t.Fatalf("got %+v", res)
+	}
+}
+
+// A wedged agent (it accepts and never reads, or reads and never says it
+// received) costs the plugin the short bound only, however long the
+// decision's bound.
+func TestAWedgedAgentFallsBackWithinTheShortBound(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		handle func(c net.Conn)
+	}{
+		{"accepts, never reads", func(c net.Conn) { time.Sleep(3 * time.Second) }},
+		{"reads, never says received", func(c net.Conn) {
+			_, _ = wire.ReadRequest(c)
+			time.Sleep(3 * time.Second)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := fakeAgent(t, tc.handle)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			res := (&Client{Socket: sock, AckTimeout: 50 * time.Millisecond, DecideTimeout: 10 * time.Second}).Do(ctx, request())
+			took := time.Since(start)
+			if res.Outcome != Fallback || !strings.Contains(res.Reason, "no acknowledgement within 50ms") {
+				t.Fatalf("got %+v", res)
+			}
+			if took > time.Second {
+				t.Fatalf("fell back after %s, want about 50ms", took)
+			}
+		})
+	}
+}
+
+// The wait for the decision never goes past the verb's context.
+func TestTheWaitForTheDecisionEndsWithTheVerb(t *testing.T) {
+	sock := fakeAgent(t, func(c net.Conn) {
+		if _, err := wire.ReadRequest(c); err != nil {
+			return
+		}
+		_ = wire.Write(c, wire.Receipt())
+		time.Sleep(3 * time.Second)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res := (&Client{Socket: sock, AckTimeout: 100 * time.Millisecond, DecideTimeout: time.Minute}).Do(ctx, request())
+	if took := time.Since(start); res.Outcome != Fallback || took > 2*time.Second {
+		t.Fatalf("got %+v after %s", res, took)
+	}
+	// And a cancel ends it at once.
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start = time.Now()
+	res = (&Client{Socket: sock, AckTimeout: 100 * time.Millisecond, DecideTimeout: time.Minute}).Do(ctx, request())
+	if took := time.Since(start); res.Outcome != Fallback || took > 2*time.Second {
+		t.Fatalf("cancelled: got %+v after %s", res, took)
+	}
+}
+
+// oldAgent is an agent of version 1 as it was built: it declines a request
+// of another version naming its own, and acknowledges after its admission
+// (here well past the short bound); it sees Go and answers in version 1.
+func oldAgent(t *testing.T, decline string, seen chan<- string) string {
+	return fakeAgent(t, func(c net.Conn) {
+		body, err := wire.ReadFrame(c)
+		if err != nil {
+			return
+		}
+		h, _ := wire.ReadHeader(body)
+		seen <- fmt.Sprintf("request %d", h.Version)
+		if h.Version != 1 {
+			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: 1, Reason: fmt.Sprintf("protocol version %d; this agent speaks 1", h.Version)})
+			return
+		}
+		time.Sleep(600 * time.Millisecond)
+		if decline != "" {
+			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: 1, Reason: decline})
+			return
+		}
+		_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: 1, Serve: true})
+		body, err = wire.ReadFrame(c)
+		if err != nil {
+			return
+		}
+		h, _ = wire.ReadHeader(body)
+		seen <- fmt.Sprintf("%s %d", h.Type, h.Version)
+		_ = wire.Write(c, wire.Answer{Type: wire.TypeAnswer, Version: 1, Stdout: []byte(`{"ips":[]}`)})
+	})
+}
+
+// During a rollout the plugin may be newer than its node's agent: the agent
+// declines the request's version naming its own, 1, which this build still
+// speaks, and the plugin asks again in it, with the decision's bound for
+// that version's acknowledgement (it comes after admission).
+func TestAnOlderAgentIsAskedAgainInItsVersion(t *testing.T) {
+	seen := make(chan string, 10)
+	res := do(t, oldAgent(t, "", seen), 200*time.Millisecond)
+	if res.Outcome != Served || string(res.Answer.Stdout) != `{"ips":[]}` {
+		t.Fatalf("got %+v", res)
+	}
+	close(seen)
+	var got []string
+	for s := range seen {
+		got = append(got, s)
+	}
+	if want := []string{"request 2", "request 1", "go 1"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the agent saw %q, want %q", got, want)
+	}
+
+	// Its decline in its version is a decline; it is asked once more only.
+	seen = make(chan string, 10)
+	res = do(t, oldAgent(t, "busy: 256 requests in flight", seen), 200*time.Millisecond)
+	if res.Outcome != Fallback || res.Reason != "node agent declined: busy: 256 requests in flight" {
+		t.Fatalf("got %+v", res)
+	}
+	if len(seen) != 2 {
+		t.Fatalf("%d requests, want 2", len(seen))
+	}
+}
+
+// A version decline naming a version this build does not speak falls back
+// at once, without asking again.
+func TestADeclineOfAVersionThisBuildDoesNotSpeakFallsBack(t *testing.T) {
+	var n atomic.Int32
+	sock := fakeAgent(t, func(c net.Conn) {
+		n.Add(1)
+		if _, err := wire.ReadFrame(c); err == nil {
+			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: wire.MinVersion - 1, Reason: "protocol version 2; this agent speaks 0"})
+		}
+	})
+	res := do(t, sock, 50*time.Millisecond)
+	if res.Outcome != Fallback || !strings.Contains(res.Reason, "protocol version 0") || n.Load() != 1 {
+		t.Fatalf("got %+v after %d connections", res, n.Load())
 	}
 }
 
@@ -252,12 +434,14 @@ func TestLocate(t *testing.T) {
 func TestNewReadsTheEnvironment(t *testing.T) {
 	t.Setenv(wire.EnvSocket, "/tmp/x.sock")
 	t.Setenv(wire.EnvAckTimeout, "2s")
+	t.Setenv(wire.EnvDecideTimeout, "7s")
 	c := New()
-	if c.Socket != "/tmp/x.sock" || c.AckTimeout != 2*time.Second {
+	if c.Socket != "/tmp/x.sock" || c.AckTimeout != 2*time.Second || c.DecideTimeout != 7*time.Second {
 		t.Fatalf("got %+v", c)
 	}
 	t.Setenv(wire.EnvAckTimeout, "soon")
-	if c := New(); c.AckTimeout != 0 {
+	t.Setenv(wire.EnvDecideTimeout, "-1s")
+	if c := New(); c.AckTimeout != 0 || c.DecideTimeout != 0 {
 		t.Fatalf("a bad duration: %+v, want the default", c)
 	}
 }
