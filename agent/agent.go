@@ -135,6 +135,7 @@ type Server struct {
 	health   atomic.Pointer[health]
 	seq      atomic.Uint64
 	conns    sync.WaitGroup
+	connsMu  sync.Mutex
 	// running serialises the verbs of each attachment.
 	running attachments
 }
@@ -218,9 +219,20 @@ func (s *Server) Serve(l net.Listener) error {
 			c.Close()
 			continue
 		}
-		s.conns.Add(1)
+		// A connection accepted once the agent stops is declined, and
+		// is none of the verbs Stop waits for; one before is counted
+		// before Stop waits (a WaitGroup's Add from zero must come before
+		// its Wait).
+		s.connsMu.Lock()
+		counted := !s.stopping.Load()
+		if counted {
+			s.conns.Add(1)
+		}
+		s.connsMu.Unlock()
 		go func() {
-			defer s.conns.Done()
+			if counted {
+				defer s.conns.Done()
+			}
 			s.serveConn(uc)
 		}()
 	}
@@ -229,7 +241,9 @@ func (s *Server) Serve(l net.Listener) error {
 // Stop makes the server decline every request from now on (the plugin then
 // works alone) and waits until the verbs it took are done, or ctx ends.
 func (s *Server) Stop(ctx context.Context) error {
+	s.connsMu.Lock()
 	s.stopping.Store(true)
+	s.connsMu.Unlock()
 	done := make(chan struct{})
 	go func() {
 		s.conns.Wait()

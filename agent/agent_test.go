@@ -414,6 +414,30 @@ func TestABusyAgentDeclines(t *testing.T) {
 	assert.Equal(t, client.Served, (<-done).Outcome)
 }
 
+// Stop waits for the verbs the agent took, and declines what comes
+// meanwhile. (Under -race it held a WaitGroup's Add from zero, for a
+// connection accepted while nothing ran, racing Stop's Wait.)
+func TestStopWaitsForTheVerbsItTook(t *testing.T) {
+	r := newRig(t)
+	r.alloc.block = make(chan struct{})
+	first := make(chan client.Result)
+	go func() { first <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
+	require.Eventually(t, func() bool { return len(r.checkpoints()) == 1 }, 10*time.Second, time.Millisecond, "the ADD is under way")
+	stopped := make(chan error)
+	go func() { stopped <- r.srv.Stop(context.Background()) }()
+	require.Eventually(t, func() bool { return r.srv.stopping.Load() }, 10*time.Second, time.Millisecond)
+	res := r.do(wire.Probe, nil, nil)
+	assert.Equal(t, "node agent declined: stopping", res.Reason)
+	select {
+	case err := <-stopped:
+		t.Fatalf("stopped (%v) while a verb ran", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(r.alloc.block)
+	assert.Equal(t, client.Served, (<-first).Outcome)
+	require.NoError(t, <-stopped)
+}
+
 // Until the agent has read the pools as itself, and whenever it cannot,
 // it declines: the plugin works with whereabouts' credentials meanwhile.
 func TestAnAgentThatCannotReachThePoolsDeclines(t *testing.T) {
