@@ -78,12 +78,20 @@ type Options struct {
 	Log io.Writer
 	// Metrics counts requests; nil counts nothing.
 	Metrics *Metrics
-	// MaxInFlight bounds the requests served at once; beyond it the agent
+	// MaxInFlight bounds the requests admitted and served at once; beyond
+	// it a request waits for a slot up to QueueTimeout, then the agent
 	// declines (the plugin then works alone). Zero is 256.
 	MaxInFlight int
+	// QueueTimeout bounds a request's wait for one of MaxInFlight slots,
+	// from its receipt: below the plugin's wait for the decision
+	// (client.DefaultDecideTimeout, 3 s), so that the plugin hears "busy"
+	// rather than give up. Zero is 2 s. A client of protocol version 1,
+	// which waits 100 ms for the decision from before its connect, is
+	// declined at once, as before.
+	QueueTimeout time.Duration
 	// HandshakeTimeout bounds each step of the handshake on the agent's
-	// side (reading the request and the go-ahead, writing the ack and the
-	// answer). Zero is 5 s.
+	// side (reading the request and the go-ahead, writing the receipt, the
+	// ack and the answer). Zero is 5 s.
 	HandshakeTimeout time.Duration
 	// VerbTimeout bounds one verb; zero is plugin.DefaultTimeout.
 	VerbTimeout time.Duration
@@ -132,6 +140,10 @@ type Server struct {
 	env      []string
 	slots    chan struct{}
 	stopping atomic.Bool
+	// stopped is closed by Stop: the requests waiting for a slot are
+	// declined at once.
+	stopped  chan struct{}
+	stopOnce sync.Once
 	health   atomic.Pointer[health]
 	seq      atomic.Uint64
 	conns    sync.WaitGroup
@@ -150,6 +162,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = 256
+	}
+	if o.QueueTimeout <= 0 {
+		o.QueueTimeout = 2 * time.Second
 	}
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = 5 * time.Second
@@ -172,11 +187,12 @@ func New(o Options) (*Server, error) {
 		env = os.Environ()
 	}
 	s := &Server{
-		o:      o,
-		log:    log.New(w, "", log.LstdFlags|log.Lmicroseconds),
-		loader: conf.Loader{Quiet: true},
-		env:    baseEnv(env),
-		slots:  make(chan struct{}, o.MaxInFlight),
+		o:       o,
+		log:     log.New(w, "", log.LstdFlags|log.Lmicroseconds),
+		loader:  conf.Loader{Quiet: true},
+		env:     baseEnv(env),
+		slots:   make(chan struct{}, o.MaxInFlight),
+		stopped: make(chan struct{}),
 	}
 	s.running.wait = o.Wait
 	s.health.Store(notChecked)
@@ -244,6 +260,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	s.connsMu.Lock()
 	s.stopping.Store(true)
 	s.connsMu.Unlock()
+	s.stopOnce.Do(func() { close(s.stopped) })
 	done := make(chan struct{})
 	go func() {
 		s.conns.Wait()
@@ -283,19 +300,50 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	ph.mark("read")
 	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start, ph) }
 
-	j, free, reason, detail := s.Take(req)
+	// Every frame in the request's version: a plugin of an older build
+	// (a rollout) is served as that build's agent served it.
+	var wait time.Duration
+	if req.Version >= 2 {
+		// Received, at once and before any work: the client's short bound
+		// tells an agent that is alive and reading from a dead or wedged
+		// one, not a busy node from an idle one. Its decision follows.
+		if err := wire.Write(c, wire.Receipt()); err != nil {
+			done(outcomeAbandoned, "", "the client left before the receipt")
+			return
+		}
+		wait = s.o.QueueTimeout
+	}
+	free, queued, reason, detail := s.slot(wait)
+	if queued {
+		ph.mark("queue")
+	}
+	if queued && reason == "" && peerGone(c) {
+		// It gave up waiting (its bound for the decision) and works alone.
+		free()
+		done(outcomeAbandoned, "", "the client left while it waited for a slot")
+		return
+	}
+	var j *Job
+	if reason == "" {
+		if j, reason, detail = s.admit(req); reason != "" {
+			free()
+		}
+	}
 	ph.mark("admit")
+	_ = c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if reason != "" {
-		s.decline(c, done, reason, detail)
+		s.decline(c, req.Version, done, reason, detail)
 		return
 	}
 	defer free()
-	if err := wire.Write(c, wire.Serve()); err != nil {
+	ack := wire.Serve()
+	ack.Version = req.Version
+	if err := wire.Write(c, ack); err != nil {
 		done(outcomeAbandoned, "", "the client left before the acknowledgement")
 		return
 	}
 	body, err := wire.ReadFrame(c)
-	if err != nil || wire.Decode(body, wire.TypeGo, &wire.GoAhead{}) != nil {
+	if err != nil || wire.DecodeAs(body, req.Version, wire.TypeGo, &wire.GoAhead{}) != nil {
 		// The client gave up (no go-ahead in its time) and works alone:
 		// nothing was written for it, and nothing will be.
 		done(outcomeAbandoned, "", "no go-ahead: the client works alone")
@@ -317,6 +365,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		cancel()
 	}()
 	ans := s.Run(ctx, j)
+	ans.Version = req.Version
 	ph.mark("verb")
 	gone := ctx.Err() != nil
 	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
@@ -334,7 +383,8 @@ func (s *Server) serveConn(c *net.UnixConn) {
 }
 
 // steps times the steps of a request, for its log line: the request read,
-// admission, the wait for the go-ahead, the verb, the answer.
+// the wait for a slot (when there was one), admission, the wait for the
+// go-ahead, the verb, the answer.
 type steps struct {
 	last  time.Time
 	parts []string
@@ -393,29 +443,54 @@ func (s *Server) badRequest(c *net.UnixConn, err error) {
 	_ = wire.Write(c, ack)
 }
 
-func (s *Server) decline(c *net.UnixConn, done func(outcome, reason, detail string), reason, detail string) {
+func (s *Server) decline(c *net.UnixConn, version int, done func(outcome, reason, detail string), reason, detail string) {
 	done(outcomeDeclined, reason, detail)
-	_ = wire.Write(c, wire.Decline(detail))
+	ack := wire.Decline(detail)
+	ack.Version = version
+	_ = wire.Write(c, ack)
 }
 
 // Take is what the agent does with a request before its acknowledgement:
-// it takes one of MaxInFlight slots and admits the request. It returns the
-// job to run once the client says go and the function that frees its slot,
-// or why it declines: a short reason (the metrics' label) and what to tell
-// the client. It writes nothing.
+// it takes one of MaxInFlight slots, declining at once (busy) when none is
+// free, and admits the request. It returns the job to run once the client
+// says go and the function that frees its slot, or why it declines: a
+// short reason (the metrics' label) and what to tell the client. It writes
+// nothing. (The socket's requests wait for a slot: serveConn.)
 func (s *Server) Take(req wire.Request) (j *Job, free func(), reason, detail string) {
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		return nil, nil, "busy", fmt.Sprintf("busy: %d requests in flight", cap(s.slots))
+	free, _, reason, detail = s.slot(0)
+	if reason != "" {
+		return nil, nil, reason, detail
 	}
-	free = func() { <-s.slots }
 	j, reason, detail = s.admit(req)
 	if reason != "" {
 		free()
 		return nil, nil, reason, detail
 	}
 	return j, free, "", ""
+}
+
+// slot takes one of MaxInFlight slots, waiting up to wait for one when none
+// is free (queued says it waited), or says why not: busy, or stopping (a
+// stop ends the wait at once). free gives the slot back.
+func (s *Server) slot(wait time.Duration) (free func(), queued bool, reason, detail string) {
+	free = func() { <-s.slots }
+	select {
+	case s.slots <- struct{}{}:
+		return free, false, "", ""
+	default:
+	}
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case s.slots <- struct{}{}:
+			return free, true, "", ""
+		case <-s.stopped:
+			return nil, true, "stopping", "stopping"
+		case <-t.C:
+		}
+	}
+	return nil, wait > 0, "busy", fmt.Sprintf("busy: %d requests in flight", cap(s.slots))
 }
 
 // Job is an admitted request: the verb's arguments and environment.

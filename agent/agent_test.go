@@ -187,12 +187,18 @@ func (r *rig) counted(command, outcome, reason string, want float64) {
 type wbAllocator struct {
 	wb      *fake.Whereabouts
 	decline string
+	// admitDelay is how long its part of admission takes (a node so busy
+	// that reading whereabouts' config costs that).
+	admitDelay time.Duration
 	// block, when set, is waited on before allocating (or ctx's end).
 	block  chan struct{}
 	ctxErr chan error
 }
 
-func (a *wbAllocator) Declines(*conf.Config, *skel.CmdArgs) string { return a.decline }
+func (a *wbAllocator) Declines(*conf.Config, *skel.CmdArgs) string {
+	time.Sleep(a.admitDelay)
+	return a.decline
+}
 
 func (a *wbAllocator) Add(ctx context.Context, _ *shim.Store, cfg *conf.Config, args *skel.CmdArgs) (cnitypes.Result, error) {
 	if a.block != nil {
@@ -398,20 +404,186 @@ func TestADelWaitsForTheAddOfItsAttachment(t *testing.T) {
 	assert.Empty(t, r.checkpoints())
 }
 
-// Beyond MaxInFlight requests at once, the agent declines: the plugin then
-// works alone rather than wait in a queue.
-func TestABusyAgentDeclines(t *testing.T) {
+// Beyond MaxInFlight requests at once, a request waits for a slot, up to
+// QueueTimeout: a burst stays with the agent rather than fall back to the
+// plugin's slower way. One that waits longer is declined (busy); the plugin
+// then works alone.
+func TestABusyAgentQueuesForAWhileThenDeclines(t *testing.T) {
 	r := newRig(t)
 	r.srv.slots = make(chan struct{}, 1)
+	r.srv.o.QueueTimeout = 300 * time.Millisecond
+	r.c.AckTimeout = 100 * time.Millisecond
 	r.alloc.block = make(chan struct{})
-	done := make(chan client.Result)
-	go func() { done <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
-	require.Eventually(t, func() bool { return len(r.srv.slots) == 1 }, 10*time.Second, time.Millisecond)
+	first := make(chan client.Result)
+	go func() { first <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
+	require.Eventually(t, func() bool { return len(r.checkpoints()) == 1 }, 10*time.Second, time.Millisecond, "the first ADD holds the slot")
+
+	start := time.Now()
 	res := r.do(wire.Add, env("c2", "lhnet1"), r.config("0.3.1", ""))
 	assert.Equal(t, client.Fallback, res.Outcome)
 	assert.Equal(t, "node agent declined: busy: 1 requests in flight", res.Reason)
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "it waited for a slot")
+	r.counted(wire.Add, outcomeDeclined, "busy", 1)
+
+	// A slot freed within the wait: served.
+	queued := make(chan client.Result)
+	e := env("c3", "lhnet1")
+	e[wire.EnvArgs] = "K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=im-c"
+	go func() { queued <- r.do(wire.Add, e, r.config("0.3.1", "")) }()
+	time.Sleep(100 * time.Millisecond)
 	close(r.alloc.block)
-	assert.Equal(t, client.Served, (<-done).Outcome)
+	assert.Equal(t, client.Served, (<-first).Outcome)
+	res = <-queued
+	assert.Equal(t, client.Served, res.Outcome, res.Reason)
+	assert.Len(t, r.pool(), 2)
+}
+
+// An agent that is alive and reading takes a request however long its
+// admission takes on a busy node (the config, the kubeconfig, the
+// checkpoint read; here the allocator's part): it acknowledges receipt as
+// soon as it has read the request, and the plugin's 100 ms bound covers
+// only the connect and that receipt. Before, the acknowledgement came after
+// admission, past the bound: the plugin had gone on alone, and the agent
+// counted the request abandoned.
+func TestASlowAdmissionIsServed(t *testing.T) {
+	r := newRig(t)
+	r.alloc.admitDelay = 300 * time.Millisecond
+	r.c.AckTimeout = 100 * time.Millisecond
+	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	require.Nil(t, res.Answer.Error)
+	r.counted(wire.Add, outcomeServed, "", 1)
+	assert.Zero(t, r.count(wire.Add, outcomeAbandoned, ""))
+}
+
+// A burst on one node (48 ADDs at once, 4 slots, each admission costing a
+// busy node's time) is the agent's whole: none goes to the slow path.
+func TestABurstIsServedWhole(t *testing.T) {
+	const n = 48
+	r := newRig(t)
+	r.srv.slots = make(chan struct{}, 4)
+	r.alloc.admitDelay = 5 * time.Millisecond
+	r.c.AckTimeout = 100 * time.Millisecond
+	results := make([]client.Result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("c%d", i)
+			e := env(id, "lhnet1")
+			e[wire.EnvArgs] = "K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=" + id
+			results[i] = r.do(wire.Add, e, r.config("0.3.1", ""))
+		}()
+	}
+	wg.Wait()
+	served := 0
+	for i, res := range results {
+		if assert.Equal(t, client.Served, res.Outcome, "ADD %d: %s", i, res.Reason) && assert.Nil(t, res.Answer.Error) {
+			served++
+		}
+	}
+	assert.Equal(t, n, served)
+	assert.Len(t, r.pool(), n)
+	r.counted(wire.Add, outcomeServed, "", n)
+	assert.Zero(t, r.count(wire.Add, outcomeDeclined, "busy"))
+	assert.Zero(t, r.count(wire.Add, outcomeAbandoned, ""))
+}
+
+// A client that gives up waiting for the decision (the agent waits for a
+// slot) works alone: nothing is written for it, whenever the slot comes.
+func TestAClientThatGivesUpWhileQueuedGetsNothingWritten(t *testing.T) {
+	r := newRig(t)
+	r.srv.slots = make(chan struct{}, 1)
+	r.srv.o.QueueTimeout = 10 * time.Second
+	r.alloc.block = make(chan struct{})
+	first := make(chan client.Result)
+	go func() { first <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
+	require.Eventually(t, func() bool { return len(r.checkpoints()) == 1 }, 10*time.Second, time.Millisecond, "the first ADD holds the slot")
+
+	impatient := &client.Client{Socket: r.l.Path(), AckTimeout: 100 * time.Millisecond, DecideTimeout: 200 * time.Millisecond}
+	e := env("c2", "lhnet1")
+	e[wire.EnvArgs] = "K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=im-b"
+	res := impatient.Do(context.Background(), wire.NewRequest(wire.Add, e, r.config("0.3.1", "")))
+	assert.Equal(t, client.Fallback, res.Outcome)
+	assert.Equal(t, "node agent: no decision within 200ms of its receipt", res.Reason)
+	close(r.alloc.block)
+	assert.Equal(t, client.Served, (<-first).Outcome)
+	r.counted(wire.Add, outcomeAbandoned, "", 1)
+	assert.Contains(t, r.log.String(), "the client left while it waited for a slot")
+	assert.Equal(t, map[string]alloc{"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, r.pool(), "nothing written for c2")
+	assert.Equal(t, []string{"c1:lhnet1.json"}, r.checkpoints())
+}
+
+// A stopping agent declines the requests waiting for a slot at once: the
+// plugin works alone rather than wait for an agent on its way out.
+func TestAStopDeclinesTheQueuedAtOnce(t *testing.T) {
+	r := newRig(t)
+	r.srv.slots = make(chan struct{}, 1)
+	r.srv.o.QueueTimeout = 10 * time.Second
+	r.alloc.block = make(chan struct{})
+	first := make(chan client.Result)
+	go func() { first <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
+	require.Eventually(t, func() bool { return len(r.checkpoints()) == 1 }, 10*time.Second, time.Millisecond, "the first ADD holds the slot")
+	queued := make(chan client.Result)
+	go func() { queued <- r.do(wire.Add, env("c2", "lhnet1"), r.config("0.3.1", "")) }()
+	time.Sleep(100 * time.Millisecond)
+	stopped := make(chan error)
+	go func() { stopped <- r.srv.Stop(context.Background()) }()
+	select {
+	case res := <-queued:
+		assert.Equal(t, client.Fallback, res.Outcome)
+		assert.Equal(t, "node agent declined: stopping", res.Reason)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the queued request still waits")
+	}
+	close(r.alloc.block)
+	assert.Equal(t, client.Served, (<-first).Outcome, "what it took, it finishes")
+	require.NoError(t, <-stopped)
+}
+
+// A plugin of the build before (protocol version 1) meets a new agent
+// during a rollout: it is served as that build's agent served it, every
+// frame in version 1 and no receipt (which it would take for a malformed
+// acknowledgement); beyond the slots, it is declined at once, since it
+// waits only 100 ms from before its connect.
+func TestAnOlderPluginIsServedInItsVersion(t *testing.T) {
+	r := newRig(t)
+	r.srv.slots = make(chan struct{}, 1)
+	handshake := func(id string) (net.Conn, wire.Ack) {
+		c, err := net.Dial("unix", r.l.Path())
+		require.NoError(t, err)
+		req := wire.NewRequest(wire.Add, env(id, "lhnet1"), r.config("0.3.1", ""))
+		req.Version = 1
+		require.NoError(t, wire.Write(c, req))
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		body, err := wire.ReadFrame(c)
+		require.NoError(t, err)
+		var ack wire.Ack
+		require.NoError(t, wire.DecodeAs(body, 1, wire.TypeAck, &ack), "the first frame is version 1's acknowledgement")
+		return c, ack
+	}
+	c, ack := handshake("c1")
+	defer c.Close()
+	require.True(t, ack.Serve, ack.Reason)
+	require.NoError(t, wire.Write(c, wire.GoAhead{Type: wire.TypeGo, Version: 1}))
+	body, err := wire.ReadFrame(c)
+	require.NoError(t, err)
+	var ans wire.Answer
+	require.NoError(t, wire.DecodeAs(body, 1, wire.TypeAnswer, &ans))
+	require.Nil(t, ans.Error)
+	assert.Contains(t, string(ans.Stdout), "192.168.50.2/24")
+	r.counted(wire.Add, outcomeServed, "", 1)
+
+	// Its slot given back (after the answer), then taken by another.
+	require.Eventually(t, func() bool { return len(r.srv.slots) == 0 }, 10*time.Second, time.Millisecond)
+	r.srv.slots <- struct{}{}
+	start := time.Now()
+	c2, ack := handshake("c2")
+	defer c2.Close()
+	assert.False(t, ack.Serve)
+	assert.Equal(t, "busy: 1 requests in flight", ack.Reason)
+	assert.Less(t, time.Since(start), time.Second, "declined at once")
 }
 
 // Stop waits for the verbs the agent took, and declines what comes
@@ -522,6 +694,7 @@ func TestAClientThatLeavesBeforeGoGetsNothingWritten(t *testing.T) {
 	c, err := net.Dial("unix", r.l.Path())
 	require.NoError(t, err)
 	require.NoError(t, wire.Write(c, wire.NewRequest(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))))
+	require.Equal(t, wire.TypeReceived, frameType(t, c))
 	body, err := wire.ReadFrame(c)
 	require.NoError(t, err)
 	var ack wire.Ack
@@ -529,6 +702,14 @@ func TestAClientThatLeavesBeforeGoGetsNothingWritten(t *testing.T) {
 	require.True(t, ack.Serve)
 	c.Close()
 	r.counted(wire.Add, outcomeAbandoned, "", 1)
+
+	// Received, then left before the decision.
+	c, err = net.Dial("unix", r.l.Path())
+	require.NoError(t, err)
+	require.NoError(t, wire.Write(c, wire.NewRequest(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))))
+	require.Equal(t, wire.TypeReceived, frameType(t, c))
+	c.Close()
+	r.counted(wire.Add, outcomeAbandoned, "", 2)
 
 	// A go-ahead, and the client gone before the agent reads it: these
 	// clients connect while the agent accepts nothing yet.
@@ -551,7 +732,7 @@ func TestAClientThatLeavesBeforeGoGetsNothingWritten(t *testing.T) {
 		}
 	}
 	go func() { _ = srv.Serve(l) }()
-	r.counted(wire.Add, outcomeAbandoned, "", 3)
+	r.counted(wire.Add, outcomeAbandoned, "", 4)
 	assert.Empty(t, r.pool())
 	assert.Empty(t, r.checkpoints())
 }
@@ -609,6 +790,9 @@ func TestHostileRequestsLeaveTheAgentServing(t *testing.T) {
 			}
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			body, err := wire.ReadFrame(c)
+			if h, _ := wire.ReadHeader(body); err == nil && h.Type == wire.TypeReceived {
+				body, err = wire.ReadFrame(c) // a request that reads: its decision follows
+			}
 			if tc.want == "" {
 				assert.Error(t, err, "no answer")
 				return
@@ -629,6 +813,17 @@ func TestHostileRequestsLeaveTheAgentServing(t *testing.T) {
 	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 	require.Equal(t, client.Served, res.Outcome, "still serving: %s", res.Reason)
 	assert.Equal(t, 1.0, r.count("", outcomeDeclined, "version"))
+}
+
+// frameType reads a frame and says its type.
+func frameType(t *testing.T, c net.Conn) string {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	body, err := wire.ReadFrame(c)
+	require.NoError(t, err)
+	h, err := wire.ReadHeader(body)
+	require.NoError(t, err)
+	return h.Type
 }
 
 func frameOf(body string) []byte {

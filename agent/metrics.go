@@ -19,7 +19,7 @@ const (
 	outcomeServed    = "served"    // done, and answered with its result
 	outcomeFailed    = "failed"    // done, and answered with its CNI error
 	outcomeDeclined  = "declined"  // not taken: the plugin did it alone
-	outcomeAbandoned = "abandoned" // acknowledged, and the client never said go
+	outcomeAbandoned = "abandoned" // received or acknowledged, and the client never said go
 	outcomeLost      = "lost"      // done, and the client was gone before the answer
 	outcomeRefused   = "refused"   // a peer that is not root
 )
