@@ -37,6 +37,7 @@ import (
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
+	"github.com/harvester/harvester-ipam/plugin/steps"
 	"github.com/harvester/harvester-ipam/shim"
 )
 
@@ -296,8 +297,8 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.badRequest(c, err)
 		return
 	}
-	ph := &steps{last: start}
-	ph.mark("read")
+	ph := steps.New(start)
+	ph.Mark("read")
 	done := func(outcome, reason, detail string) { s.record(req, outcome, reason, detail, start, ph) }
 
 	// Every frame in the request's version: a plugin of an older build
@@ -315,7 +316,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	}
 	free, queued, reason, detail := s.slot(wait)
 	if queued {
-		ph.mark("queue")
+		ph.Mark("queue")
 	}
 	if queued && reason == "" && peerGone(c) {
 		// It gave up waiting (its bound for the decision) and works alone.
@@ -329,7 +330,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 			free()
 		}
 	}
-	ph.mark("admit")
+	ph.Mark("admit")
 	_ = c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if reason != "" {
 		s.decline(c, req.Version, done, reason, detail)
@@ -353,7 +354,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		done(outcomeAbandoned, "", "the client left after its go-ahead")
 		return
 	}
-	ph.mark("go")
+	ph.Mark("go")
 	// The verb is ours now. A client that goes away cancels it: whatever
 	// it has not written yet it never will.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -366,7 +367,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	}()
 	ans := s.Run(ctx, j)
 	ans.Version = req.Version
-	ph.mark("verb")
+	ph.Mark("verb")
 	gone := ctx.Err() != nil
 	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if err := wire.Write(c, ans); err != nil || gone {
@@ -374,7 +375,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		done(outcomeLost, "", "")
 		return
 	}
-	ph.mark("answer")
+	ph.Mark("answer")
 	if ans.Error != nil {
 		done(outcomeFailed, "", ans.Error.Msg)
 		return
@@ -382,26 +383,10 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	done(outcomeServed, "", "")
 }
 
-// steps times the steps of a request, for its log line: the request read,
-// the wait for a slot (when there was one), admission, the wait for the
-// go-ahead, the verb, the answer.
-type steps struct {
-	last  time.Time
-	parts []string
-}
-
-func (st *steps) mark(step string) {
-	now := time.Now()
-	st.parts = append(st.parts, step+" "+now.Sub(st.last).Round(10*time.Microsecond).String())
-	st.last = now
-}
-
-func (st *steps) String() string { return strings.Join(st.parts, ", ") }
-
 // record counts a request's outcome and, with Options.LogRequests, logs it.
 // A probe is counted only: the readiness probe's, every 5 s, would bury the
 // log (and the summary) under lines of nothing done.
-func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time, ph *steps) {
+func (s *Server) record(req wire.Request, outcome, reason, detail string, start time.Time, ph *steps.Timer) {
 	if req.Command == wire.Probe {
 		s.o.Metrics.probe(outcome)
 		return

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
@@ -14,6 +15,7 @@ import (
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
+	"github.com/harvester/harvester-ipam/plugin/steps"
 	"github.com/harvester/harvester-ipam/shim"
 )
 
@@ -24,7 +26,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	if unmanagedAdd(args) != "" {
 		return p.handOnAdd(ctx, args)
 	}
-	ph := newPhases()
+	ph := steps.New(time.Now())
 	cfg, err := p.loadForAttachment(args)
 	if err != nil {
 		return err
@@ -45,7 +47,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 		defer early.Abandon()
 		exec = early
 	}
-	ph.mark("config")
+	ph.Mark("config")
 
 	store, err := p.store(cfg.Kubeconfig())
 	if err != nil {
@@ -53,7 +55,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	}
 	defer log.retried(store)
 	defer func() { log.Debugf("took %s", ph) }()
-	ph.mark("client")
+	ph.Mark("client")
 
 	// Record the attachment before anything is allocated, so that a DEL after a
 	// crash anywhere below still knows its pools, even once the NAD is gone.
@@ -82,7 +84,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 		}
 	}
 	p.at("add-after-checkpoint")
-	ph.mark("checkpoint")
+	ph.Mark("checkpoint")
 
 	earlier := shim.EarlierSandboxes(pod.Ref(), args.ContainerID)
 	for _, pool := range cfg.Pools {
@@ -91,7 +93,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 		}
 	}
 	p.at("add-after-reclaim")
-	ph.mark("reclaim")
+	ph.Mark("reclaim")
 
 	allocate := func() (cnitypes.Result, error) {
 		switch {
@@ -131,7 +133,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 		return derr
 	}
 	p.at("add-after-delegate")
-	ph.mark(cfg.Options.Delegate)
+	ph.Mark(cfg.Options.Delegate)
 
 	// The addresses are for people and GC's log; DEL finds the allocation by
 	// (container, ifname) in the pools already recorded, so a failure here
@@ -148,7 +150,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 			}
 		}
 	}
-	ph.mark("record")
+	ph.Mark("record")
 	out, err := res.GetAsVersion(cfg.CNIVersion)
 	if err != nil {
 		return cnitypes.NewError(cnitypes.ErrIncompatibleCNIVersion, fmt.Sprintf("%s returned a result that cannot be given as version %s", cfg.Options.Delegate, cfg.CNIVersion), err.Error())

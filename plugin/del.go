@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
+	"github.com/harvester/harvester-ipam/plugin/steps"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
@@ -41,7 +43,7 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 	if err := validateAttachment(args); err != nil {
 		return err
 	}
-	ph := newPhases()
+	ph := steps.New(time.Now())
 	cfg, cfgErr := p.load(args.StdinData)
 	salvage := conf.SalvageConfig(args.StdinData)
 	if cfg == nil {
@@ -74,7 +76,7 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 		// config's pools, or a search by container, may still find it.
 		log.Errorf("ignoring unreadable checkpoint: %v", err)
 	}
-	ph.mark("config")
+	ph.Mark("config")
 
 	store, err := p.storeOf(cfg.Kubeconfig(), rec.Kubeconfig, salvage.Kubeconfig)
 	if err != nil {
@@ -85,7 +87,7 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 		return err
 	}
 	defer log.retried(store)
-	ph.mark("client")
+	ph.Mark("client")
 
 	var pools []poolRef
 	seen := map[poolRef]bool{}
@@ -145,7 +147,7 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 			plans = append(plans, plan)
 		}
 	}
-	ph.mark("look")
+	ph.Mark("look")
 	for _, pool := range ambiguousIn {
 		log.Errorf("pool %s holds an entry of container %s without an ifname that no checkpoint records as %s's: left it (another interface's, or released by the pod's next ADD or by the reconciler once the sandbox is gone)", pool, args.ContainerID, args.IfName)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
+	"github.com/harvester/harvester-ipam/plugin/steps"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
@@ -291,31 +292,6 @@ func delegateError(delegate, verb string, err error) error {
 		"the delegate is found on CNI_PATH by the name in ipam."+conf.OptionsKey+".delegate")
 }
 
-// phases times the steps of a verb, for the debug log: where a slow ADD or
-// DEL spends its time (the process start itself is before main).
-type phases struct {
-	last  time.Time
-	parts []string
-	// now is the clock; nil is time.Now (a test sets its own).
-	now func() time.Time
-}
-
-func newPhases() *phases { return &phases{last: time.Now()} }
-
-func (ph *phases) mark(step string) {
-	if ph == nil {
-		return
-	}
-	now := time.Now()
-	if ph.now != nil {
-		now = ph.now()
-	}
-	ph.parts = append(ph.parts, fmt.Sprintf("%s %s", step, now.Sub(ph.last).Round(10*time.Microsecond)))
-	ph.last = now
-}
-
-func (ph *phases) String() string { return strings.Join(ph.parts, ", ") }
-
 // retried logs how many writes had to be retried after conflicts: racing
 // writers are normal, and the count tells how hard they raced.
 func (l *logger) retried(s *shim.Store) {
@@ -331,7 +307,7 @@ func (l *logger) retried(s *shim.Store) {
 // crash hook. A node agent's store, which keeps a copy of the pools, frees
 // both in one turn under the Lease (shim.Store.Release). It returns the
 // entries removed.
-func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *phases) ([]shim.Allocation, error) {
+func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *steps.Timer) ([]shim.Allocation, error) {
 	if plan.Empty() {
 		return nil, nil
 	}
@@ -339,7 +315,7 @@ func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan,
 		// A node agent, with its own copy of the pools: both in one turn
 		// under the Lease (shim.Store.Release).
 		removed, deleted, err := store.Release(ctx, plan)
-		ph.mark("release")
+		ph.Mark("release")
 		log.released(why, plan, removed, deleted)
 		if err != nil {
 			return removed, fmt.Errorf("release %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
@@ -351,9 +327,9 @@ func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan,
 		return nil, fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
 	}
 	p.at(verb + "-after-reservations")
-	ph.mark("reservations")
+	ph.Mark("reservations")
 	removed, err := store.RemoveAllocations(ctx, plan)
-	ph.mark("entries")
+	ph.Mark("entries")
 	log.released(why, plan, removed, deleted)
 	return removed, err
 }

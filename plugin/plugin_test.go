@@ -321,27 +321,6 @@ func TestHostileAttachmentsAreRefused(t *testing.T) {
 	}
 }
 
-// The debug log times each step, to 10 µs.
-func TestPhasesAreRoundedTo10Microseconds(t *testing.T) {
-	start := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
-	at := start
-	ph := &phases{last: start, now: func() time.Time { return at }}
-	for _, tt := range []struct {
-		step string
-		took time.Duration
-		want string
-	}{
-		{"config", 1234567 * time.Nanosecond, "config 1.23ms"},
-		{"client", 4 * time.Microsecond, "config 1.23ms, client 0s"},
-		{"checkpoint", 15 * time.Microsecond, "config 1.23ms, client 0s, checkpoint 20µs"},
-		{"whereabouts", 88235 * time.Microsecond, "config 1.23ms, client 0s, checkpoint 20µs, whereabouts 88.24ms"},
-	} {
-		at = at.Add(tt.took)
-		ph.mark(tt.step)
-		assert.Equal(t, tt.want, ph.String())
-	}
-}
-
 // Writes retried after conflicts are counted in the log; none, no line.
 func TestRetriedWritesAreLogged(t *testing.T) {
 	for _, conflicts := range []int{0, 1} {
