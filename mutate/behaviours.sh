@@ -2,7 +2,8 @@
 # behaviours.sh plants, one at a time on a scratch copy of the module, each
 # bug that once got through every test, and runs the test that must catch
 # it: each must FAIL with its bug planted, and pass without. It never
-# touches the work tree. docs/testing.md has the results.
+# touches the work tree. docs/testing.md says when to add a row; the results of
+# past runs are in docs/history/testing-log-2026.md.
 #
 #   mutate/behaviours.sh            # all
 #   mutate/behaviours.sh 3 5        # some, by number
