@@ -156,6 +156,14 @@ func TestREADMEBlocksParse(t *testing.T) {
 		assert.Contains(t, blocks, name, "README.md's block %s", name)
 	}
 	assert.Equal(t, "node", blocks["import"].where)
+	addon := readmeBlocksOf(t, addonREADME)
+	for _, name := range []string{"addon-repo", "addon-apply", "addon-enable", "addon-loglevel", "addon-upgrade", "addon-standin-off", "addon-disable"} {
+		assert.Contains(t, addon, name, "%s's block %s", addonREADME, name)
+	}
+	if c := addon["addon-loglevel"].cmds; assert.NotEmpty(t, c) {
+		assert.True(t, strings.HasSuffix(c[0].cmd, "\nEOF"), "a here-document is the command's, up to its end: %q", c[0].cmd)
+		assert.Equal(t, "addon.harvesterhci.io/harvester-ipam patched", c[0].sample[0], "and its output follows it")
+	}
 	assert.NoError(t, samplesMatch([]string{"NAME  READY", "harvester-ipam-...  1/1", "..."}, "x\nNAME READY STATUS\nharvester-ipam-x7k2p 1/1 Running\n"))
 	assert.Error(t, samplesMatch([]string{"daemon set"}, "Waiting for daemon set\n"))
 	assert.Error(t, samplesMatch([]string{"b", "a"}, "a\nb\n"), "in order")
