@@ -3,6 +3,7 @@ package e2e
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -89,6 +90,14 @@ func TestKubeletAddonREADME(t *testing.T) {
 		return strings.TrimSpace(string(v))
 	}
 	require.Eventually(t, func() bool { return at("whereabouts") == "whereabouts" }, time.Minute, 200*time.Millisecond)
+	// Longhorn's pods on the storage network, before the add-on.
+	require.NoError(t, c.EnsureNamespace(ctx, testcni.HarvesterNamespace))
+	conf := fmt.Sprintf(`{"cniVersion":"0.3.1","type":"bridge","bridge":"mgmt-br","ipam":{"type":"whereabouts","range":%q}}`, storageRange)
+	_, err = c.Dynamic.Resource(testcni.NADResource).Namespace(testcni.HarvesterNamespace).Create(ctx, testcni.StorageNetworkNAD("storagenetwork-addon", conf), metav1.CreateOptions{})
+	require.NoError(t, err)
+	longhorn := (&kubeletNode{c: c, nd: nd, nad: "storagenetwork-addon"}).pods(t, "instance-manager", 2)
+	_, err = nd.WaitPodsReady(ctx, longhorn, time.Time{}, 3*time.Minute)
+	require.NoError(t, err)
 
 	// A private registry, the image pushed there (as the README's step 2
 	// does with crane).
@@ -107,7 +116,6 @@ func TestKubeletAddonREADME(t *testing.T) {
 	crd, err := os.ReadFile(filepath.Join(rig.Tools["harvester-crds"], "harvesterhci.io_addons.yaml"))
 	require.NoError(t, err)
 	require.NoError(t, c.Apply(ctx, crd, false), "Harvester's Addon CRD")
-	require.NoError(t, c.EnsureNamespace(ctx, testcni.HarvesterNamespace))
 	require.NoError(t, c.StartHelmController(ctx, testcni.KlipperHelmImageRef))
 	defer c.StartAddonController(ctx, testcni.HarvesterNamespace)()
 
@@ -181,6 +189,21 @@ func TestKubeletAddonREADME(t *testing.T) {
 	assert.NotEmpty(t, manifests, "the node pulled the image's manifest with the pull secret's login")
 	t.Logf("the registry: %d requests refused without the login, manifests pulled with it: %v", refused, manifests)
 
+	// The README's Verify and inspect, in the namespaces its table gives the
+	// add-on: harvester-ipam's objects in harvester-system, the rest (the
+	// pools, whereabouts) in kube-system.
+	main := readmeBlocks(t)
+	for _, name := range []string{"verify", "inspect"} {
+		blk := main[name]
+		blk.name, blk.cmds = "addon-table-"+name, append([]readmeCmd(nil), blk.cmds...)
+		for i := range blk.cmds {
+			if addonsObjectRE.MatchString(blk.cmds[i].cmd) {
+				blk.cmds[i].cmd = strings.ReplaceAll(blk.cmds[i].cmd, "-n kube-system", "-n "+testcni.HarvesterNamespace)
+			}
+		}
+		sh.run(blk)
+	}
+
 	// Values: the log level, which the installer writes to the node.
 	sh.run(blocks["addon-loglevel"])
 	settings := filepath.Join(nd.Etc, "cni", "net.d", "harvester-ipam.d", "harvester-ipam.conf")
@@ -238,7 +261,12 @@ func TestKubeletAddonREADME(t *testing.T) {
 	for name := range blocks {
 		assert.True(t, sh.ran[name], "%s's block %s was not run", addonREADME, name)
 	}
+	assert.True(t, sh.ran["addon-table-verify"] && sh.ran["addon-table-inspect"])
 }
+
+// addonsObjectRE matches a command on harvester-ipam's own objects, which
+// the README's table puts in harvester-system for the add-on.
+var addonsObjectRE = regexp.MustCompile(`(ds|deploy|cronjob|job)/harvester-ipam|app\.kubernetes\.io/name=harvester-ipam`)
 
 // dedent removes the indentation of a block's first line from every line.
 func dedent(s string) string {
