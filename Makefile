@@ -72,13 +72,18 @@ image:
 # packaged chart and index.yaml in CHART_REPO, to serve at CHART_REPO_URL (the
 # Addon's spec.repo; without it the index's URLs are relative, which helm
 # resolves against the repository's URL). HELM defaults to the rig's pinned helm.
+# Each run adds the chart's version to the repository (the same version again
+# replaces it) and keeps the versions before, so that an Addon's spec.version
+# can go back to one. CHART_VERSION=... packages the chart under another
+# version (its appVersion, the image, stays).
 CHART_REPO     ?= bin/chart-repo
 CHART_REPO_URL ?=
+CHART_VERSION  ?=
 HELM           ?= $(shell testcni/tools.sh paths | sed -n 's/^helm=//p')
 chart-repo:
 	[ -x "$(HELM)" ] || testcni/tools.sh helm
-	rm -rf $(CHART_REPO) && mkdir -p $(CHART_REPO)
-	$(HELM) package install/chart/harvester-ipam -d $(CHART_REPO)
+	mkdir -p $(CHART_REPO)
+	$(HELM) package install/chart/harvester-ipam -d $(CHART_REPO) $(if $(CHART_VERSION),--version $(CHART_VERSION))
 	$(HELM) repo index $(CHART_REPO) $(if $(CHART_REPO_URL),--url $(CHART_REPO_URL))
 	@echo "serve $(CHART_REPO)/ at $(if $(CHART_REPO_URL),$(CHART_REPO_URL),the Addon's spec.repo)"
 

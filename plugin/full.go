@@ -22,7 +22,7 @@ import (
 // ReconcilerCommand runs the reconciler in the chart's DaemonSet's pod,
 // whose account carries the reconciler's permissions: it works whatever
 // the reconciler's mode (a CronJob by default).
-const ReconcilerCommand = "kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler"
+const ReconcilerCommand = "kubectl -n kube-system exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler"
 
 // rangeFull is what whereabouts says (every version) when no address is left.
 const rangeFull = "Could not allocate IP in range"

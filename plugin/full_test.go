@@ -99,8 +99,8 @@ func TestAddSaysWhyTheRangeIsFull(t *testing.T) {
 			for _, w := range tt.notWant {
 				assert.NotContains(t, ce.Error(), w)
 			}
-			assert.Contains(t, ce.Details, "`kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler inspect`")
-			assert.Contains(t, ce.Details, "`kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler --grace 0 --dry-run`")
+			assert.Contains(t, ce.Details, "`kubectl -n kube-system exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler inspect`")
+			assert.Contains(t, ce.Details, "`kubectl -n kube-system exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler --grace 0 --dry-run`")
 			assert.NotRegexp(t, `;\s*$`, ce.Details, "the delegate said no details: nothing joined after the hint")
 			assert.Equal(t, 2, reads, "whereabouts' own read, then one fresh read of the pool to explain")
 			assert.Contains(t, r.log.String(), "holds 6 entries")

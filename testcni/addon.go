@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -104,7 +106,16 @@ func (r *Rig) ServeOnMachine(port int, handler http.Handler) (string, func(), er
 	if r.machine == nil {
 		return "", nil, fmt.Errorf("not a cluster of the rig's own: no machine")
 	}
-	addr := net.JoinHostPort(r.machine.IP, fmt.Sprint(port))
+	return r.ServeOnMachineAt(net.JoinHostPort(r.machine.IP, fmt.Sprint(port)), handler)
+}
+
+// ServeOnMachineAt serves handler over HTTP at addr in the machine's
+// network (127.0.0.1:<port>: its nodes' localhost, where their containerd
+// pulls over plain HTTP).
+func (r *Rig) ServeOnMachineAt(addr string, handler http.Handler) (string, func(), error) {
+	if r.machine == nil {
+		return "", nil, fmt.Errorf("not a cluster of the rig's own: no machine")
+	}
 	ln, err := r.machine.listen("tcp", addr)
 	if err != nil {
 		return "", nil, err
@@ -112,4 +123,140 @@ func (r *Rig) ServeOnMachine(port int, handler http.Handler) (string, func(), er
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return "http://" + addr, func() { _ = srv.Close() }, nil
+}
+
+// MachineIP is the address of the cluster's machine, which the tests reach.
+func (r *Rig) MachineIP() string {
+	if r.machine == nil {
+		return ""
+	}
+	return r.machine.IP
+}
+
+// Harvester's Addon states (harvesterhci.io/v1beta1 AddonState).
+const (
+	AddonEnabling  = "AddonEnabling"
+	AddonDeployed  = "AddonDeploySuccessful"
+	AddonUpdating  = "AddonUpdating"
+	AddonDisabling = "AddonDisabling"
+	AddonDisabled  = "AddonDisabled"
+)
+
+// StartAddonController stands in for Harvester's addon controller
+// (pkg/controller/master/addon) for the Addons of namespace, as its source
+// does: a new Addon, disabled, becomes AddonDisabled; enabled, it gets a
+// HelmChart of its name, owned by it, with its chart, repo, version and
+// valuesContent (AddonEnabling), and AddonDeploySuccessful once a
+// helm-install Job created after that has succeeded; a change of those four
+// while deployed updates the HelmChart (AddonUpdating, then
+// AddonDeploySuccessful in the same way); disabled, the HelmChart is
+// deleted (AddonDisabling) and, once it is gone (helm-controller's
+// helm-delete Job ran), AddonDisabled. A Job that failed leaves the Addon
+// in its state, as Harvester's marks it failed and waits. What it does not
+// do: the Job's backoff patch and the conditions' messages.
+func (r *Rig) StartAddonController(ctx context.Context, namespace string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	started := map[string]time.Time{} // an Addon's operation, since
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			list, err := r.Dynamic.Resource(AddonResource).Namespace(namespace).List(ctx, metav1.ListOptions{})
+			if err == nil {
+				for i := range list.Items {
+					r.syncAddon(ctx, &list.Items[i], started)
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+func (r *Rig) syncAddon(ctx context.Context, a *unstructured.Unstructured, started map[string]time.Time) {
+	ns, name := a.GetNamespace(), a.GetName()
+	key := ns + "/" + name
+	status, _, _ := unstructured.NestedString(a.Object, "status", "status")
+	enabled, _, _ := unstructured.NestedBool(a.Object, "spec", "enabled")
+	spec := map[string]any{}
+	for _, f := range []string{"chart", "repo", "version", "valuesContent"} {
+		v, _, _ := unstructured.NestedString(a.Object, "spec", f)
+		spec[f] = v
+	}
+	charts := r.Dynamic.Resource(HelmChartResource).Namespace(ns)
+	hc, err := charts.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		hc, err = nil, nil
+	}
+	if err != nil {
+		return
+	}
+	setStatus := func(s string) {
+		b := a.DeepCopy()
+		_ = unstructured.SetNestedField(b.Object, s, "status", "status")
+		_, _ = r.Dynamic.Resource(AddonResource).Namespace(ns).UpdateStatus(ctx, b, metav1.UpdateOptions{})
+	}
+	// jobDone: the helm-install Job of this operation has succeeded.
+	jobDone := func() bool {
+		j, err := r.Kube.BatchV1().Jobs(ns).Get(ctx, "helm-install-"+name, metav1.GetOptions{})
+		if err != nil || j.CreationTimestamp.Time.Before(started[key].Truncate(time.Second)) {
+			return false
+		}
+		return j.Status.Succeeded > 0
+	}
+	if !enabled {
+		switch {
+		case status == AddonDisabled:
+		case status != AddonDisabling:
+			setStatus(AddonDisabling)
+		case hc != nil && hc.GetDeletionTimestamp() == nil:
+			_ = charts.Delete(ctx, name, metav1.DeleteOptions{})
+		case hc == nil:
+			setStatus(AddonDisabled)
+		}
+		return
+	}
+	switch status {
+	case "", AddonDisabled, AddonDisabling:
+		if hc != nil {
+			return // the one before still going
+		}
+		hc = &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "helm.cattle.io/v1", "kind": "HelmChart",
+			"metadata": map[string]any{
+				"name": name, "namespace": ns,
+				"ownerReferences": []any{map[string]any{"apiVersion": a.GetAPIVersion(), "kind": a.GetKind(), "name": name, "uid": string(a.GetUID())}},
+			},
+			"spec": spec,
+		}}
+		started[key] = time.Now()
+		if _, err := charts.Create(ctx, hc, metav1.CreateOptions{}); err == nil {
+			setStatus(AddonEnabling)
+		}
+	case AddonEnabling, AddonUpdating:
+		if jobDone() {
+			setStatus(AddonDeployed)
+		}
+	case AddonDeployed:
+		if hc == nil {
+			return
+		}
+		changed := false
+		for f, v := range spec {
+			if have, _, _ := unstructured.NestedString(hc.Object, "spec", f); have != v {
+				changed = true
+				_ = unstructured.SetNestedField(hc.Object, v, "spec", f)
+			}
+		}
+		if !changed {
+			return
+		}
+		started[key] = time.Now()
+		if _, err := charts.Update(ctx, hc, metav1.UpdateOptions{}); err == nil {
+			setStatus(AddonUpdating)
+		}
+	}
 }

@@ -5,6 +5,7 @@
 //	harvester-ipam-reconciler [flags]           one pass (a CronJob), or with --interval a loop (a Deployment)
 //	harvester-ipam-reconciler inspect [flags]   per pool: range, size, allocated, stale, free; pools no NAD names
 //	harvester-ipam-reconciler inspect --need N  the same, and exit 3 when a pool cannot fit N more addresses
+//	harvester-ipam-reconciler standby           nothing until stopped: the chart's diagnostics container
 //
 // Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
 // inspection could not finish; 2 bad flags; 3 (inspect --need) some pool
@@ -19,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -53,6 +55,9 @@ Usage:
       free, the NAD that names it; every stale entry with its pod and why;
       the pools no NAD names. Writes nothing. With --need N, also whether
       every pool fits N more addresses now (a preflight before an upgrade).
+  harvester-ipam-reconciler standby
+      nothing, until stopped: the chart's diagnostics container, where an
+      operator's kubectl exec runs the reconciler under its own limits.
 
 Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
 inspection could not finish (a pass that left entries unhandled too); 2 bad
@@ -61,7 +66,7 @@ now, each named with what a pass would free.
 
 In the chart's pods it logs in as its service account; elsewhere give
 --kubeconfig. Run from the DaemonSet's pod in any install:
-  kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler inspect
+  kubectl -n kube-system exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler inspect
 
 Flags:
 `
@@ -84,6 +89,10 @@ const exitCannotFit = 3
 
 func main() {
 	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "standby" {
+		standby(args[1:])
+		return
+	}
 	inspect := len(args) > 0 && args[0] == "inspect"
 	if inspect {
 		args = args[1:]
@@ -274,6 +283,22 @@ func loop(ctx context.Context, r *reconcile.Reconciler, o options, requests *ato
 		case <-t.C:
 		}
 	}
+}
+
+// standby does nothing until SIGTERM or SIGINT, then exits 0: it holds the
+// chart's diagnostics container, whose memory limit is its own, so that what
+// an operator's kubectl exec of the reconciler reads of a large cluster
+// never counts against the installer's.
+func standby(args []string) {
+	if len(args) > 0 {
+		fmt.Fprintf(os.Stderr, "harvester-ipam-reconciler: standby takes no arguments, not %q\n", args[0])
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// What the packages' initialisation allocated goes back to the node.
+	debug.FreeOSMemory()
+	<-ctx.Done()
 }
 
 func hostname() string {

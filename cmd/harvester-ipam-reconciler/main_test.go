@@ -4,7 +4,10 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,7 +74,7 @@ func TestStrayArgumentsAreRefused(t *testing.T) {
 func TestHelpAndVersion(t *testing.T) {
 	code, out := runMain(t, "--help")
 	assert.Equal(t, 0, code, out)
-	for _, want := range []string{"inspect [--need N]", "--grace 0 --dry-run", "Exit status: 0", "1 the pass or the", "2 bad", "3 (inspect --need)", "kubectl -n kube-system exec ds/harvester-ipam -c install -- harvester-ipam-reconciler inspect"} {
+	for _, want := range []string{"inspect [--need N]", "--grace 0 --dry-run", "Exit status: 0", "1 the pass or the", "2 bad", "3 (inspect --need)", "kubectl -n kube-system exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler inspect", "standby"} {
 		assert.Contains(t, out, want)
 	}
 	code, out = runMain(t, "inspect", "-h")
@@ -80,4 +83,34 @@ func TestHelpAndVersion(t *testing.T) {
 	code, out = runMain(t, "--version")
 	assert.Equal(t, 0, code, out)
 	assert.Equal(t, "harvester-ipam-reconciler dev\n", out)
+}
+
+// standby, the chart's diagnostics container, runs until it is stopped and
+// then exits 0 at once, reaching no cluster: it only holds the container
+// where an operator's kubectl exec runs the reconciler under its own limits.
+func TestStandbyWaitsUntilStopped(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "standby")
+	cmd.Env = append(os.Environ(), "RECONCILER_TEST_RUN_MAIN=1", "KUBERNETES_SERVICE_HOST=", "KUBERNETES_SERVICE_PORT=")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		t.Fatalf("standby exited by itself: %v: %s", err, out.String())
+	case <-time.After(500 * time.Millisecond):
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-done:
+		assert.NoError(t, err, "exit 0 when stopped: %s", out.String())
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("standby did not stop on SIGTERM")
+	}
+	assert.Empty(t, out.String(), "nothing logged: the container's log stays empty")
+
+	code, msg := runMain(t, "standby", "extra")
+	assert.Equal(t, 2, code, msg)
 }

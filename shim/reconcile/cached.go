@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,14 +44,14 @@ func NewCachedCluster(ctx context.Context, kube kubernetes.Interface, dyn dynami
 // before a release.
 func (c *cachedCluster) Fresh() Cluster { return c.kubeCluster }
 
-func (c *cachedCluster) Pods(_ context.Context, namespace string) ([]corev1.Pod, error) {
+func (c *cachedCluster) Pods(_ context.Context, namespace string, want func(name string) bool) ([]corev1.Pod, error) {
 	objs, err := c.pods.GetIndexer().ByIndex(cache.NamespaceIndex, namespace)
 	if err != nil {
 		return nil, fmt.Errorf("pods of %s from the cache: %w", namespace, err)
 	}
 	out := make([]corev1.Pod, 0, len(objs))
 	for _, o := range objs {
-		if p, ok := o.(*corev1.Pod); ok {
+		if p, ok := o.(*corev1.Pod); ok && (want == nil || want(p.Name)) {
 			out = append(out, *p)
 		}
 	}
@@ -74,21 +75,27 @@ func (c *cachedCluster) Nodes(context.Context) ([]string, error) {
 func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Pod:
-		p := &corev1.Pod{}
-		p.Name, p.Namespace, p.UID, p.ResourceVersion = o.Name, o.Namespace, o.UID, o.ResourceVersion
-		p.DeletionTimestamp = o.DeletionTimestamp
-		if v, ok := o.Annotations[NetworkStatusAnnotation]; ok {
-			p.Annotations = map[string]string{NetworkStatusAnnotation: v}
-		}
-		p.Spec.NodeName = o.Spec.NodeName
-		p.Status.Phase = o.Status.Phase
-		return p, nil
+		return trimPod(o), nil
 	case *corev1.Node:
 		n := &corev1.Node{}
 		n.Name, n.UID, n.ResourceVersion = o.Name, o.UID, o.ResourceVersion
 		return n, nil
 	}
 	return obj, nil // a tombstone or anything else, as it is
+}
+
+// trimPod is what judge reads of a pod: its names, phase, node, deletion
+// and network-status, in a copy that shares nothing with o.
+func trimPod(o *corev1.Pod) *corev1.Pod {
+	p := &corev1.Pod{}
+	p.Name, p.Namespace, p.UID, p.ResourceVersion = o.Name, o.Namespace, o.UID, o.ResourceVersion
+	p.DeletionTimestamp = o.DeletionTimestamp
+	if v, ok := o.Annotations[NetworkStatusAnnotation]; ok {
+		p.Annotations = map[string]string{NetworkStatusAnnotation: strings.Clone(v)}
+	}
+	p.Spec.NodeName = o.Spec.NodeName
+	p.Status.Phase = o.Status.Phase
+	return p
 }
 
 // freshOf is the cluster to read right before a release: the API server's

@@ -44,7 +44,7 @@ func TestCachedClusterServesTheFirstLookFromItsCache(t *testing.T) {
 	synced := lists(kube)
 
 	for i := 0; i < 3; i++ {
-		pods, err := c.Pods(ctx, lh)
+		pods, err := c.Pods(ctx, lh, nil)
 		require.NoError(t, err)
 		require.Len(t, pods, 1)
 		got := pods[0]
@@ -62,11 +62,11 @@ func TestCachedClusterServesTheFirstLookFromItsCache(t *testing.T) {
 	_, err = kube.CoreV1().Pods(lh).Create(ctx, pod(lh, "im-b", corev1.PodPending, "node-a", ""), metav1.CreateOptions{})
 	require.NoError(t, err)
 	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := c.Pods(ctx, lh)
+		pods, err := c.Pods(ctx, lh, nil)
 		return len(pods) == 2, err
 	})
 	require.NoError(t, err, "a new pod reaches the cache")
-	pods, err := c.Pods(ctx, lh)
+	pods, err := c.Pods(ctx, lh, nil)
 	require.NoError(t, err)
 	var names []string
 	for _, p := range pods {

@@ -22,8 +22,11 @@ import (
 // NetworkAttachmentDefinitions, and where it records Events. NewKubeCluster is the API server's; tests and the
 // simulation bring their own.
 type Cluster interface {
-	// Pods are the pods of a namespace.
-	Pods(ctx context.Context, namespace string) ([]corev1.Pod, error)
+	// Pods are the pods of a namespace that want keeps (nil: every one),
+	// each with what a verdict reads of it (trim) or more. The API server's
+	// are read page by page, and each page dropped but for what is kept:
+	// memory grows with the pods wanted, not with the cluster's.
+	Pods(ctx context.Context, namespace string, want func(name string) bool) ([]corev1.Pod, error)
 	// Pod reads one pod fresh; nil, nil when it does not exist.
 	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	// Nodes are the names of the nodes.
@@ -63,7 +66,7 @@ func NewKubeCluster(kube kubernetes.Interface, dyn dynamic.Interface, callTimeou
 	return &kubeCluster{kube: kube, dyn: dyn, callTimeout: callTimeout, pageSize: pageSize}
 }
 
-func (k *kubeCluster) Pods(ctx context.Context, namespace string) ([]corev1.Pod, error) {
+func (k *kubeCluster) Pods(ctx context.Context, namespace string, want func(name string) bool) ([]corev1.Pod, error) {
 	pods, err := shim.ListAll(ctx, k.pageSize, func(ctx context.Context, page shim.Page) ([]corev1.Pod, string, error) {
 		cctx, cancel := context.WithTimeout(ctx, k.callTimeout)
 		defer cancel()
@@ -71,7 +74,15 @@ func (k *kubeCluster) Pods(ctx context.Context, namespace string) ([]corev1.Pod,
 		if err != nil {
 			return nil, "", err
 		}
-		return l.Items, l.Continue, nil
+		// Of the page, only the pods wanted, trimmed: the page itself is
+		// garbage once this returns.
+		var out []corev1.Pod
+		for i := range l.Items {
+			if want == nil || want(l.Items[i].Name) {
+				out = append(out, *trimPod(&l.Items[i]))
+			}
+		}
+		return out, l.Continue, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list pods in %s: %w", namespace, err)

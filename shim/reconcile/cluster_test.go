@@ -38,7 +38,7 @@ func TestKubeCluster(t *testing.T) {
 	assert.EqualValues(t, 1, c3.pageSize)
 
 	ctx := context.Background()
-	pods, err := c.Pods(ctx, lh)
+	pods, err := c.Pods(ctx, lh, nil)
 	require.NoError(t, err)
 	assert.Len(t, pods, 2)
 	p, err := c.Pod(ctx, lh, "a")
@@ -65,7 +65,7 @@ func TestKubeCluster(t *testing.T) {
 	kube.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	_, err = c.Pods(ctx, lh)
+	_, err = c.Pods(ctx, lh, nil)
 	assert.EqualError(t, err, "list pods in longhorn-system: connection refused")
 	_, err = c.Pod(ctx, lh, "a")
 	assert.EqualError(t, err, "get pod longhorn-system/a: connection refused")

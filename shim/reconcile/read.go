@@ -12,7 +12,9 @@ import (
 
 // readWorld lists the pods of every namespace the pools name, and the nodes.
 // Pods are listed per namespace, page by page: the requests grow with the
-// namespaces and the pods, not with the allocations. A failed pod list fails
+// namespaces and the pods, not with the allocations; of each page only the
+// pods the pools name are kept, trimmed, so that memory grows with the
+// allocations, not with the cluster's pods. A failed pod list fails
 // the pass (nothing can be judged); a failed node list only keeps every
 // node-gone case live.
 func (r *Reconciler) readWorld(ctx context.Context, pools []shim.Pool) (World, error) {
@@ -20,11 +22,14 @@ func (r *Reconciler) readWorld(ctx context.Context, pools []shim.Pool) (World, e
 }
 
 func readWorldFrom(ctx context.Context, c Cluster, pools []shim.Pool) (World, error) {
-	nss := map[string]bool{}
+	nss := map[string]map[string]bool{} // namespace: the pods' names
 	for _, p := range pools {
 		for _, a := range p.Spec.Allocations {
-			if ns, _, ok := strings.Cut(a.PodRef, "/"); ok && ns != "" {
-				nss[ns] = true
+			if ns, name, ok := strings.Cut(a.PodRef, "/"); ok && ns != "" {
+				if nss[ns] == nil {
+					nss[ns] = map[string]bool{}
+				}
+				nss[ns][name] = true
 			}
 		}
 	}
@@ -36,7 +41,8 @@ func readWorldFrom(ctx context.Context, c Cluster, pools []shim.Pool) (World, er
 
 	w := World{Pods: map[string]*corev1.Pod{}, Nodes: map[string]bool{}}
 	for _, ns := range names {
-		pods, err := c.Pods(ctx, ns)
+		named := nss[ns]
+		pods, err := c.Pods(ctx, ns, func(name string) bool { return named[name] })
 		if err != nil {
 			return World{}, err
 		}

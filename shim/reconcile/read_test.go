@@ -42,9 +42,9 @@ type nsRecording struct {
 	nodesDown  bool
 }
 
-func (n *nsRecording) Pods(ctx context.Context, ns string) ([]corev1.Pod, error) {
+func (n *nsRecording) Pods(ctx context.Context, ns string, want func(string) bool) ([]corev1.Pod, error) {
 	n.namespaces = append(n.namespaces, ns)
-	return n.cluster.Pods(ctx, ns)
+	return n.cluster.Pods(ctx, ns, want)
 }
 
 func (n *nsRecording) Nodes(ctx context.Context) ([]string, error) {

@@ -46,13 +46,13 @@ func newCluster(pods ...*corev1.Pod) *cluster {
 	return c
 }
 
-func (c *cluster) Pods(_ context.Context, ns string) ([]corev1.Pod, error) {
+func (c *cluster) Pods(_ context.Context, ns string, want func(string) bool) ([]corev1.Pod, error) {
 	if c.down {
 		return nil, errors.New("list pods: connection refused")
 	}
 	var out []corev1.Pod
 	for _, p := range c.pods {
-		if p.Namespace == ns {
+		if p.Namespace == ns && (want == nil || want(p.Name)) {
 			out = append(out, *p.DeepCopy())
 		}
 	}

@@ -135,7 +135,7 @@ func TestChartStandInAndMonitoringValues(t *testing.T) {
 	assert.Contains(t, string(notes), "no NAD is edited")
 	assert.Contains(t, string(notes), "`helm uninstall` gives the name back to the real binary")
 	assert.Contains(t, string(notes), "kubectl -n harvester-system exec ds/notes-harvester-ipam -c install -- harvester-ipam-install --verify --stand-in=whereabouts")
-	assert.Contains(t, string(notes), "kubectl -n harvester-system exec ds/notes-harvester-ipam -c install -- harvester-ipam-reconciler inspect")
+	assert.Contains(t, string(notes), "kubectl -n harvester-system exec ds/notes-harvester-ipam -c diagnostics -- harvester-ipam-reconciler inspect")
 	notes, err = rig.Helm(ctx(t), "install", "--dry-run", "--kubeconfig", rig.Kubeconfig, "-n", "harvester-system", "notes", chartDir, "--set", "standIn.enabled=false")
 	require.NoError(t, err)
 	assert.Contains(t, string(notes), `NADs that name it ("ipam": {"type": "harvester-ipam", ...}`)

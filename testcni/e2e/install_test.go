@@ -588,8 +588,15 @@ func daemonSetContainer(t *testing.T, objs []unstructured.Unstructured) *contain
 	t.Helper()
 	ds := typed[appsv1.DaemonSet](t, objs, "DaemonSet")
 	spec := ds.Spec.Template.Spec
-	require.Len(t, spec.Containers, 1)
+	// The installer, and (rbac.diagnostics) the idle container an operator
+	// runs the reconciler in, which mounts nothing of the host.
+	require.NotEmpty(t, spec.Containers)
 	ctr := spec.Containers[0]
+	require.Equal(t, "install", ctr.Name)
+	for _, other := range spec.Containers[1:] {
+		require.Equal(t, "diagnostics", other.Name)
+		require.Empty(t, other.VolumeMounts)
+	}
 	c := &container{image: t.TempDir(), host: t.TempDir(), mounts: map[string]string{},
 		command: ctr.Command, args: ctr.Args, probe: ctr.ReadinessProbe.Exec.Command}
 	vols := map[string]corev1.Volume{}

@@ -30,6 +30,8 @@ import (
 // and a word ending in ... for any word it begins). An assignment `$ X=...`
 // sets X for the block's later commands (and the next blocks'); one
 // commented "# yours" is the operator's own value, which the test gives.
+// A command ending in a here-document (<<'EOF') takes the lines up to its
+// end. The add-on's README (install/addon/harvester-ipam) is marked alike.
 
 type readmeCmd struct {
 	line   int
@@ -39,17 +41,26 @@ type readmeCmd struct {
 
 type readmeBlock struct {
 	where, name string // rig or node; the block's name
+	file        string
 	line        int
 	cmds        []readmeCmd
 }
 
-var fenceRE = regexp.MustCompile("^\\s*```(\\S*)\\s*(\\S*)\\s*$")
+var (
+	fenceRE   = regexp.MustCompile("^\\s*```(\\S*)\\s*(\\S*)\\s*$")
+	heredocRE = regexp.MustCompile(`<<-?'?([A-Za-z_]+)'?\s*$`)
+)
 
 // readmeBlocks are README.md's marked blocks, by name; a console block
 // without a mark, or two of one name, fail the test.
 func readmeBlocks(t *testing.T) map[string]readmeBlock {
+	return readmeBlocksOf(t, "README.md")
+}
+
+// readmeBlocksOf are the marked blocks of file (from the repository's root).
+func readmeBlocksOf(t *testing.T, file string) map[string]readmeBlock {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(rig.Root, "README.md"))
+	b, err := os.ReadFile(filepath.Join(rig.Root, file))
 	require.NoError(t, err)
 	blocks := map[string]readmeBlock{}
 	lines := strings.Split(string(b), "\n")
@@ -69,13 +80,13 @@ func readmeBlocks(t *testing.T) map[string]readmeBlock {
 		}
 		where, name, ok := strings.Cut(m[2], ":")
 		if !ok || (where != "rig" && where != "node") || name == "" {
-			t.Errorf("README.md:%d: a console block must be marked rig:NAME or node:NAME for the README's test, not %q", start, m[2])
+			t.Errorf("%s:%d: a console block must be marked rig:NAME or node:NAME for the README's test, not %q", file, start, m[2])
 			continue
 		}
 		if _, dup := blocks[name]; dup {
-			t.Errorf("README.md:%d: a second block named %s", start, name)
+			t.Errorf("%s:%d: a second block named %s", file, start, name)
 		}
-		blk := readmeBlock{where: where, name: name, line: start}
+		blk := readmeBlock{where: where, name: name, file: file, line: start}
 		for j := 0; j < len(body); j++ {
 			l := body[j]
 			if !strings.HasPrefix(l, "$ ") {
@@ -89,10 +100,19 @@ func readmeBlocks(t *testing.T) map[string]readmeBlock {
 				j++
 				c.cmd = strings.TrimSuffix(c.cmd, "\\") + "\n" + body[j]
 			}
+			if h := heredocRE.FindStringSubmatch(c.cmd); h != nil {
+				for j+1 < len(body) {
+					j++
+					c.cmd += "\n" + body[j]
+					if body[j] == h[1] {
+						break
+					}
+				}
+			}
 			blk.cmds = append(blk.cmds, c)
 		}
 		if len(blk.cmds) == 0 {
-			t.Errorf("README.md:%d: block %s has no command", start, name)
+			t.Errorf("%s:%d: block %s has no command", file, start, name)
 		}
 		blocks[name] = blk
 	}
@@ -132,10 +152,18 @@ func samplesMatch(sample []string, out string) error {
 // loose match to what it promises.
 func TestREADMEBlocksParse(t *testing.T) {
 	blocks := readmeBlocks(t)
-	for _, name := range []string{"image", "import", "push", "install", "verify", "inspect", "loglevel", "readlog", "giveback", "preflight", "upgrade", "uninstall"} {
+	for _, name := range []string{"image", "import", "push", "install", "verify", "inspect", "passnow", "loglevel", "readlog", "giveback", "preflight", "upgrade", "uninstall"} {
 		assert.Contains(t, blocks, name, "README.md's block %s", name)
 	}
 	assert.Equal(t, "node", blocks["import"].where)
+	addon := readmeBlocksOf(t, addonREADME)
+	for _, name := range []string{"addon-repo", "addon-apply", "addon-enable", "addon-loglevel", "addon-upgrade", "addon-standin-off", "addon-disable"} {
+		assert.Contains(t, addon, name, "%s's block %s", addonREADME, name)
+	}
+	if c := addon["addon-loglevel"].cmds; assert.NotEmpty(t, c) {
+		assert.True(t, strings.HasSuffix(c[0].cmd, "\nEOF"), "a here-document is the command's, up to its end: %q", c[0].cmd)
+		assert.Equal(t, "addon.harvesterhci.io/harvester-ipam patched", c[0].sample[0], "and its output follows it")
+	}
 	assert.NoError(t, samplesMatch([]string{"NAME  READY", "harvester-ipam-...  1/1", "..."}, "x\nNAME READY STATUS\nharvester-ipam-x7k2p 1/1 Running\n"))
 	assert.Error(t, samplesMatch([]string{"daemon set"}, "Waiting for daemon set\n"))
 	assert.Error(t, samplesMatch([]string{"b", "a"}, "a\nb\n"), "in order")
@@ -157,6 +185,10 @@ type readmeShell struct {
 	ran     map[string]bool
 	// out is each command's output, by block name, in order.
 	out map[string][]string
+	// subst are the operator's own values in the commands (a URL, a
+	// registry, a password, a file of theirs): each old string is replaced
+	// by the test's.
+	subst [][2]string
 }
 
 func newReadmeShell(t *testing.T, c *testcni.Rig, nd *testcni.Node) *readmeShell {
@@ -194,16 +226,16 @@ func (s *readmeShell) run(b readmeBlock) {
 		if m := assignRE.FindStringSubmatch(c.cmd); m != nil && !strings.Contains(c.cmd, "\n") {
 			if strings.Contains(m[2], "# yours") {
 				v, ok := s.yours[m[1]]
-				require.True(t, ok, "README.md:%d: %s is the operator's own; the test has none", c.line, m[1])
+				require.True(t, ok, "%s:%d: %s is the operator's own; the test has none", b.file, c.line, m[1])
 				s.vars[m[1]] = v
 				cancel()
 				continue
 			}
 			out, err := s.command(ctx, b.where, c.cmd+"\nprintf %s \"$"+m[1]+"\"").Output()
 			cancel()
-			require.NoError(t, err, "README.md:%d: %s", c.line, c.cmd)
+			require.NoError(t, err, "%s:%d: %s", b.file, c.line, c.cmd)
 			s.vars[m[1]] = string(out)
-			t.Logf("README.md:%d: %s=%s", c.line, m[1], out)
+			t.Logf("%s:%d: %s=%s", b.file, c.line, m[1], out)
 			continue
 		}
 		start := time.Now()
@@ -212,12 +244,12 @@ func (s *readmeShell) run(b readmeBlock) {
 		cmd.Stdout, cmd.Stderr = &buf, &buf
 		err := cmd.Run()
 		cancel()
-		t.Logf("README.md:%d ($ %s), %s:\n%s", c.line, c.cmd, time.Since(start).Round(100*time.Millisecond), buf.String())
+		t.Logf("%s:%d ($ %s), %s:\n%s", b.file, c.line, c.cmd, time.Since(start).Round(100*time.Millisecond), buf.String())
 		s.out[b.name] = append(s.out[b.name], buf.String())
-		if !assert.NoError(t, err, "README.md:%d: %s", c.line, c.cmd) {
+		if !assert.NoError(t, err, "%s:%d: %s", b.file, c.line, c.cmd) {
 			continue
 		}
-		assert.NoError(t, samplesMatch(c.sample, buf.String()), "README.md:%d: %s prints what the README shows", c.line, c.cmd)
+		assert.NoError(t, samplesMatch(c.sample, buf.String()), "%s:%d: %s prints what the README shows", b.file, c.line, c.cmd)
 	}
 }
 
@@ -225,6 +257,9 @@ func (s *readmeShell) command(ctx context.Context, where, script string) *exec.C
 	var vars []string
 	for k, v := range s.vars {
 		vars = append(vars, k+"="+v)
+	}
+	for _, r := range s.subst {
+		script = strings.ReplaceAll(script, r[0], r[1])
 	}
 	if where == "node" {
 		// RKE2's ctr is containerd's own ctr, of RKE2's containerd; the
@@ -315,6 +350,8 @@ func TestKubeletREADME(t *testing.T) {
 
 	sh.run(blocks["verify"])
 	sh.run(blocks["inspect"])
+	// A pass now, in CronJob mode: a Job from the CronJob.
+	sh.run(blocks["passnow"])
 
 	// The log level raised: the node's settings written, and the next ADD
 	// logs at debug to the file, which the debugging pod reads.
@@ -342,6 +379,11 @@ func TestKubeletREADME(t *testing.T) {
 
 	// Uninstall: the real whereabouts back at its name, nothing aside.
 	sh.run(blocks["uninstall"])
+	if outs := sh.out["uninstall"]; assert.NotEmpty(t, outs) {
+		loop := outs[len(outs)-1]
+		assert.Contains(t, loop, "node "+nd.Name+": whereabouts", "the loop over the nodes shows the node's whereabouts")
+		assert.NotContains(t, loop, "whereabouts.real", "nothing aside on any node")
+	}
 	assert.Equal(t, "whereabouts "+testcni.V093, at("whereabouts"), "the real whereabouts back at its name")
 	assert.Equal(t, "missing", at("whereabouts.real"))
 

@@ -29,7 +29,7 @@ func (w *world) wbReconcile(a *actor) {
 	if err != nil || a.killed {
 		return
 	}
-	pods, err := c.Pods(ctx, "longhorn-system")
+	pods, err := c.Pods(ctx, "longhorn-system", nil)
 	if err != nil || a.killed {
 		return
 	}

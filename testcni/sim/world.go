@@ -458,13 +458,13 @@ func (c cluster) podObject(p *pod) *corev1.Pod {
 	return o
 }
 
-func (c cluster) Pods(_ context.Context, ns string) ([]corev1.Pod, error) {
+func (c cluster) Pods(_ context.Context, ns string, want func(name string) bool) ([]corev1.Pod, error) {
 	if err := c.yield(); err != nil {
 		return nil, err
 	}
 	var out []corev1.Pod
 	for _, ref := range sortedKeys(c.w.pods) {
-		if p := c.w.pods[ref]; p.exists && p.ns == ns {
+		if p := c.w.pods[ref]; p.exists && p.ns == ns && (want == nil || want(p.name)) {
 			out = append(out, *c.podObject(p))
 		}
 	}
