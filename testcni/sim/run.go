@@ -60,6 +60,10 @@ type Options struct {
 	// podControllerFreesAll makes whereabouts' pod controller release every
 	// entry of the deleted pod's pools, not just the pod's: the checker's test.
 	podControllerFreesAll bool
+	// leaseDeletedByHand deletes whereabouts' Lease now and then while a
+	// holder is inside its turn, as an operator might: the next holder
+	// takes it meanwhile. The checker's test.
+	leaseDeletedByHand bool
 }
 
 // DefaultOptions are the schedules `make sim` and the tests run.

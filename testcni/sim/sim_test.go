@@ -94,6 +94,69 @@ func TestTheCheckerCatchesAFreedLiveEntry(t *testing.T) {
 	}
 }
 
+// The Lease's checker is not blind: two holders planted inside one turn
+// (whereabouts' binary in its turn while an agent's Group is in its own)
+// are reported, each named.
+func TestTheCheckerCatchesTwoHoldersInOneTurn(t *testing.T) {
+	tr := &trace{}
+	s := newSched(1, tr)
+	tr.s = s
+	w, err := newWorld(s, tr, DefaultOptions(fake.V093), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.check = w.checkLive
+	var ends []func()
+	never := func() bool { return false }
+	s.spawn("whereabouts ADD", func(a *actor) {
+		ends = append(ends, w.turn("longhorn-system/instance-manager-a"))
+		a.waitFor(never)
+	})
+	s.spawn("agent 1 lease", func(a *actor) {
+		a.sleep(time.Millisecond)
+		ends = append(ends, w.turn("harvester-ipam-agent/node-1/pod-1/0123abcd"))
+		a.waitFor(never)
+	})
+	if s.run(time.Time{}) {
+		t.Fatal("two holders inside a turn at once, and the schedule ran on")
+	}
+	defer s.abandon()
+	if len(s.violations) != 1 || !strings.Contains(s.violations[0], "two holders inside a turn") ||
+		!strings.Contains(s.violations[0], "instance-manager-a") || !strings.Contains(s.violations[0], "agent 1 lease") {
+		t.Fatalf("violations: %q", s.violations)
+	}
+	// One holder after the other is no violation.
+	ends[0]()
+	if bad := w.checkTurns(); len(bad) > 0 {
+		t.Fatalf("one turn left, reported: %v", bad)
+	}
+}
+
+// The Lease's checker sees the world's own holders: an operator who deletes
+// whereabouts' Lease while a holder is inside its turn lets the next holder
+// in, and the schedule is caught.
+func TestTheCheckerCatchesTheLeaseDeletedUnderATurn(t *testing.T) {
+	o := DefaultOptions(fake.V093)
+	o.leaseDeletedByHand = true
+	caught := 0
+	for seed := uint64(1); seed <= 50; seed++ {
+		res, err := Run(seed, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range res.Violations {
+			if strings.Contains(v, "two holders inside a turn") {
+				caught++
+				break
+			}
+		}
+	}
+	if caught == 0 {
+		t.Fatal("50 schedules with the Lease deleted under holders' turns, never two holders seen in one")
+	}
+	t.Logf("%d of 50 schedules caught", caught)
+}
+
 // The liveness after ADD is no property every IPAM has: whereabouts v0.7.0
 // alone, checked by it (the pod on the plain network), leaves a crash-looping
 // pod's earlier addresses, and is caught; v0.9.3 alone hands a new sandbox
