@@ -103,9 +103,9 @@ type Options struct {
 	// request).
 	// Its Group, shared by every request's store (the agent's main sets
 	// one: one holder of whereabouts' Lease, turns under one acquisition,
-	// the releases and removals of one moment together); nil: each request
-	// takes the Lease itself (the simulation, whose scheduler runs only
-	// its own actors, not the Group's goroutines).
+	// the releases and removals of one moment together; the simulation one
+	// whose Go and Await run it under its scheduler); nil: each request
+	// takes the Lease itself.
 	StoreOptions shim.Options
 	// LogRequests logs a line for each request: what, its outcome, and how
 	// long it took.

@@ -47,6 +47,14 @@ type Group struct {
 	MaxHold time.Duration
 	// Width bounds the reservations deleted at once in a turn (8).
 	Width int
+	// Go and Await, when set, run the group's concurrency under a scheduler
+	// of the caller's (the simulation's, which runs one goroutine at a
+	// time), as agent/alloc's Options do: Go starts f beside the caller (nil:
+	// a goroutine), Await returns once done is closed (nil: a receive).
+	// Every goroutine the group starts, and every wait of one of them or of
+	// a caller for another, goes through them.
+	Go    func(f func())
+	Await func(done <-chan struct{})
 
 	mu       sync.Mutex
 	leases   map[string]*shared // by namespace
@@ -73,7 +81,7 @@ type shared struct {
 	mu      sync.Mutex
 	queue   []*turn
 	running bool
-	active  sync.WaitGroup // the hold goroutine
+	idle    chan struct{} // closed when the hold goroutine that runs ends
 
 	// Of the hold goroutine:
 	held   *hold
@@ -91,7 +99,8 @@ type turn struct {
 	ctx  context.Context
 	s    *Store
 	fn   func(context.Context, *Locked) error
-	done chan error
+	done chan struct{} // closed once err is set
+	err  error
 	// panicked is what fn panicked with, given back to the caller's
 	// goroutine (a request's, which recovers it) rather than the group's.
 	panicked any
@@ -113,6 +122,24 @@ func (g *Group) init() {
 	})
 }
 
+// spawn runs f beside the caller: a goroutine, or Go's.
+func (g *Group) spawn(f func()) {
+	if g.Go != nil {
+		g.Go(f)
+		return
+	}
+	go f()
+}
+
+// await returns once done is closed: a receive, or Await's.
+func (g *Group) await(done <-chan struct{}) {
+	if g.Await != nil {
+		g.Await(done)
+		return
+	}
+	<-done
+}
+
 func (g *Group) of(namespace string) *shared {
 	g.init()
 	g.mu.Lock()
@@ -129,28 +156,35 @@ func (g *Group) of(namespace string) *shared {
 // call whose context ends before its turn is not run.
 func (g *Group) locked(ctx context.Context, s *Store, fn func(context.Context, *Locked) error) error {
 	sh := g.of(s.namespace)
-	t := &turn{ctx: ctx, s: s, fn: fn, done: make(chan error, 1)}
+	t := &turn{ctx: ctx, s: s, fn: fn, done: make(chan struct{})}
 	sh.mu.Lock()
 	sh.queue = append(sh.queue, t)
 	start := !sh.running
 	if start {
 		sh.running = true
-		sh.active.Add(1)
+		sh.idle = make(chan struct{})
 	}
+	idle := sh.idle
 	sh.mu.Unlock()
 	if start {
-		go g.hold(sh)
+		g.spawn(func() { g.hold(sh, idle) })
 	}
-	err := <-t.done
+	g.await(t.done)
 	if t.panicked != nil {
 		panic(t.panicked)
 	}
-	return err
+	return t.err
+}
+
+// end ends a turn with err.
+func (t *turn) end(err error) {
+	t.err = err
+	close(t.done)
 }
 
 // hold runs the turns of sh until none waits, then hands the Lease back.
-func (g *Group) hold(sh *shared) {
-	defer sh.active.Done()
+func (g *Group) hold(sh *shared, idle chan struct{}) {
+	defer close(idle)
 	for {
 		sh.mu.Lock()
 		if len(sh.queue) == 0 {
@@ -170,14 +204,14 @@ func (g *Group) hold(sh *shared) {
 		sh.queue = sh.queue[1:]
 		sh.mu.Unlock()
 		if err := t.ctx.Err(); err != nil {
-			t.done <- fmt.Errorf("wait for lease %s/%s: %w", t.s.namespace, names.Lease, err)
+			t.end(fmt.Errorf("wait for lease %s/%s: %w", t.s.namespace, names.Lease, err))
 			continue
 		}
 		if err := g.take(t.ctx, t.s, sh); err != nil {
-			t.done <- err
+			t.end(err)
 			continue
 		}
-		t.done <- g.run(t, sh.held)
+		t.end(g.run(t, sh.held))
 	}
 }
 
@@ -189,6 +223,7 @@ func (g *Group) run(t *turn, h *hold) (err error) {
 			err = fmt.Errorf("panic under the lease: %v", r)
 		}
 	}()
+	defer t.s.turn(g.Identity)()
 	return t.fn(underLease(t.ctx), &Locked{s: t.s, h: h})
 }
 
@@ -226,28 +261,35 @@ func (g *Group) take(ctx context.Context, s *Store, sh *shared) error {
 
 // Wait waits until the group has handed back every Lease it holds, or ctx
 // ends: a process that stops calls it, so that whereabouts does not wait
-// for a Lease no one renews.
+// for a Lease no one renews. With Await, ctx is looked at between the waits
+// only (the caller's scheduler bounds each).
 func (g *Group) Wait(ctx context.Context) error {
 	g.init()
 	g.mu.Lock()
-	var all []*shared
+	var idle []chan struct{}
 	for _, sh := range g.leases {
-		all = append(all, sh)
+		sh.mu.Lock()
+		if sh.running {
+			idle = append(idle, sh.idle)
+		}
+		sh.mu.Unlock()
 	}
 	g.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		for _, sh := range all {
-			sh.active.Wait()
+	for _, done := range idle {
+		if g.Await != nil {
+			g.Await(done)
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			continue
 		}
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
+	return nil
 }
 
 // releaseReservations runs j with the releases that wait at the same
@@ -262,9 +304,9 @@ func (g *Group) releaseReservations(s *Store, j *releaseJob) {
 	sh.draining = true
 	sh.mu.Unlock()
 	if lead {
-		go g.drain(s, sh)
+		g.spawn(func() { g.drain(s, sh) })
 	}
-	<-j.done
+	g.await(j.done)
 }
 
 // drain runs the waiting release jobs, turn after turn, until none waits.
@@ -395,9 +437,9 @@ func (g *Group) removeAllocations(ctx context.Context, s *Store, plan Plan) ([]A
 		q.busy = true
 		q.mu.Unlock()
 		if lead {
-			go g.removeAll(s, plan.Pool, q)
+			g.spawn(func() { g.removeAll(s, plan.Pool, q) })
 		}
-		<-r.done
+		g.await(r.done)
 		removed = append(removed, r.removed...)
 		if r.err != nil {
 			return removed, r.err

@@ -428,3 +428,122 @@ func TestReleasesWaitingBehindALostHoldGetANewOne(t *testing.T) {
 	require.NoError(t, g.Wait(ctx))
 	assert.Equal(t, []string{"10.0.0.2"}, reservations(api.API))
 }
+
+// baton runs goroutines one at a time, as the simulation's scheduler does:
+// whoever runs holds it, and hands it on only at a request (the API's hook)
+// or in Await. A group that blocked in any other way (a receive, a mutex
+// held across a request, a WaitGroup) would keep it, and nothing would run.
+type baton chan struct{}
+
+func (b baton) take() { b <- struct{}{} }
+func (b baton) give() { <-b }
+
+// goroutine starts f holding the baton.
+func (b baton) goroutine(f func()) {
+	go func() {
+		b.take()
+		defer b.give()
+		f()
+	}()
+}
+
+// await waits for done without the baton.
+func (b baton) await(done <-chan struct{}) {
+	b.give()
+	<-done
+	b.take()
+}
+
+// A group given Go and Await starts every goroutine of its own with Go and
+// waits only with Await: under a scheduler that runs one goroutine at a
+// time, its turns, releases (their deletes side by side, renewing the Lease
+// as they go), removals and hand back all run, and Options.Turn sees each
+// turn begin and end, never two at once.
+func TestAGroupRunsUnderItsCallersScheduler(t *testing.T) {
+	const n = 12
+	allocs := map[string]alloc{}
+	var objs []any
+	for i := 2; i < 2+n; i++ {
+		pod := "ns/p" + strconv.Itoa(i)
+		allocs[strconv.Itoa(i)] = alloc{ContainerID: "old-" + strconv.Itoa(i), PodRef: pod, IfName: "eth1"}
+		objs = append(objs, fake.NewReservation(fmt.Sprintf("10.0.0.%d", i), pod))
+	}
+	api := fake.New()
+	api.Put(append(objs, fake.NewPool("10.0.0.0-24", "10.0.0.0/24", allocs))...)
+	c := &syncClock{now: testEpoch}
+	b := make(baton, 1)
+	var renewals atomic.Int32
+	api.Hook = func(call *fake.Call) error {
+		if call.Resource == fake.Leases && call.Verb == "update" {
+			if l := api.Lease(ns, names.Lease); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+				renewals.Add(1)
+			}
+		}
+		// Time passes at every request (so the Lease is renewed), and
+		// another goroutine may run meanwhile.
+		c.advance(200 * time.Millisecond)
+		b.give()
+		time.Sleep(time.Millisecond)
+		b.take()
+		return nil
+	}
+	var spawned, awaited atomic.Int32
+	var inside, most, turns atomic.Int32
+	g := &shim.Group{Identity: "harvester-ipam-agent/n1/u/1", Width: 4, MaxHold: 5 * time.Second,
+		Go:    func(f func()) { spawned.Add(1); b.goroutine(f) },
+		Await: func(done <-chan struct{}) { awaited.Add(1); b.await(done) },
+	}
+	store := func() *shim.Store {
+		return shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, Group: g,
+			Identity: "harvester-ipam-agent/n1/u/1/request",
+			Turn: func(holder string) func() {
+				assert.Equal(t, g.Identity, holder, "a turn of the group is held as the group")
+				turns.Add(1)
+				if now := inside.Add(1); now > most.Load() {
+					most.Store(now)
+				}
+				return func() { inside.Add(-1) }
+			}})
+	}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		var wg sync.WaitGroup
+		for i := 2; i < 2+n; i++ {
+			wg.Add(1)
+			b.goroutine(func() {
+				defer wg.Done()
+				s := store()
+				ctx := context.Background()
+				plan, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p"+strconv.Itoa(i), "new"))
+				if !assert.NoError(t, err) {
+					return
+				}
+				deleted, err := s.ReleaseReservations(ctx, plan)
+				assert.NoError(t, err)
+				assert.Equal(t, []string{fmt.Sprintf("10.0.0.%d", i)}, deleted)
+				removed, err := s.RemoveAllocations(ctx, plan)
+				assert.NoError(t, err)
+				assert.Equal(t, []string{fmt.Sprintf("10.0.0.%d", i)}, ipsOf(removed))
+			})
+		}
+		wg.Wait()
+		b.take()
+		defer b.give()
+		assert.NoError(t, g.Wait(context.Background()))
+	}()
+	select {
+	case <-finished:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the group blocked outside Await: nothing ran on")
+	}
+	assert.Empty(t, offsets(t, api, "10.0.0.0-24"))
+	assert.Empty(t, reservations(api))
+	assert.Equal(t, "", *api.Lease(ns, names.Lease).Spec.HolderIdentity, "handed back")
+	assert.Positive(t, spawned.Load())
+	assert.Positive(t, awaited.Load())
+	assert.Positive(t, renewals.Load(), "the Lease renewed while the deletes ran side by side")
+	assert.Positive(t, turns.Load())
+	assert.EqualValues(t, 1, most.Load(), "never two turns at once")
+	assert.Zero(t, inside.Load(), "every turn ended")
+}

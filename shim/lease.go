@@ -60,6 +60,12 @@ type hold struct {
 	written  time.Time // our last successful write of the Lease
 	identity string
 	lost     bool // a renewal failed: the Lease may be someone else's
+	// renewing, while set, is closed once the renewal under way ends: the
+	// requests of one turn made side by side (a release's deletes) renew
+	// one at a time, and those that come meanwhile wait for it. mu is
+	// never held across a request, so that a scheduler running one
+	// goroutine at a time (Group.Await) can run the one renewing.
+	renewing chan struct{}
 }
 
 // Locked runs fn while holding whereabouts' Lease of the namespace, and
@@ -74,7 +80,36 @@ func (s *Store) Locked(ctx context.Context, fn func(context.Context, *Locked) er
 		return err
 	}
 	defer h.release(ctx, s)
+	defer s.turn(s.o.Identity)()
 	return fn(underLease(ctx), &Locked{s: s, h: h})
+}
+
+// turn tells Options.Turn that a turn under the Lease held as holder
+// begins; what it returns tells that it ended.
+func (s *Store) turn(holder string) (end func()) {
+	if s.o.Turn == nil {
+		return func() {}
+	}
+	return s.o.Turn(holder)
+}
+
+// goAside runs f beside the caller, as the store's Group runs its own
+// goroutines (a goroutine without one).
+func (s *Store) goAside(f func()) {
+	if g := s.o.Group; g != nil {
+		g.spawn(f)
+		return
+	}
+	go f()
+}
+
+// await returns once done is closed, waiting as the store's Group waits.
+func (s *Store) await(done <-chan struct{}) {
+	if g := s.o.Group; g != nil {
+		g.await(done)
+		return
+	}
+	<-done
 }
 
 // underLeaseKey marks the context of a turn under the Lease.
@@ -211,6 +246,12 @@ func (l *Locked) Keep(ctx context.Context) error {
 	h := l.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	for h.renewing != nil {
+		wait := h.renewing
+		h.mu.Unlock()
+		l.s.await(wait)
+		h.mu.Lock()
+	}
 	if h.lost {
 		return fmt.Errorf("lease %s/%s: lost", l.s.namespace, names.Lease)
 	}
@@ -222,9 +263,27 @@ func (l *Locked) Keep(ctx context.Context) error {
 	next := h.lease.DeepCopy()
 	t := metav1.NewMicroTime(now)
 	next.Spec.RenewTime = &t
+	// The request is made without mu (the others wait on renewing), and
+	// its outcome is the hold's before renewing ends: whoever waited then
+	// sees it renewed, or lost.
+	renewing := make(chan struct{})
+	h.renewing = renewing
+	h.mu.Unlock()
+	unlocked := true
+	defer func() {
+		// Also when the request panics (a killed process unwinding): mu
+		// is then not held, and the deferred Unlock needs it.
+		if unlocked {
+			h.mu.Lock()
+		}
+		h.renewing = nil
+		close(renewing)
+	}()
 	cctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
 	got, err := l.s.api.UpdateLease(cctx, next)
 	cancel()
+	h.mu.Lock()
+	unlocked = false
 	if err != nil {
 		// Still ours only if the next request, made now and bounded by
 		// leaseCallTimeout, lands within validity of our last good write:

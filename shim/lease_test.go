@@ -788,3 +788,47 @@ func TestRequestsUnderTheLeaseAreBoundedByItsCallTimeout(t *testing.T) {
 		})
 	}
 }
+
+// Options.Turn is told of each turn under the Lease, with the identity it
+// is held as: it begins with the Lease held, and ends before the Lease is
+// handed back, also when the turn panics; alone and in a Group.
+func TestOptionsTurnSeesEachTurnUnderTheLease(t *testing.T) {
+	for _, group := range []bool{false, true} {
+		t.Run(fmt.Sprintf("group %v", group), func(t *testing.T) {
+			api := fake.New()
+			api.Put(storageNetwork()...)
+			holderNow := func() string {
+				if l := api.Lease(ns, names.Lease); l != nil && l.Spec.HolderIdentity != nil {
+					return *l.Spec.HolderIdentity
+				}
+				return ""
+			}
+			var events []string
+			o := shim.Options{Clock: &syncClock{now: testEpoch}, Random: func() float64 { return 0.5 }, Identity: "harvester-ipam/n1/7",
+				Turn: func(holder string) func() {
+					events = append(events, "begin "+holder+" held by "+holderNow())
+					return func() { events = append(events, "end "+holder+" held by "+holderNow()) }
+				}}
+			want := "harvester-ipam/n1/7"
+			var g *shim.Group
+			if group {
+				g = &shim.Group{Identity: "harvester-ipam-agent/n1/u/1"}
+				o.Group, want = g, g.Identity
+			}
+			s := shim.New(api, ns, o)
+			require.NoError(t, s.Locked(context.Background(), func(context.Context, *shim.Locked) error {
+				events = append(events, "fn")
+				return nil
+			}))
+			assert.PanicsWithValue(t, "boom", func() {
+				_ = s.Locked(context.Background(), func(context.Context, *shim.Locked) error { panic("boom") })
+			})
+			if g != nil {
+				require.NoError(t, g.Wait(context.Background()))
+			}
+			held := " held by " + want
+			assert.Equal(t, []string{"begin " + want + held, "fn", "end " + want + held, "begin " + want + held, "end " + want + held}, events)
+			assert.Equal(t, "", holderNow(), "handed back")
+		})
+	}
+}

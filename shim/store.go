@@ -59,6 +59,13 @@ type Options struct {
 	// ("release-after-entries": a release in one turn removed the entries
 	// and has not judged the reservations yet): test builds crash there.
 	AtStep func(step string)
+	// Turn, when set, is called as a turn under whereabouts' Lease begins
+	// (the Lease taken or, in a Group, the turn's place in its hold come)
+	// with holder, the identity the Lease is held as; the func it returns
+	// is called as the turn ends, before the Lease is handed back (also
+	// when the turn panics). The simulation checks with it that no two
+	// holders are ever inside a turn at once.
+	Turn func(holder string) (end func())
 }
 
 // Store is the pools and reservations of one namespace. The stores of other
@@ -732,22 +739,36 @@ func (l *Locked) releaseJobs(ctx context.Context, jobs []*releaseJob, width int)
 		}
 		return nil
 	}
-	work := make(chan string)
-	var wg sync.WaitGroup
-	for w := 0; w < min(width, len(names)); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for name := range work {
+	// width workers, each taking the next name until none is left (started
+	// and waited for as the Group says: under a scheduler, theirs).
+	var next, left int
+	done := make(chan struct{})
+	workers := min(width, len(names))
+	left = workers
+	for w := 0; w < workers; w++ {
+		l.s.goAside(func() {
+			defer func() {
+				mu.Lock()
+				left--
+				if left == 0 {
+					close(done)
+				}
+				mu.Unlock()
+			}()
+			for {
+				mu.Lock()
+				if next >= len(names) {
+					mu.Unlock()
+					return
+				}
+				name := names[next]
+				next++
+				mu.Unlock()
 				judge(name)
 			}
-		}()
+		})
 	}
-	for _, name := range names {
-		work <- name
-	}
-	close(work)
-	wg.Wait()
+	l.s.await(done)
 	return nil
 }
 

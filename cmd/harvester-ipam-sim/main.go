@@ -41,6 +41,7 @@ func main() {
 	leftovers := flag.Bool("leftovers", true, "start with entries whereabouts v0.7.0 left in the storage pool (false: replay seeds found before they were modelled)")
 	podController := flag.Bool("pod-controller", true, "run whereabouts' pod controller on pod deletions (false: replay seeds found before it was modelled)")
 	agents := flag.Bool("agents", true, "run harvester-ipam's node agent on the first node, and on the second in half the schedules (false: replay seeds found before it was modelled)")
+	agentGroups := flag.Bool("agent-groups", true, "run the agents' requests under one shim.Group each, as their main does, and roll the agents out (false: replay seeds found before they were modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -59,6 +60,7 @@ func main() {
 		o.WBReconciler = *wbReconciler
 		o.Leftovers = *leftovers
 		o.Agents = *agents
+		o.AgentGroups = *agentGroups
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -105,7 +107,7 @@ func main() {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start), "-seeds", fmt.Sprint(*seeds),
 				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
-				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents))
+				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents), "-agent-groups="+fmt.Sprint(*agentGroups))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome
@@ -143,7 +145,7 @@ func main() {
 	// back and why), the liveness checks, the kills.
 	var keys []string
 	for k := range stats {
-		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") {
+		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "lease") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") {
 			keys = append(keys, k)
 		}
 	}

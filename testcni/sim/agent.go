@@ -37,6 +37,16 @@ import (
 // ends all of them at once: every member of a group commit in flight is
 // lost, its client sees so. The DaemonSet starts it again after a while,
 // with an empty cache its informers fill again.
+//
+// With Options.AgentGroups, an agent's requests share whereabouts' Lease as
+// the agent's main has them share it: one shim.Group (its goroutines the
+// agent's actors, through Group.Go and Await), held as the agent's start
+// names itself (agent.Identity: the pod's UID, kept when its container
+// restarts, and a random part; in half the schedules one name for every
+// agent of the node, as before each start had one, so that shim's own rule
+// keeps them apart). And the DaemonSet rolls out: a new pod starts beside
+// the old one (maxSurge 1) and takes the socket once it serves; the old one
+// finishes what it took, hands the Lease back and exits.
 
 // agentProc is one run of a node's agent, from its start to its kill.
 type agentProc struct {
@@ -52,23 +62,53 @@ type agentProc struct {
 	serving bool
 	dead    bool
 	actors  []*actor
+	// pod is the DaemonSet's pod it runs in (its UID): a container
+	// restarted after a kill keeps it, a rollout's new pod has another.
+	pod string
+	// prev is the agent a rollout's new pod started beside, while it runs:
+	// it serves until this one does, and finishes what it took.
+	prev *agentProc
+	// stopping: it was told to stop (SIGTERM): it takes nothing more.
+	stopping bool
+	// verbs are the verbs it took and has not answered.
+	verbs int
+	// group is its requests' holder of whereabouts' Lease (AgentGroups).
+	group *shim.Group
 }
 
-// agentOf is the agent serving on n now, nil when n has none or it is down.
+// agentOf is the agent serving on n now, nil when n has none or it is down:
+// the newest, or during a rollout the old one until the new one serves.
 func (w *world) agentOf(n *node) *agentProc {
-	ag := w.agents[n.name]
-	if ag == nil || ag.dead || !ag.serving {
-		return nil
+	for ag := w.agents[n.name]; ag != nil; ag = ag.prev {
+		if !ag.dead && ag.serving && !ag.stopping {
+			return ag
+		}
 	}
-	return ag
+	return nil
+}
+
+// agentsOn are the node's agents that run: the current one, and the one a
+// rollout started it beside.
+func (w *world) agentsOn(n *node) []*agentProc {
+	var out []*agentProc
+	for ag := w.agents[n.name]; ag != nil; ag = ag.prev {
+		if !ag.dead {
+			out = append(out, ag)
+		}
+	}
+	return out
 }
 
 // startAgent starts the agent of n in actor a (the DaemonSet's pod
-// starting): its server and allocator, a health check (whose failure makes
-// it decline until the next one), then its informers.
-func (w *world) startAgent(a *actor, n *node) {
+// starting, pod its UID, beside prev in a rollout): its server and
+// allocator, a health check (whose failure makes it decline until the next
+// one), then its informers.
+func (w *world) startAgent(a *actor, n *node, pod string, prev *agentProc) {
 	w.agentRuns++
-	ag := &agentProc{w: w, node: n, serial: w.agentRuns, objs: cache.New()}
+	if prev != nil && prev.dead {
+		prev = nil
+	}
+	ag := &agentProc{w: w, node: n, serial: w.agentRuns, objs: cache.New(), pod: pod, prev: prev}
 	w.agents[n.name] = ag
 	a.proc = ag
 	ag.actors = append(ag.actors, a)
@@ -82,6 +122,23 @@ func (w *world) startAgent(a *actor, n *node) {
 				return false
 			}
 		})
+	}
+	storeOptions := w.options("")
+	identity := ""
+	if w.o.AgentGroups {
+		// As the agent's main names itself (agent.Identity: the node, the
+		// pod's UID, 8 random hex digits; drawn from the schedule here, so
+		// that it replays), or, in the schedules that play the agents
+		// before that, one name for every start on the node.
+		identity = fmt.Sprintf("harvester-ipam-agent/%s/%s/%08x", n.name, pod, w.s.rng.Uint32())
+		if w.sameNames {
+			identity = "harvester-ipam-agent/" + n.name + "/1"
+		}
+		ag.group = &shim.Group{Identity: identity,
+			Go:    func(f func()) { ag.spawn("lease", false, func(*actor) { f() }) },
+			Await: wait,
+		}
+		storeOptions.Group = ag.group
 	}
 	al := alloc.New(alloc.Options{
 		Reserved: ag.objs.Reservation,
@@ -107,7 +164,8 @@ func (w *world) startAgent(a *actor, n *node) {
 		MaxInFlight:    agentSlots,
 		VerbTimeout:    time.Hour,
 		Env:            []string{},
-		StoreOptions:   w.options(""),
+		Identity:       identity,
+		StoreOptions:   storeOptions,
 		CheckpointDirs: []string{n.cpDir},
 		Exec:           &fake.Delegate{WB: wb},
 		AtStep:         ag.atStep,
@@ -123,7 +181,11 @@ func (w *world) startAgent(a *actor, n *node) {
 		panic(err)
 	}
 	ag.srv = srv
-	w.tr.add("agent %d starts on %s", ag.serial, n.name)
+	if prev != nil {
+		w.tr.add("agent %d starts on %s beside agent %d (a rollout)", ag.serial, n.name, prev.serial)
+	} else {
+		w.tr.add("agent %d starts on %s", ag.serial, n.name)
+	}
 	healthy := true
 	if err := srv.Check(context.Background()); err != nil {
 		w.tr.add("agent %d: the pools do not answer, it declines until its next check: %v", ag.serial, err)
@@ -201,11 +263,104 @@ func (ag *agentProc) kill(why string, restart time.Duration) {
 	w.s.spawn("daemonset "+n.name, func(a *actor) {
 		a.sleep(restart)
 		if n.exists && w.agents[n.name] == ag {
-			w.startAgent(a, n)
+			// Its container restarted in the same pod.
+			w.startAgent(a, n, ag.pod, ag.prev)
 		}
 	})
 	if cur := w.s.cur; cur != nil && cur.proc == ag {
 		panic(goExit{})
+	}
+}
+
+// rollout is the DaemonSet's rolling update on n (maxSurge 1): a new pod
+// starts beside the running agent and takes the socket once it serves; once
+// it is ready (its probe passed, a few seconds on) the old pod is deleted:
+// its agent takes nothing more, finishes what it took, hands whereabouts'
+// Lease back and exits. A kill of either meanwhile is as any kill: the new
+// pod's container restarts, the old one is gone.
+func (w *world) rollout(n *node) {
+	old := w.agents[n.name]
+	if old == nil || old.dead || old.prev != nil && !old.prev.dead {
+		return // one pod at a time (maxSurge 1)
+	}
+	w.agentPods++
+	pod := fmt.Sprintf("pod-%d", w.agentPods)
+	w.stats["agent rollouts"]++
+	w.tr.add("the agent's DaemonSet rolls out on %s: a new pod beside agent %d", n.name, old.serial)
+	// An upgrade on a busy day: in half the rollouts, pods start on the
+	// node as the new agent does, so that the old one is still serving
+	// what it took when the new one serves.
+	var after time.Duration
+	if w.s.chance(0.5) {
+		w.stats["agent rollouts in a storm"]++
+		// Pods of the node get new sandboxes (their ADDs release the
+		// earlier ones', in turns under the Lease) as new pods start.
+		for _, q := range w.pods_() {
+			if q.node == n.name && q.exists && w.s.chance(0.5) {
+				w.start(q, time.Duration(w.s.pick(80))*time.Millisecond)
+			}
+		}
+		w.stormOf(n, 4+w.s.pick(5), 80*time.Millisecond)
+		after = time.Duration(w.s.pick(40)) * time.Millisecond
+	}
+	w.s.spawn("daemonset rollout "+n.name, func(a *actor) {
+		a.sleep(after)
+		if old.dead && w.agents[n.name] != old {
+			return // the node went meanwhile, or a reboot replaced it
+		}
+		w.startAgent(a, n, pod, old)
+	})
+	w.s.spawn("daemonset rollout of "+n.name+" deletes the old pod", func(a *actor) {
+		// Ready: the current agent of the new pod serves, then a while.
+		a.waitFor(func() bool {
+			cur := w.agents[n.name]
+			return old.dead || cur == nil || cur != old && cur.serving && !cur.dead
+		})
+		a.sleep(time.Duration(w.s.pick(3000)) * time.Millisecond)
+		if !old.dead {
+			old.stop()
+		}
+	})
+}
+
+// stop is the agent's SIGTERM (its pod deleted): it declines from now on,
+// waits for the verbs it took, and for its Group to hand whereabouts' Lease
+// back (agent.Server.Stop), then exits; the DaemonSet does not start it
+// again.
+func (ag *agentProc) stop() {
+	w := ag.w
+	ag.stopping = true
+	w.tr.add("agent %d on %s stops (its pod deleted)", ag.serial, ag.node.name)
+	ag.spawn("stop", false, func(a *actor) {
+		a.waitFor(func() bool { return ag.verbs == 0 })
+		if err := ag.srv.Stop(context.Background()); err != nil {
+			w.tr.add("agent %d: stop: %v", ag.serial, err)
+		}
+		w.tr.add("agent %d on %s exits", ag.serial, ag.node.name)
+		w.stats["agent exits after a rollout"]++
+		ag.exit()
+		panic(goExit{})
+	})
+}
+
+// exit ends the agent's process as it exits: every actor of it ends, and
+// nothing starts it again.
+func (ag *agentProc) exit() {
+	w := ag.w
+	ag.dead, ag.serving = true, false
+	for _, x := range ag.actors {
+		if !x.done {
+			x.killed = true
+			if x.at.After(w.s.now) {
+				x.at = w.s.now
+			}
+		}
+	}
+	ag.actors = nil
+	for _, cur := range w.agentsOn(ag.node) {
+		if cur.prev == ag {
+			cur.prev = nil
+		}
 	}
 }
 
@@ -279,6 +434,9 @@ func (c agentClient) do(req wire.Request) client.Result {
 	if reason != "" {
 		return client.Result{Outcome: client.Fallback, Reason: "node agent declined: " + detail}
 	}
+	if ag.prev != nil || ag.stopping || w.agents[c.n.name] != ag {
+		w.stats["agent: verbs taken during a rollout"]++
+	}
 	// Go: the verb is the agent's now.
 	vctx, cancel := context.WithCancel(context.Background())
 	inv := &invocation{}
@@ -286,7 +444,9 @@ func (c agentClient) do(req wire.Request) client.Result {
 	if run != nil {
 		run.users++
 	}
+	ag.verbs++
 	ag.spawn(fmt.Sprintf("%s %s/%s", req.Command, req.Env[wire.EnvContainerID], req.Env[wire.EnvIfName]), false, func(x *actor) {
+		defer func() { ag.verbs-- }()
 		defer free()
 		if run != nil {
 			x.add = run

@@ -15,7 +15,7 @@ import (
 // (agent.Identity: harvester-ipam-agent/<node>/<instance>/<random>/, the
 // instance the pid here): another in every run, so the trace shows the
 // node's agents alike.
-var agentStart = regexp.MustCompile(`^(harvester-ipam-agent/[^/]*/)[^/]+/[0-9a-f]{8}/`)
+var agentStart = regexp.MustCompile(`^(harvester-ipam-agent/[^/]*/)[^/]+/[0-9a-f]{8}(/|$)`)
 
 // live are the attachments in use: the sandbox runs (each of its ADDs
 // returned), or is being stopped and its network namespace still holds the
@@ -77,6 +77,7 @@ func (w *world) checkLive() []string {
 		}
 		making[sb.pod.ref()] = sb.id
 	}
+	bad = append(bad, w.checkTurns()...)
 	live := w.live()
 	if len(live) == 0 {
 		return bad
@@ -107,6 +108,35 @@ func (w *world) checkLive() []string {
 		}
 	})
 	return bad
+}
+
+// checkTurns is the Lease's invariant: at most one holder inside a turn
+// under whereabouts' Lease at any instant, across whereabouts' binary, the
+// plugin's exec path, the reconcilers and every agent. A turn of a process
+// that was killed ended with it (nothing it still tries happens).
+func (w *world) checkTurns() []string {
+	var in []*leaseTurn
+	for _, t := range w.turns {
+		if t.a == nil || !t.a.killed && !t.a.done {
+			in = append(in, t)
+		}
+	}
+	if len(in) < 2 {
+		return nil
+	}
+	var bad []string
+	for _, t := range in[1:] {
+		bad = append(bad, fmt.Sprintf("two holders inside a turn under whereabouts' Lease at once: %s and %s", in[0], t))
+	}
+	return bad
+}
+
+func (t *leaseTurn) String() string {
+	who := "no actor"
+	if t.a != nil {
+		who = t.a.name
+	}
+	return fmt.Sprintf("%q (%s)", agentStart.ReplaceAllString(t.holder, "${1}AGENT/"), who)
 }
 
 // holds says whether p gives att's address to att's sandbox: whereabouts

@@ -49,6 +49,13 @@ type Options struct {
 	// before each of its requests, a twentieth of that); its informers'
 	// watches deliver late, break and list again (informer.go).
 	AgentCrashRate float64
+	// AgentGroups runs the agents as their main does: their requests share
+	// whereabouts' Lease through one shim.Group under the scheduler, held
+	// as the agent's start names itself; and the DaemonSet rolls them out,
+	// a new agent beside the old one (agent.go). Off: each request takes
+	// the Lease itself, and no rollout (the seeds found before play their
+	// stories so).
+	AgentGroups bool
 	// Dir holds the nodes' checkpoints ("" is a temporary dir).
 	Dir string
 	// sabotage frees live entries behind everyone's back: the checker's test.
@@ -60,12 +67,16 @@ type Options struct {
 	// podControllerFreesAll makes whereabouts' pod controller release every
 	// entry of the deleted pod's pools, not just the pod's: the checker's test.
 	podControllerFreesAll bool
+	// leaseDeletedByHand deletes whereabouts' Lease now and then while a
+	// holder is inside its turn, as an operator might: the next holder
+	// takes it meanwhile. The checker's test.
+	leaseDeletedByHand bool
 }
 
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
 	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true, Leftovers: true,
-		Agents: true, AgentCrashRate: 0.02}
+		Agents: true, AgentCrashRate: 0.02, AgentGroups: true}
 }
 
 // Result is one schedule's outcome.
@@ -113,6 +124,15 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	s.check = w.checkLive
 	if s.chance(0.5) {
 		s.usePCT(1+s.pick(3), 2000)
+	}
+	if o.Agents && o.AgentGroups {
+		// Half the schedules name every agent of a node alike, as the
+		// agents named themselves before each start had a name of its own
+		// (pid 1 in every container): shim's rule alone keeps them apart.
+		w.sameNames = s.chance(0.5)
+		if w.sameNames {
+			tr.add("every agent of a node holds whereabouts' Lease under one name")
+		}
 	}
 	defer func() { res.Trace, res.State = tr.String(), w.describe() }()
 
@@ -219,7 +239,9 @@ func (w *world) startAgents() {
 			continue
 		}
 		w.agents[n.name] = nil
-		w.s.spawn("daemonset "+n.name, func(a *actor) { w.startAgent(a, n) })
+		w.agentPods++
+		pod := fmt.Sprintf("pod-%d", w.agentPods)
+		w.s.spawn("daemonset "+n.name, func(a *actor) { w.startAgent(a, n, pod, nil) })
 	}
 }
 
@@ -279,7 +301,18 @@ func (w *world) randomPod() *pod {
 // event is one thing happening in the world.
 func (w *world) event(a *actor) {
 	p := w.randomPod()
-	switch r := w.s.pick(100); {
+	// With AgentGroups, 4 in 104 events are a rollout of the agents (the
+	// others as before, each a little rarer).
+	span := 100
+	if w.o.Agents && w.o.AgentGroups {
+		span = 104
+	}
+	switch r := w.s.pick(span); {
+	case r >= 100: // the agents' DaemonSet rolls out on a node
+		n := w.nodes[w.s.pick(len(w.nodes))]
+		if n.exists {
+			w.rollout(n)
+		}
 	case r < 25: // the kubelet starts a sandbox (and kills the one it replaces)
 		// Not while a sandbox of the pod is being stopped: the kubelet makes
 		// no new sandbox until the old one's StopPodSandbox (its DELs)
@@ -308,7 +341,7 @@ func (w *world) event(a *actor) {
 		if w.o.Agents {
 			back = time.Duration(1000+w.s.pick(1000)) * time.Millisecond
 		}
-		if ag := w.agents[n.name]; ag != nil {
+		for _, ag := range w.agentsOn(n) {
 			ag.kill("by the reboot", back)
 		}
 		if w.o.Agents {
@@ -365,7 +398,7 @@ func (w *world) event(a *actor) {
 		if n.exists && w.liveNodes() > 1 {
 			w.tr.add("node %s removed", n.name)
 			n.exists = false
-			if ag := w.agents[n.name]; ag != nil {
+			for _, ag := range w.agentsOn(n) {
 				ag.kill("with its node", 0)
 			}
 			for _, q := range w.pods_() {
@@ -449,14 +482,18 @@ func (w *world) event(a *actor) {
 // so that its allocator commits them together. They are deleted again, each
 // stopped with its DELs, a while later.
 func (w *world) storm(n *node) {
-	k := 2 + w.s.pick(2)
+	w.stormOf(n, 2+w.s.pick(2), 3*time.Millisecond)
+}
+
+// stormOf is a storm of k pods on n, their sandboxes started within spread.
+func (w *world) stormOf(n *node, k int, spread time.Duration) {
 	w.tr.add("%d new pods on %s at once", k, n.name)
 	var ps []*pod
 	for i := 0; i < k; i++ {
 		w.storms++
 		p := w.newPod(fmt.Sprintf("share-manager-s%d", w.storms), n.name)
 		p.nets = map[string]*network{"lhnet1": w.successor(w.nets[0])}
-		w.start(p, time.Duration(w.s.pick(3))*time.Millisecond)
+		w.start(p, time.Duration(w.s.pick(int(spread/time.Millisecond)))*time.Millisecond)
 		ps = append(ps, p)
 	}
 	w.s.spawn("storm", func(a *actor) {

@@ -185,6 +185,13 @@ type world struct {
 	// (see agent.go); a node without an agent has none.
 	agents    map[string]*agentProc
 	agentRuns int
+	// agentPods counts the agents' pods (a container restarted after a
+	// kill keeps its pod); sameNames: every agent of a node holds
+	// whereabouts' Lease under one name (AgentGroups).
+	agentPods int
+	sameNames bool
+	// turns are the turns under whereabouts' Lease under way (checkTurns).
+	turns []*leaseTurn
 	// storms counts the pods storms made.
 	storms int
 	// feed is every change of the pools and reservations, by resource, in
@@ -330,6 +337,15 @@ func (w *world) request(c *fake.Call) error {
 			return c.Ctx.Err()
 		}
 		c.LoseResponse = true
+	}
+	if c.Resource == fake.Leases && c.Verb == "get" {
+		if l := w.api.Lease(poolNS, names.Lease); l != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			w.stats["lease: looked at while another holds it"]++
+		}
+	}
+	if w.o.leaseDeletedByHand && w.inTurn(a) && w.s.chance(0.5) {
+		w.tr.add("SABOTAGE: whereabouts' Lease deleted by hand")
+		w.api.Remove(fake.Leases, poolNS, names.Lease)
 	}
 	if a.whereabouts != nil && c.Verb == "delete" && c.Resource == fake.Reservations {
 		w.whereaboutsDeletes(a.whereabouts, c.Name)
@@ -526,7 +542,46 @@ func (c cluster) NADs(context.Context) ([]reconcile.NAD, error) {
 // options are a simulated process's store options: the simulated clock and
 // random source, and no real-time timeout that could fire.
 func (w *world) options(identity string) shim.Options {
-	return shim.Options{CallTimeout: time.Hour, Clock: clock{w.s}, Random: w.s.rng.Float64, Identity: identity}
+	return shim.Options{CallTimeout: time.Hour, Clock: clock{w.s}, Random: w.s.rng.Float64, Identity: identity, Turn: w.turn}
+}
+
+// leaseTurn is a turn under whereabouts' Lease: of which holder, run by
+// which actor (a Group's by its hold's).
+type leaseTurn struct {
+	holder string
+	a      *actor
+}
+
+// inTurn says whether a runs a turn under whereabouts' Lease.
+func (w *world) inTurn(a *actor) bool {
+	for _, t := range w.turns {
+		if t.a == a {
+			return true
+		}
+	}
+	return false
+}
+
+// turn is shim.Options.Turn for every process of the world: whereabouts'
+// binary (shim/fake, under its own identity), the plugin's exec path, the
+// reconciler and each agent (its Group's turns). A turn ends when it
+// returns, or when the process running it is killed.
+func (w *world) turn(holder string) func() {
+	t := &leaseTurn{holder: holder, a: w.s.cur}
+	w.turns = append(w.turns, t)
+	w.s.dirty = true
+	w.stats["lease turns"]++
+	if w.s.cur != nil && w.s.cur.proc != nil {
+		w.stats["lease turns of agents"]++
+	}
+	return func() {
+		for i, u := range w.turns {
+			if u == t {
+				w.turns = append(w.turns[:i], w.turns[i+1:]...)
+				return
+			}
+		}
+	}
 }
 
 // store is the store a simulated process uses.
