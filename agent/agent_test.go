@@ -1160,3 +1160,23 @@ func TestAnAgentWhoseCopyDoesNotFollowDeclines(t *testing.T) {
 	res = r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 	assert.Equal(t, client.Served, res.Outcome, res.Reason)
 }
+
+// A full range's explanation, when the agent serves the ADD, never lists
+// pods with whereabouts' kubeconfig (its token is bound to whereabouts'
+// pod, and the agent reads only its namespace): it says the pods were not
+// checked, and the rest of the explanation stands.
+func TestAFullRangeIsExplainedWithoutWhereaboutsCredentials(t *testing.T) {
+	r := newRig(t, fake.NewPool("192.168.50.0-30", "192.168.50.0/30", map[string]alloc{
+		"1": {ContainerID: "x1", PodRef: "longhorn-system/gone-a", IfName: "lhnet1"},
+		"2": {ContainerID: "x2", PodRef: "longhorn-system/gone-b", IfName: "lhnet1"},
+	}))
+	r.srv.o.Allocator = allocpkg.Delegate{Allocator: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
+	config := []byte(fmt.Sprintf(`{"cniVersion":"0.3.1","name":"storagenetwork","type":"bridge","bridge":"mgmt-br",
+		"ipam":{"type":"whereabouts","range":"192.168.50.0/30","configuration_path":%q,"harvester_ipam":{"checkpoint_dir":%q}}}`, r.flat, r.cpDir))
+	res := r.do(wire.Add, env("c1", "lhnet1"), config)
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	require.NotNil(t, res.Answer.Error)
+	assert.Contains(t, res.Answer.Error.Msg, "holds 2 entries")
+	assert.Contains(t, res.Answer.Error.Msg, "pods not checked from the node agent")
+	assert.NotContains(t, res.Answer.Error.Msg, "127.0.0.1:1", "no request with whereabouts' kubeconfig")
+}

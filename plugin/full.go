@@ -141,6 +141,14 @@ func (p *Plugin) explainPool(ctx context.Context, ns string, pool *shim.Pool, ku
 // gonePods lists the pods of the namespaces the entries name (the busiest
 // first, a few at most) and returns the podrefs that are gone or finished
 // (Succeeded, Failed), sorted; note says what could not be checked.
+// ErrPodsNotListed is what a Pods lister that lists nothing says: a node
+// agent's, which holds no credentials for pods and never uses whereabouts'
+// (NoPods).
+var ErrPodsNotListed = errors.New("pods are not listed here")
+
+// NoPods is a Pods lister that lists none (ErrPodsNotListed).
+func NoPods(context.Context, string, string) ([]Pod, error) { return nil, ErrPodsNotListed }
+
 func (p *Plugin) gonePods(ctx context.Context, kubeconfig string, byPod map[string][]shim.IPAllocation) (gone []string, note string) {
 	perNS := map[string]int{}
 	for ref, as := range byPod {
@@ -175,6 +183,10 @@ func (p *Plugin) gonePods(ctx context.Context, kubeconfig string, byPod map[stri
 			break
 		}
 		pods, err := list(ctx, kubeconfig, ns)
+		if errors.Is(err, ErrPodsNotListed) {
+			notes = append(notes, "pods not checked from the node agent (it lists none with whereabouts' credentials; `"+ReconcilerCommand+" inspect` checks them)")
+			break
+		}
 		if err != nil {
 			notes = append(notes, fmt.Sprintf("could not check pods in %s (%v)", ns, err))
 			continue
