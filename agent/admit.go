@@ -167,6 +167,16 @@ func (s *Server) admitByCheckpoint(j *Job) string {
 	case !s.serves(rec.Namespace):
 		return fmt.Sprintf("the checkpoint names pool namespace %s, not served here", rec.Namespace)
 	}
+	// The verb's store is made from the kubeconfig the checkpoint names.
+	if rec.Kubeconfig != "" {
+		ns, err := s.namespaceOf(rec.Kubeconfig)
+		if err != nil {
+			return fmt.Sprintf("the checkpoint's kubeconfig: %s", errText(err))
+		}
+		if !s.serves(ns) {
+			return fmt.Sprintf("the checkpoint's kubeconfig %s names pool namespace %s, not served here", rec.Kubeconfig, ns)
+		}
+	}
 	return ""
 }
 

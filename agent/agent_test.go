@@ -1180,3 +1180,32 @@ func TestAFullRangeIsExplainedWithoutWhereaboutsCredentials(t *testing.T) {
 	assert.Contains(t, res.Answer.Error.Msg, "pods not checked from the node agent")
 	assert.NotContains(t, res.Answer.Error.Msg, "127.0.0.1:1", "no request with whereabouts' kubeconfig")
 }
+
+// A DEL admitted by its checkpoint (its config no longer reads) is checked
+// for what the verb will read: the checkpoint's pool namespace, and the
+// namespace of the kubeconfig it names. A kubeconfig that now names a
+// namespace the agent does not serve is the plugin's DEL, declined at
+// admission, never a failed DEL of the agent's.
+func TestADelByItsCheckpointIsCheckedForItsKubeconfigsNamespace(t *testing.T) {
+	r := newRig(t)
+	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	rec, ok, err := checkpoint.Dir(r.cpDir).Read("c1", "lhnet1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	// whereabouts' kubeconfig rewritten for another namespace since.
+	require.NoError(t, os.WriteFile(rec.Kubeconfig, []byte(strings.Replace(mustRead(t, rec.Kubeconfig), "namespace: kube-system", "namespace: elsewhere", 1)), 0o600))
+
+	cfg := `{"cniVersion":"0.3.1","name":"storagenetwork","type":"bridge","ipam":{"harvester_ipam":{"checkpoint_dir":"` + r.cpDir + `"}}}`
+	res = r.do(wire.Del, env("c1", "lhnet1"), []byte(cfg))
+	assert.Equal(t, client.Fallback, res.Outcome, "the plugin's DEL, not a failed one of the agent's")
+	assert.Contains(t, res.Reason, "elsewhere")
+	assert.Len(t, r.pool(), 1, "nothing released by the agent")
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}
