@@ -711,3 +711,61 @@ func TestAGiveUpRemovesOnlyTheMembersOwnEntry(t *testing.T) {
 		"2": {ContainerID: "c1", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
 	}, api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "the entry written for another container since stays")
 }
+
+// Two sandboxes of one pod in one group (which the kubelet never makes; a
+// lost ADD and the runtime's retry may): the second would take over the
+// entry the first adds, so it waits for the next round, where the first's
+// entry is an earlier sandbox's. Each is answered, one with an address, the
+// other with an error; neither is left waiting.
+func TestAMemberThatWouldTakeOverAnotherMembersEntryIsAnswered(t *testing.T) {
+	api := fake.New()
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	var mu sync.Mutex
+	var first func()
+	a := alloc.New(alloc.Options{Go: func(f func()) {
+		mu.Lock()
+		defer mu.Unlock()
+		if first == nil {
+			first = f // the queue's worker: started once both wait
+			return
+		}
+		go f()
+	}})
+	type answer struct {
+		ips []net.IPNet
+		err error
+	}
+	answers := make(chan answer, 2)
+	for _, id := range []string{"c1", "c2"} {
+		go func() {
+			ips, err := a.Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), id))
+			answers <- answer{ips, err}
+		}()
+	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return first != nil }, 10*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the second joins the queue
+	mu.Lock()
+	go first()
+	mu.Unlock()
+	var got []answer
+	for range 2 {
+		select {
+		case ans := <-answers:
+			got = append(got, ans)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a member was answered with neither an address nor an error (answers so far: %v)", got)
+		}
+	}
+	served, failed := 0, 0
+	for _, ans := range got {
+		if ans.err == nil {
+			served++
+			assert.Equal(t, "10.0.0.1", ans.ips[0].IP.String())
+		} else {
+			failed++
+			assert.ErrorIs(t, ans.err, shim.ErrEarlierSandbox)
+		}
+	}
+	assert.Equal(t, 1, served)
+	assert.Equal(t, 1, failed)
+}
