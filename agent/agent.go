@@ -553,9 +553,10 @@ func (s *Server) Run(ctx context.Context, j *Job) (ans wire.Answer) {
 		NodeConfig: s.o.NodeConfig,
 		// The log file is the host's: the client appends the lines.
 		LogFile: logs.to(stderr),
-		// Whereabouts' kubeconfig is read for its namespace only; its
-		// token is bound to whereabouts' pod.
-		Pods: plugin.NoPods,
+		// Whereabouts' kubeconfig is read for its namespace only (its
+		// token is bound to whereabouts' pod): the client, on the host,
+		// explains a full range.
+		ExplainedByClient: true,
 	}
 	defer func() { ans.LogFile, ans.Log = logs.file, logs.Bytes() }()
 	if s.o.Exec != nil {

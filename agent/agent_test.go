@@ -1163,8 +1163,9 @@ func TestAnAgentWhoseCopyDoesNotFollowDeclines(t *testing.T) {
 
 // A full range's explanation, when the agent serves the ADD, never lists
 // pods with whereabouts' kubeconfig (its token is bound to whereabouts'
-// pod, and the agent reads only its namespace): it says the pods were not
-// checked, and the rest of the explanation stands.
+// pod, and the agent reads only its namespace): the agent answers
+// whereabouts' error, and the plugin on the host explains it
+// (plugin's TestAFullRangeTheAgentAnswersIsExplainedHere).
 func TestAFullRangeIsExplainedWithoutWhereaboutsCredentials(t *testing.T) {
 	r := newRig(t, fake.NewPool("192.168.50.0-30", "192.168.50.0/30", map[string]alloc{
 		"1": {ContainerID: "x1", PodRef: "longhorn-system/gone-a", IfName: "lhnet1"},
@@ -1176,8 +1177,8 @@ func TestAFullRangeIsExplainedWithoutWhereaboutsCredentials(t *testing.T) {
 	res := r.do(wire.Add, env("c1", "lhnet1"), config)
 	require.Equal(t, client.Served, res.Outcome, res.Reason)
 	require.NotNil(t, res.Answer.Error)
-	assert.Contains(t, res.Answer.Error.Msg, "holds 2 entries")
-	assert.Contains(t, res.Answer.Error.Msg, "pods not checked from the node agent")
+	assert.Contains(t, res.Answer.Error.Msg, "Could not allocate IP in range", "whereabouts' own error")
+	assert.NotContains(t, res.Answer.Error.Msg, "holds 2 entries", "the client, on the host, explains it")
 	assert.NotContains(t, res.Answer.Error.Msg, "127.0.0.1:1", "no request with whereabouts' kubeconfig")
 }
 

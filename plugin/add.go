@@ -123,7 +123,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	}
 	if err != nil {
 		derr := delegateError(cfg.Options.Delegate, "ADD", err)
-		if ce, ok := derr.(*cnitypes.Error); ok && strings.Contains(err.Error(), rangeFull) {
+		if ce, ok := derr.(*cnitypes.Error); ok && strings.Contains(err.Error(), rangeFull) && !p.ExplainedByClient {
 			// The message people see in the pod's events: say why it is full.
 			facts, hint := p.explainFull(store, cfg)
 			ce.Msg += ": " + facts

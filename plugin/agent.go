@@ -38,6 +38,11 @@ func (p *Plugin) through(command string) func(*skel.CmdArgs) error {
 		res := p.Agent.Do(ctx, requestOf(command, args))
 		cancel()
 		if res.Outcome == client.Served {
+			if command == wire.Add && res.Answer.Error != nil {
+				e := &cnitypes.Error{Code: res.Answer.Error.Code, Msg: res.Answer.Error.Msg, Details: res.Answer.Error.Details}
+				p.explainServed(args, e)
+				res.Answer.Error.Msg, res.Answer.Error.Details = e.Msg, e.Details
+			}
 			return p.answer(res.Answer)
 		}
 		here := *p

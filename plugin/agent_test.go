@@ -386,3 +386,22 @@ func (a *allocatorStub) Add(_ context.Context, _ *shim.Store, cfg *conf.Config, 
 	ipn.IP = ip
 	return &current.Result{CNIVersion: current.ImplementedSpecVersion, IPs: []*current.IPConfig{{Address: *ipn}}}, nil
 }
+
+// A node agent answers a full range with whereabouts' error alone (it lists
+// no pods with whereabouts' kubeconfig); the plugin, on the host, adds the
+// explanation its own ADD gives, gone pods named, as the exec path would.
+func TestAFullRangeTheAgentAnswersIsExplainedHere(t *testing.T) {
+	r := newRig(t, ipamPool(map[string]alloc{}))
+	r.fillPool(t)
+	r.p.Pods = func(context.Context, string, string) ([]Pod, error) { return nil, nil } // every pod gone
+	stub := &agentStub{serve: func(req wire.Request, _ net.Conn) *wire.Answer {
+		a := wire.NewAnswer(nil, nil, &wire.Error{Code: 999, Msg: "whereabouts ADD: error at storage engine: Could not allocate IP in range: ip: 192.168.50.1 / - 192.168.50.254 / range: 192.168.50.0/24 / excludeRanges: []"})
+		return &a
+	}}
+	r.p.Agent = stub.start(t)
+	err := through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
+	assert.Equal(t, uint(999), cniCode(t, err))
+	assert.Contains(t, err.Error(), "whereabouts ADD: error at storage engine: Could not allocate IP in range")
+	assert.Contains(t, err.Error(), "pool kube-system/192.168.50.0-24 (192.168.50.0/24) holds 256 entries")
+	assert.Contains(t, err.Error(), "gone or finished")
+}

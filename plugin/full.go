@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
+	cnitypes "github.com/containernetworking/cni/pkg/types"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -66,6 +68,31 @@ func (p *Plugin) explainFull(store *shim.Store, cfg *conf.Config) (facts, hint s
 		ReconcilerCommand + " --grace 0 --dry-run` (to see), then the same without --dry-run (the chart's DaemonSet is " +
 		"harvester-ipam in kube-system unless it was installed under another name); if none is stale, widen the range"
 	return strings.Join(parts, "; "), hint
+}
+
+// explainServed adds to a node agent's answer that a range is full (its
+// ADD's error) the explanation the plugin's own ADD gives: the agent gives
+// none, since it lists no pods with whereabouts' kubeconfig (its token is
+// bound to whereabouts' pod), and here, on the host, the plugin runs as
+// whereabouts would.
+func (p *Plugin) explainServed(args *skel.CmdArgs, e *cnitypes.Error) {
+	if e == nil || !strings.Contains(e.Msg, rangeFull) {
+		return
+	}
+	cfg, err := p.loadForAttachment(args)
+	if err != nil || len(cfg.Pools) == 0 {
+		return
+	}
+	store, err := p.store(cfg.Kubeconfig())
+	if err != nil {
+		return
+	}
+	facts, hint := p.explainFull(store, cfg)
+	e.Msg += ": " + facts
+	e.Details = strings.TrimSuffix(hint+"; "+e.Details, "; ")
+	log := p.logger(cfg, "ADD", args.ContainerID)
+	defer log.close()
+	log.Errorf("%s", e.Msg)
 }
 
 func (p *Plugin) explainPool(ctx context.Context, ns string, pool *shim.Pool, kubeconfig string) string {
@@ -141,14 +168,6 @@ func (p *Plugin) explainPool(ctx context.Context, ns string, pool *shim.Pool, ku
 // gonePods lists the pods of the namespaces the entries name (the busiest
 // first, a few at most) and returns the podrefs that are gone or finished
 // (Succeeded, Failed), sorted; note says what could not be checked.
-// ErrPodsNotListed is what a Pods lister that lists nothing says: a node
-// agent's, which holds no credentials for pods and never uses whereabouts'
-// (NoPods).
-var ErrPodsNotListed = errors.New("pods are not listed here")
-
-// NoPods is a Pods lister that lists none (ErrPodsNotListed).
-func NoPods(context.Context, string, string) ([]Pod, error) { return nil, ErrPodsNotListed }
-
 func (p *Plugin) gonePods(ctx context.Context, kubeconfig string, byPod map[string][]shim.IPAllocation) (gone []string, note string) {
 	perNS := map[string]int{}
 	for ref, as := range byPod {
@@ -183,10 +202,6 @@ func (p *Plugin) gonePods(ctx context.Context, kubeconfig string, byPod map[stri
 			break
 		}
 		pods, err := list(ctx, kubeconfig, ns)
-		if errors.Is(err, ErrPodsNotListed) {
-			notes = append(notes, "pods not checked from the node agent (it lists none with whereabouts' credentials; `"+ReconcilerCommand+" inspect` checks them)")
-			break
-		}
 		if err != nil {
 			notes = append(notes, fmt.Sprintf("could not check pods in %s (%v)", ns, err))
 			continue

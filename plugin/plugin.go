@@ -43,6 +43,10 @@ type Plugin struct {
 	// Pods lists a namespace's pods with a kubeconfig, only to explain a
 	// full range; nil lists them from the API server the kubeconfig names.
 	Pods func(ctx context.Context, kubeconfig, namespace string) ([]Pod, error)
+	// ExplainedByClient leaves a full range's explanation to the plugin
+	// that offered the verb (a node agent, which lists no pods with
+	// whereabouts' kubeconfig): the plugin adds it to the answer.
+	ExplainedByClient bool
 	// Sleep pauses between reads of a kubeconfig that looks half-written
 	// (whereabouts rewrites it in place); nil is time.Sleep.
 	Sleep func(time.Duration)
