@@ -144,35 +144,17 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 	// The addresses this attachment recorded, and those the sandbox's other
 	// attachments to each pool did: an entry without an ifname is this
 	// one's only at an address of none of them.
-	recs, errs := checkpoint.Dir(cfg.Options.CheckpointDir).OfContainer(args.ContainerID)
+	sib, own, errs := readSiblings(checkpoint.Dir(cfg.Options.CheckpointDir), args.ContainerID, args.IfName)
 	for _, err := range errs {
 		log.Errorf("ignoring unreadable checkpoint: %v", err)
 	}
 	var recorded []net.IP
-	others := map[string][]net.IP{}
-	unsure := map[string]bool{}
-	for _, rec := range recs {
-		if rec.IfName == args.IfName {
-			recorded = append(recorded, parseIPs(rec.IPs)...)
-			continue
-		}
-		for _, pl := range rec.Pools {
-			if rec.Namespace != store.Namespace() {
-				continue
-			}
-			if len(rec.IPs) == 0 {
-				unsure[pl.Name] = true
-			}
-			others[pl.Name] = append(others[pl.Name], parseIPs(rec.IPs)...)
-		}
-	}
-	if len(errs) > 0 {
-		for _, pool := range cfg.Pools {
-			unsure[pool.Name] = true
-		}
+	for _, rec := range own {
+		recorded = append(recorded, parseIPs(rec.IPs)...)
 	}
 	for _, pool := range cfg.Pools {
-		pick := shim.LostAttachment(args.ContainerID, args.IfName, recorded, others[pool.Name], unsure[pool.Name])
+		ns := store.Namespace()
+		pick := shim.LostAttachment(args.ContainerID, args.IfName, recorded, sib.of(ns, pool.Name), sib.unsureOf(ns, pool.Name))
 		plan, err := store.Plan(ctx, pool.Name, cfg.IPAM.NetworkName, pick)
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", store.Namespace(), pool.Name), err)

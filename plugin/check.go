@@ -61,7 +61,7 @@ func (p *Plugin) check(ctx context.Context, args *skel.CmdArgs) error {
 			return storeError("read pool "+pl.Name, err)
 		}
 		mine := map[string]bool{}
-		for _, off := range shim.Attachment(args.ContainerID, args.IfName, prevIPs(prev))(pool) {
+		for _, off := range shim.Attachment(args.ContainerID, args.IfName, prevIPs(prev), nil)(pool) {
 			mine[off] = true
 		}
 		held := map[string]shim.Allocation{} // by address

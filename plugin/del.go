@@ -107,11 +107,12 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 			add(poolRef{rec.Namespace, pl.Name, rec.NetworkName})
 		}
 	}
-	var recorded []net.IP
-	for _, s := range rec.IPs {
-		if ip, _, err := net.ParseCIDR(s); err == nil {
-			recorded = append(recorded, ip)
-		}
+	recorded := parseIPs(rec.IPs)
+	// What the sandbox's other attachments recorded: an entry without an
+	// ifname at an address one of them recorded too is not told to be ours.
+	sib, _, errs := readSiblings(cp, args.ContainerID, args.IfName)
+	for _, err := range errs {
+		log.Errorf("ignoring unreadable checkpoint: %v", err)
 	}
 
 	// Look first: a store that does not answer fails DEL at once, and an
@@ -131,11 +132,11 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 		// attachment's entries (the release's writes check them again); one
 		// that shows none is read fresh: nothing to release is never
 		// decided from a copy.
-		pool, onCopy, err := store.In(pr.namespace).Look(ctx, pr.name, shim.Attachment(args.ContainerID, args.IfName, recorded))
+		pool, onCopy, err := store.In(pr.namespace).Look(ctx, pr.name, shim.Attachment(args.ContainerID, args.IfName, recorded, sib.of(pr.namespace, pr.name)))
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 		}
-		plan, ambiguous, err := planAttachment(pool, pr, args, recorded)
+		plan, ambiguous, err := planAttachment(pool, pr, args, recorded, sib.of(pr.namespace, pr.name))
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 		}
@@ -183,7 +184,7 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", plan.namespace, plan.Pool), err)
 		}
-		again, ambiguous, err := planAttachment(pool, plan.ref, args, recorded)
+		again, ambiguous, err := planAttachment(pool, plan.ref, args, recorded, sib.of(plan.namespace, plan.Pool))
 		if err != nil {
 			return storeError(fmt.Sprintf("read pool %s/%s", plan.namespace, plan.Pool), err)
 		}
@@ -212,11 +213,11 @@ type nsPlan struct {
 // planAttachment plans the release of what the attachment holds in pool (nil:
 // nothing), and says whether the pool holds an entry of the container without
 // an ifname that no record says is this attachment's.
-func planAttachment(pool *shim.Pool, pr poolRef, args *skel.CmdArgs, recorded []net.IP) (nsPlan, bool, error) {
+func planAttachment(pool *shim.Pool, pr poolRef, args *skel.CmdArgs, recorded, siblings []net.IP) (nsPlan, bool, error) {
 	if pool == nil {
 		return withNamespace(shim.Plan{Pool: pr.name, Network: pr.network}, pr.namespace), false, nil
 	}
-	found := shim.FindAttachment(pool, args.ContainerID, args.IfName, recorded)
+	found := shim.FindAttachment(pool, args.ContainerID, args.IfName, recorded, siblings)
 	plan, err := shim.PlanOf(pool, pr.network, shim.Exactly(entriesAt(pool, found.Offsets)))
 	return withNamespace(plan, pr.namespace), found.Ambiguous, err
 }

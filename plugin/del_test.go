@@ -127,6 +127,25 @@ func TestDel(t *testing.T) {
 		want:      map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a"}, "4": b1},
 		wantORIPs: []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"},
 	}, {
+		// lhnet2's ADD chose .2 on a stale copy, recorded it and never
+		// wrote it (the node agent killed before its patch); the pool gave
+		// .2 to lhnet1 since, which recorded it too. Whose the entry is,
+		// nothing tells: left, for the sandbox's last DEL.
+		name: "an address recorded by two attachments without ifnames (v0.7.0): left", wb: fake.V070,
+		objs: []any{ipamPool(map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a"}, "4": b1}),
+			fake.NewReservation("192.168.50.2", "longhorn-system/im-a"), fake.NewReservation("192.168.50.4", "longhorn-system/im-b")},
+		id: "c", ifname: "lhnet2",
+		prepare: func(t *testing.T, r *rig) {
+			for _, ifn := range []string{"lhnet1", "lhnet2"} {
+				require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "c", IfName: ifn, Network: "storagenetwork", PodRef: "longhorn-system/im-a",
+					Kubeconfig: r.kubeconfig(), Namespace: "kube-system", Pools: []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, IPs: []string{"192.168.50.2/24"}}))
+			}
+		},
+		stdin:     func(r *rig) []byte { return r.config("0.3.1", "") },
+		want:      map[string]alloc{"2": {ContainerID: "c", PodRef: "longhorn-system/im-a"}, "4": b1},
+		wantORIPs: []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"},
+		log:       "holds an entry of container c without an ifname that no checkpoint records as lhnet2's: left it",
+	}, {
 		name: "one of two attachments without ifnames and nothing recorded: none released, and it says so", wb: fake.V070,
 		objs: twoAttachments(false), id: "c", ifname: "lhnet2",
 		stdin: func(r *rig) []byte { return r.config("0.3.1", "") },

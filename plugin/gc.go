@@ -3,7 +3,6 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -60,7 +59,7 @@ func (p *Plugin) gc(ctx context.Context, args *skel.CmdArgs) error {
 		if !ofNetwork(rec, cfg, store.Namespace()) || valid[cnitypes.GCAttachment{ContainerID: rec.ContainerID, IfName: rec.IfName}] {
 			continue
 		}
-		if err := p.collect(ctx, store, rec, log); err != nil {
+		if err := p.collect(ctx, store, cp, rec, log); err != nil {
 			failures = append(failures, fmt.Sprintf("%s/%s: %v", rec.ContainerID, rec.IfName, err))
 			continue
 		}
@@ -96,15 +95,14 @@ func ofNetwork(rec checkpoint.Record, cfg *conf.Config, namespace string) bool {
 }
 
 // collect releases one recorded attachment from each of its pools.
-func (p *Plugin) collect(ctx context.Context, store *shim.Store, rec checkpoint.Record, log *logger) error {
-	var recorded []net.IP
-	for _, s := range rec.IPs {
-		if ip, _, err := net.ParseCIDR(s); err == nil {
-			recorded = append(recorded, ip)
-		}
+func (p *Plugin) collect(ctx context.Context, store *shim.Store, cp checkpoint.Dir, rec checkpoint.Record, log *logger) error {
+	recorded := parseIPs(rec.IPs)
+	sib, _, errs := readSiblings(cp, rec.ContainerID, rec.IfName)
+	for _, err := range errs {
+		log.Errorf("ignoring unreadable checkpoint: %v", err)
 	}
 	for _, pl := range rec.Pools {
-		plan, err := store.Plan(ctx, pl.Name, rec.NetworkName, shim.Attachment(rec.ContainerID, rec.IfName, recorded))
+		plan, err := store.Plan(ctx, pl.Name, rec.NetworkName, shim.Attachment(rec.ContainerID, rec.IfName, recorded, sib.of(rec.Namespace, pl.Name)))
 		if err != nil {
 			return err
 		}

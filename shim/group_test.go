@@ -272,9 +272,9 @@ func TestAGroupsRemovalsKeepWhatChangedHands(t *testing.T) {
 	g := &shim.Group{}
 	s := groupStore(api, c, g)
 	ctx := context.Background()
-	planA, err := s.Plan(ctx, storage, "", shim.Attachment("old1", "lhnet1", nil))
+	planA, err := s.Plan(ctx, storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
-	planB, err := s.Plan(ctx, storage, "", shim.Attachment("old2", "", nil))
+	planB, err := s.Plan(ctx, storage, "", shim.Attachment("old2", "", nil, nil))
 	require.NoError(t, err)
 	// Offset 4 changes hands after both plans were made.
 	p := api.Pool(ns, storage)

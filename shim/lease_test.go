@@ -250,7 +250,7 @@ func TestReservationsAreReleasedUnderWhereaboutsLease(t *testing.T) {
 		}
 		return nil
 	}
-	_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+	_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	assert.Len(t, deleted, 2)
 	assert.Equal(t, []string{"harvester-ipam/test", "harvester-ipam/test"}, holders)
 	l := api.Lease(ns, names.Lease)
@@ -294,7 +294,7 @@ func TestTheLeaseProtocol(t *testing.T) {
 				}
 				return nil
 			}
-			_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+			_, deleted := release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 			assert.Len(t, deleted, 2)
 			waited := c.now.Sub(start)
 			assert.GreaterOrEqual(t, waited, tt.wantWait)
@@ -456,7 +456,7 @@ func TestAReservationThatKeepsChangingIsGivenUp(t *testing.T) {
 		}
 		return nil
 	}
-	plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+	plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
 	_, err = s.ReleaseReservations(context.Background(), plan)
 	require.Error(t, err)
@@ -558,7 +558,7 @@ func TestAReservationIsDeletedOnlyAsItWasRead(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s, api, _ := newStore(storageNetwork()...)
-			plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+			plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 			require.NoError(t, err)
 			once := false
 			api.Hook = func(c *fake.Call) error {

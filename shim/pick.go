@@ -53,12 +53,16 @@ type Found struct {
 // FindAttachment finds the entries of the attachment (containerID, ifName)
 // in p: the container's entries that name the ifname, and those without an
 // ifname (whereabouts before v0.8 writes none) at the addresses a checkpoint
-// recorded at ADD (ips). An entry naming another ifname is another
+// recorded at ADD (ips) and no other attachment of the container to p
+// recorded (siblings). An entry naming another ifname is another
 // interface's; an entry without an ifname at no recorded address cannot be
 // told apart from another interface's (a sandbox may attach twice to one
-// pool, and a DEL may come again after the first released its own): it is
-// never picked, and Ambiguous says that one is there.
-func FindAttachment(p *Pool, containerID, ifName string, ips []net.IP) Found {
+// pool, and a DEL may come again after the first released its own), nor can
+// one at an address both recorded (an address is recorded before it is
+// written, and one chosen on a stale copy and never written may be the
+// address the pool gave the sibling since): neither is picked, and
+// Ambiguous says that one is there.
+func FindAttachment(p *Pool, containerID, ifName string, ips, siblings []net.IP) Found {
 	var f Found
 	if containerID == "" {
 		return f
@@ -80,9 +84,14 @@ func FindAttachment(p *Pool, containerID, ifName string, ips []net.IP) Found {
 		case a.IfName != "":
 			// another interface of the sandbox
 		case first != nil && len(ips) > 0:
-			if atOneOf(first, off, ips) {
+			switch {
+			case !atOneOf(first, off, ips):
+				// at an address the attachment did not get: another interface's
+			case atOneOf(first, off, siblings):
+				f.Ambiguous = true
+			default:
 				mine = append(mine, off)
-			} // else: at an address the attachment did not get: another interface's
+			}
 		default:
 			f.Ambiguous = true
 		}
@@ -117,7 +126,7 @@ func containsIP(ips []net.IP, ip net.IP) bool {
 // those entries are left, as FindAttachment leaves them.
 func LostAttachment(containerID, ifName string, ips, others []net.IP, unsure bool) Picker {
 	return func(p *Pool) []string {
-		f := FindAttachment(p, containerID, ifName, ips)
+		f := FindAttachment(p, containerID, ifName, ips, others)
 		if !f.Ambiguous || unsure {
 			return f.Offsets
 		}
@@ -137,8 +146,8 @@ func LostAttachment(containerID, ifName string, ips, others []net.IP, unsure boo
 }
 
 // Attachment picks what FindAttachment finds.
-func Attachment(containerID, ifName string, ips []net.IP) Picker {
-	return func(p *Pool) []string { return FindAttachment(p, containerID, ifName, ips).Offsets }
+func Attachment(containerID, ifName string, ips, siblings []net.IP) Picker {
+	return func(p *Pool) []string { return FindAttachment(p, containerID, ifName, ips, siblings).Offsets }
 }
 
 // Exactly picks the given entries only while each is still what the caller

@@ -36,32 +36,38 @@ func TestFindAttachment(t *testing.T) {
 		return out
 	}
 	for _, tt := range []struct {
-		name    string
-		p       *shim.Pool
-		id, if_ string
-		ips     []net.IP
-		want    shim.Found
+		name     string
+		p        *shim.Pool
+		id, if_  string
+		ips      []net.IP
+		want     shim.Found
+		siblings []net.IP
 	}{
-		{"by ifname, beside a sibling", twice, "c", "lhnet2", nil, shim.Found{Offsets: []string{"2"}, Others: 1}},
-		{"a recorded address held under another ifname is not ours", twice, "c", "lhnet2", ips("10.0.0.1"), shim.Found{Offsets: []string{"2"}, Others: 1}},
-		{"recorded address no longer held: by ifname", twice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Offsets: []string{"1"}, Others: 1}},
-		{"recorded addresses, none held: the unnamed entries are other interfaces'", legacyTwice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Others: 2}},
-		{"no entry of that ifname", twice, "c", "lhnet3", nil, shim.Found{Others: 2}},
-		{"another container", twice, "z", "lhnet1", nil, shim.Found{}},
-		{"no container id", twice, "", "lhnet1", nil, shim.Found{}},
-		{"two entries without ifname: cannot tell", legacyTwice, "c", "lhnet2", nil, shim.Found{Others: 2, Ambiguous: true}},
-		{"two entries without ifname, by recorded address", legacyTwice, "c", "lhnet2", ips("10.0.0.2"), shim.Found{Offsets: []string{"2"}, Others: 1}},
+		{"by ifname, beside a sibling", twice, "c", "lhnet2", nil, shim.Found{Offsets: []string{"2"}, Others: 1}, nil},
+		{"a recorded address held under another ifname is not ours", twice, "c", "lhnet2", ips("10.0.0.1"), shim.Found{Offsets: []string{"2"}, Others: 1}, nil},
+		{"recorded address no longer held: by ifname", twice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Offsets: []string{"1"}, Others: 1}, nil},
+		{"recorded addresses, none held: the unnamed entries are other interfaces'", legacyTwice, "c", "lhnet1", ips("10.0.0.9"), shim.Found{Others: 2}, nil},
+		{"no entry of that ifname", twice, "c", "lhnet3", nil, shim.Found{Others: 2}, nil},
+		{"another container", twice, "z", "lhnet1", nil, shim.Found{}, nil},
+		{"no container id", twice, "", "lhnet1", nil, shim.Found{}, nil},
+		{"two entries without ifname: cannot tell", legacyTwice, "c", "lhnet2", nil, shim.Found{Others: 2, Ambiguous: true}, nil},
+		{"two entries without ifname, by recorded address", legacyTwice, "c", "lhnet2", ips("10.0.0.2"), shim.Found{Offsets: []string{"2"}, Others: 1}, nil},
 		// A DEL may come again after the first released its own entry: the
 		// one left may be another interface's.
-		{"the container's only entry, without ifname and unrecorded: not picked", legacyOnce, "c", "lhnet1", nil, shim.Found{Others: 1, Ambiguous: true}},
-		{"the container's only entry, without ifname, recorded", legacyOnce, "c", "lhnet1", ips("10.0.0.1"), shim.Found{Offsets: []string{"1"}}},
-		{"an entry without ifname beside a named sibling", legacyBeside, "c", "lhnet1", nil, shim.Found{Others: 2, Ambiguous: true}},
-		{"a bad range: by ifname still, and the unnamed entry cannot be told", fake.NewPool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}, "2": {ContainerID: "c"}}), "c", "e", ips("10.0.0.2"), shim.Found{Offsets: []string{"1"}, Others: 1, Ambiguous: true}},
+		{"the container's only entry, without ifname and unrecorded: not picked", legacyOnce, "c", "lhnet1", nil, shim.Found{Others: 1, Ambiguous: true}, nil},
+		{"the container's only entry, without ifname, recorded", legacyOnce, "c", "lhnet1", ips("10.0.0.1"), shim.Found{Offsets: []string{"1"}}, nil},
+		{"an entry without ifname beside a named sibling", legacyBeside, "c", "lhnet1", nil, shim.Found{Others: 2, Ambiguous: true}, nil},
+		{"a bad range: by ifname still, and the unnamed entry cannot be told", fake.NewPool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "e"}, "2": {ContainerID: "c"}}), "c", "e", ips("10.0.0.2"), shim.Found{Offsets: []string{"1"}, Others: 1, Ambiguous: true}, nil},
+		// Recorded by both (one chose it on a stale copy and never wrote
+		// it): the entry is one of theirs, nothing tells whose.
+		{"the container's only entry, without ifname, recorded by a sibling too", legacyOnce, "c", "lhnet2", ips("10.0.0.1"), shim.Found{Others: 1, Ambiguous: true}, ips("10.0.0.1")},
+		{"an unnamed entry at a recorded address only this one recorded", legacyTwice, "c", "lhnet2", ips("10.0.0.2"), shim.Found{Offsets: []string{"2"}, Others: 1}, ips("10.0.0.1")},
+		{"an entry named for the attachment, whatever the siblings recorded", twice, "c", "lhnet2", ips("10.0.0.2"), shim.Found{Offsets: []string{"2"}, Others: 1}, ips("10.0.0.2")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got := shim.FindAttachment(tt.p, tt.id, tt.if_, tt.ips)
+			got := shim.FindAttachment(tt.p, tt.id, tt.if_, tt.ips, tt.siblings)
 			assert.Equal(t, tt.want, got)
-			assert.Equal(t, tt.want.Offsets, shim.Attachment(tt.id, tt.if_, tt.ips)(tt.p))
+			assert.Equal(t, tt.want.Offsets, shim.Attachment(tt.id, tt.if_, tt.ips, tt.siblings)(tt.p))
 		})
 	}
 }
@@ -95,6 +101,10 @@ func TestLostAttachment(t *testing.T) {
 		{"unnamed, the sibling's address recorded: the rest", legacy, nil, ips("10.0.0.2"), false, []string{"1"}},
 		{"unnamed, at its own recorded address: that one, as FindAttachment", legacy, ips("10.0.0.1"), nil, false, []string{"1"}},
 		{"unnamed, a sibling that recorded nothing: none", legacy, nil, nil, true, nil},
+		// An address chosen and recorded, never written (the agent killed
+		// before its patch), that the pool gave the sibling since: the
+		// sibling's entry, or this one's, nothing tells.
+		{"unnamed, at its own recorded address that the sibling recorded too: none", fake.NewPool("p", "10.0.0.0/24", map[string]alloc{"1": {ContainerID: "c", PodRef: "ns/p"}}), ips("10.0.0.1"), ips("10.0.0.1"), false, nil},
 		{"a bad range: by ifname only", fake.NewPool("p", "bad", map[string]alloc{"1": {ContainerID: "c", IfName: "lhnet1"}, "2": {ContainerID: "c"}}), nil, nil, false, []string{"1"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

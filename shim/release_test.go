@@ -135,10 +135,10 @@ func TestReleaseWithACopyInOneTurn(t *testing.T) {
 		}
 		return nil
 	}
-	p, onCopy, err := s.Look(ctx, storage, shim.Attachment("old1", "lhnet1", nil))
+	p, onCopy, err := s.Look(ctx, storage, shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
 	assert.True(t, onCopy)
-	plan, err := shim.PlanOf(p, "", shim.Attachment("old1", "lhnet1", nil))
+	plan, err := shim.PlanOf(p, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
 	removed, deleted, err := s.Release(ctx, plan)
 	require.NoError(t, err)
@@ -185,7 +185,7 @@ func TestReleaseWithACopyJudgesOnAList(t *testing.T) {
 			plan := shim.Plan{Pool: storage, Entries: []shim.Allocation{e}}
 			if !tt.gone {
 				var err error
-				plan, err = shim.PlanOf(cp.LocalPool(ns, storage), "", shim.Attachment("old1", "lhnet1", nil))
+				plan, err = shim.PlanOf(cp.LocalPool(ns, storage), "", shim.Attachment("old1", "lhnet1", nil, nil))
 				require.NoError(t, err)
 				plan.Entries = plan.Entries[:1] // 192.168.50.4 alone
 			}
@@ -231,7 +231,7 @@ func TestReleaseWithACopyNeverJudgesOnIt(t *testing.T) {
 	cp := newCopyAPI(api, false)
 	s := copyStore(cp, &syncClock{now: testEpoch})
 	ctx := context.Background()
-	plan, err := shim.PlanOf(cp.LocalPool(ns, storage), "", shim.Attachment("old1", "lhnet1", nil))
+	plan, err := shim.PlanOf(cp.LocalPool(ns, storage), "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
 	plan.Entries = plan.Entries[:1] // 192.168.50.4 alone
 	once := false
@@ -355,7 +355,7 @@ func TestReleaseWithACopyReadsTheReservationItDoesNotShow(t *testing.T) {
 				}
 				return nil
 			}
-			plan, err := shim.PlanOf(cp.LocalPool(ns, storage), "", shim.Attachment("old1", "lhnet1", nil))
+			plan, err := shim.PlanOf(cp.LocalPool(ns, storage), "", shim.Attachment("old1", "lhnet1", nil, nil))
 			require.NoError(t, err)
 			plan.Entries = plan.Entries[:1] // 192.168.50.4 alone
 			removed, deleted, err := s.Release(ctx, plan)
@@ -392,9 +392,9 @@ func TestReleaseWithACopyJudgesAgainWhenTheServerWasGone(t *testing.T) {
 		}
 		return nil
 	}
-	p, _, err := s.Look(ctx, storage, shim.Attachment("old1", "lhnet1", nil))
+	p, _, err := s.Look(ctx, storage, shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
-	plan, err := shim.PlanOf(p, "", shim.Attachment("old1", "lhnet1", nil))
+	plan, err := shim.PlanOf(p, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
 	removed, deleted, err := s.Release(ctx, plan)
 	require.NoError(t, err)

@@ -215,27 +215,27 @@ func TestRelease(t *testing.T) {
 		wantPool: []string{"3", "4", "5", "6", "7", "8"},
 	}, {
 		name:        "one attachment, by ifname",
-		pick:        shim.Attachment("old1", "lhnet1", nil),
+		pick:        shim.Attachment("old1", "lhnet1", nil, nil),
 		wantRemoved: []string{"192.168.50.4", "192.168.50.8"},
 		wantDeleted: []string{"192.168.50.4", "192.168.50.8"},
 		wantPool:    []string{"3", "5", "6", "7"},
 	}, {
 		name:        "one attachment without ifname, by the address its checkpoint recorded",
-		pick:        shim.Attachment("old2", "lhnet1", ip("192.168.50.5")),
+		pick:        shim.Attachment("old2", "lhnet1", ip("192.168.50.5"), nil),
 		wantRemoved: []string{"192.168.50.5"},
 		wantDeleted: []string{"192.168.50.5"},
 		wantPool:    []string{"3", "4", "6", "7", "8"},
 	}, {
 		name:     "a recorded address the container no longer holds",
-		pick:     shim.Attachment("old2", "lhnet1", ip("192.168.50.9")),
+		pick:     shim.Attachment("old2", "lhnet1", ip("192.168.50.9"), nil),
 		wantPool: []string{"3", "4", "5", "6", "7", "8"},
 	}, {
 		name:     "an entry without ifname that nothing recorded as the attachment's",
-		pick:     shim.Attachment("old2", "lhnet1", nil),
+		pick:     shim.Attachment("old2", "lhnet1", nil, nil),
 		wantPool: []string{"3", "4", "5", "6", "7", "8"},
 	}, {
 		name:     "an attachment never seen releases nothing",
-		pick:     shim.Attachment("never", "lhnet1", nil),
+		pick:     shim.Attachment("never", "lhnet1", nil, nil),
 		wantPool: []string{"3", "4", "5", "6", "7", "8"},
 	}} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -270,7 +270,7 @@ func TestPoolWritesAreGuardedPatches(t *testing.T) {
 		}
 		return nil
 	}
-	release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil))
+	release(t, s, storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, s.SetPoolAnnotation(context.Background(), storage, "a/b", func(*shim.Pool) string { return "c" }))
 	require.Len(t, sent, 2)
 	assert.Equal(t, []shim.PatchOp{
@@ -366,7 +366,7 @@ func TestRemoveGivesUpAfterBoundedRetries(t *testing.T) {
 
 func TestAPoolThatDoesNotExistHoldsNothing(t *testing.T) {
 	s, _, _ := newStore()
-	removed, deleted := release(t, s, storage, "", shim.Attachment("a", "eth1", nil))
+	removed, deleted := release(t, s, storage, "", shim.Attachment("a", "eth1", nil, nil))
 	assert.Empty(t, removed)
 	assert.Empty(t, deleted)
 	p, err := s.Pool(context.Background(), storage)
@@ -376,7 +376,7 @@ func TestAPoolThatDoesNotExistHoldsNothing(t *testing.T) {
 
 func TestPoolDeletedUnderTheWrite(t *testing.T) {
 	s, api, _ := newStore(storageNetwork()...)
-	plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+	plan, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.NoError(t, err)
 	api.Hook = func(c *fake.Call) error {
 		if c.Verb == "patch" {
@@ -392,7 +392,7 @@ func TestPoolDeletedUnderTheWrite(t *testing.T) {
 func TestAnUnreachableStoreSaysSo(t *testing.T) {
 	s, api, _ := newStore(storageNetwork()...)
 	api.Hook = func(*fake.Call) error { return errors.New("dial tcp 127.0.0.1:6443: connect: connection refused") }
-	_, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil))
+	_, err := s.Plan(context.Background(), storage, "", shim.Attachment("old1", "lhnet1", nil, nil))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "get pool kube-system/192.168.50.0-24")
 	assert.Contains(t, err.Error(), "connection refused")
@@ -524,7 +524,7 @@ func TestNoLeaseWithoutAReservationToJudge(t *testing.T) {
 	s, api, _ := newStore(fake.NewPool(storage, "192.168.50.0/24", map[string]alloc{"4": {ContainerID: "old1", PodRef: "ns/p", IfName: "eth1"}}))
 	var calls []string
 	api.Hook = func(c *fake.Call) error { calls = append(calls, c.Verb+" "+c.Resource+" "+c.Name); return nil }
-	removed, deleted := release(t, s, storage, "", shim.Attachment("old1", "eth1", nil))
+	removed, deleted := release(t, s, storage, "", shim.Attachment("old1", "eth1", nil, nil))
 	assert.Len(t, removed, 1)
 	assert.Empty(t, deleted)
 	assert.Equal(t, []string{

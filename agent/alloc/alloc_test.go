@@ -769,3 +769,67 @@ func TestAMemberThatWouldTakeOverAnotherMembersEntryIsAnswered(t *testing.T) {
 	assert.Equal(t, 1, served)
 	assert.Equal(t, 1, failed)
 }
+
+// A member that leaves the group after a round whose patch conflicted (its
+// client gone, its range full on the fresh read, the rounds spent) takes
+// that round's choice out of its record: nothing was written for it, and on
+// a CRD that prunes the ifname its DEL would release the entry a sandbox's
+// other interface holds at that address (whereabouts v0.7.0, two
+// interfaces of one sandbox on one pool).
+func TestAMemberThatLeavesAfterAConflictLeavesNoChoiceInItsRecord(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// rng is the range; other is what another writer adds after the copy.
+		rng    string
+		other  map[string]shim.IPAllocation
+		rounds int
+		cancel bool // the client goes at the first patch
+	}{
+		{name: "client gone after the conflict", rng: "10.0.0.0/24", cancel: true,
+			other: map[string]shim.IPAllocation{"1": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}}},
+		{name: "range full on the fresh read", rng: "10.0.0.0/30",
+			other: map[string]shim.IPAllocation{"1": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}, "2": {ContainerID: "x", PodRef: "default/x"}}},
+		{name: "rounds spent on conflicts", rng: "10.0.0.0/24", rounds: 1,
+			other: map[string]shim.IPAllocation{"1": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := strings.ReplaceAll(tc.rng, "/", "-")
+			api := fake.New()
+			api.PruneIfName = true
+			objs := cache.New()
+			api.Put(fake.NewPool(pool, tc.rng, map[string]shim.IPAllocation{}))
+			objs.SawPool(api.Pool(ns, pool))
+			objs.Listed(ns)
+			// Since the copy: another interface of the sandbox got .1 (and
+			// another pod what else there is).
+			p := api.Pool(ns, pool)
+			p.Spec.Allocations = tc.other
+			_, err := api.UpdatePool(ns, p)
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			api.Hook = func(c *fake.Call) error {
+				if tc.cancel && c.Verb == "patch" && c.Resource == fake.Pools {
+					cancel()
+				}
+				return nil
+			}
+			s := shim.New(cache.API{API: api, Objects: objs}, ns, shim.Options{Clock: quick{}, LeaseRetry: time.Millisecond})
+			cp := checkpoint.Dir(t.TempDir())
+			rec := checkpoint.Record{ContainerID: "c1", IfName: "lhnet2", PodRef: "longhorn-system/im-a", Network: "storagenetwork-b",
+				Namespace: ns, Pools: []checkpoint.Pool{{Name: pool, Range: tc.rng}}}
+			require.NoError(t, cp.Write(rec))
+			d := alloc.Delegate{Allocator: alloc.New(alloc.Options{Rounds: tc.rounds}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+				return ipam(tc.rng), "0.3.1", nil
+			}}
+			cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
+			_, err = d.Add(ctx, s, cfg, &skel.CmdArgs{ContainerID: "c1", IfName: "lhnet2"})
+			require.Error(t, err, "the member is answered with an error")
+			got, ok, err := cp.Read("c1", "lhnet2")
+			require.NoError(t, err)
+			require.True(t, ok)
+			assert.Empty(t, got.IPs, "nothing was written for lhnet2: .1, chosen on the stale copy, is lhnet1's")
+			assert.Equal(t, tc.other, api.Pool(ns, pool).Spec.Allocations, "the pool as the other writer left it")
+		})
+	}
+}

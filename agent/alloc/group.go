@@ -108,13 +108,30 @@ func deliver(m *member, ip net.IPNet, err error) {
 	close(m.done)
 }
 
+// giveUp ends the wait of a member for which nothing was written: the
+// address an earlier round chose for it (its patch conflicted) leaves its
+// record first. Left there, the record would name an address the pool may
+// give another interface of the sandbox (whereabouts v0.7.0's CRD prunes the
+// ifname, so entries are told apart by the addresses recorded), and the
+// attachment's DEL would release that interface's entry.
+func giveUp(m *member, err error) {
+	if m.pending != nil && m.unchosen != nil {
+		if ferr := m.unchosen(*m.pending); ferr != nil {
+			err = fmt.Errorf("%w; and %s, chosen and not written, stays in the record: %v", err, m.pending.IP, ferr)
+		} else {
+			m.pending = nil
+		}
+	}
+	deliver(m, net.IPNet{}, err)
+}
+
 // live drops the members whose ADD gave up (its client went away, its
 // timeout passed) before anything is written for them.
 func live(batch []*member) []*member {
 	out := batch[:0]
 	for _, m := range batch {
 		if err := m.ctx.Err(); err != nil {
-			deliver(m, net.IPNet{}, fmt.Errorf("allocate in pool %s: %w", m.pool, err))
+			giveUp(m, fmt.Errorf("allocate in pool %s: %w", m.pool, err))
 			continue
 		}
 		out = append(out, m)
@@ -156,6 +173,9 @@ func (a *Allocator) commit(q *queue, batch []*member) {
 		base, err = store.EnsurePool(ctx, pool, rng)
 	}
 	var chosen []choice
+	// maybeWritten: the last patch failed in a way that does not say it
+	// was not applied (a timeout): its choices stay in the records.
+	maybeWritten := false
 	for round := 1; err == nil; round++ {
 		batch = live(batch)
 		if len(batch) == 0 {
@@ -166,7 +186,7 @@ func (a *Allocator) commit(q *queue, batch []*member) {
 		chosen, failed, later = a.choose(base, batch)
 		for _, f := range failed {
 			batch = without(batch, f.m)
-			deliver(f.m, net.IPNet{}, f.err)
+			giveUp(f.m, f.err)
 		}
 		for _, m := range later {
 			batch = without(batch, m)
@@ -201,6 +221,9 @@ func (a *Allocator) commit(q *queue, batch []*member) {
 			chosen = nil
 			continue
 		}
+		if !shim.IsConflict(err) && !shim.IsGone(err) {
+			maybeWritten = true
+		}
 		if !shim.IsConflict(err) || round >= a.o.Rounds {
 			break
 		}
@@ -213,8 +236,13 @@ func (a *Allocator) commit(q *queue, batch []*member) {
 		chosen = nil
 	}
 	if err != nil {
+		err = storeError(fmt.Sprintf("allocate in pool %s/%s", store.Namespace(), pool), err)
 		for _, m := range batch {
-			deliver(m, net.IPNet{}, storeError(fmt.Sprintf("allocate in pool %s/%s", store.Namespace(), pool), err))
+			if maybeWritten {
+				deliver(m, net.IPNet{}, err)
+			} else {
+				giveUp(m, err)
+			}
 		}
 		return
 	}

@@ -366,6 +366,24 @@ func TestRegressionSeeds(t *testing.T) {
 		// one was in (the Lease's invariant: two holders in one turn).
 		{"a new agent of the node takes the old one's Lease as its own", 291, fake.V093, 16, true, true, true, true},
 		{"a new agent of the node takes the old one's Lease as its own, v0.7.0", 291, fake.V070, 16, true, true, true, true},
+		// Found by a 10-minute run (two interfaces of one sandbox on one
+		// pool, v0.7.0's CRD pruning the ifname): the group chose .3 for
+		// lhnet2 on a stale copy and recorded it, its patch conflicted (the
+		// exec path had given .3 to lhnet1), and the client went away: the
+		// member left the group with .3 still in its record, and the DEL of
+		// lhnet2 released lhnet1's entry. 17479 and 25624 tell it again.
+		// Each fix holds them alone: the choice leaves the record, and the
+		// DEL leaves an entry at an address lhnet1 recorded too (below).
+		{"a member that leaves after a conflict keeps its choice in its record", 5803, fake.V070, 16, true, true, true, true},
+		{"a member that leaves after a conflict keeps its choice in its record, again", 17479, fake.V070, 16, true, true, true, true},
+		{"a member that leaves after a conflict keeps its choice in its record, a third time", 25624, fake.V070, 16, true, true, true, true},
+		// The agent recorded .8 for lhnet2, chosen on a stale copy, and was
+		// killed before its patch; the exec path had given .8 to lhnet1,
+		// which recorded it too. The lost ADD's release took .8 by lhnet2's
+		// record, and whereabouts gave .8 to lhnet2: one address, two
+		// interfaces. An address two attachments recorded is neither's to
+		// release.
+		{"an address two interfaces recorded, released for one", 12712, fake.V070, 16, true, true, true, true},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			o := DefaultOptions(tt.wb)

@@ -267,6 +267,21 @@ users:
 
 var debugRequests = os.Getenv("SIM_DEBUG") != ""
 
+// patchText is a patch's operations, for SIM_DEBUG's trace.
+func patchText(c *fake.Call) string {
+	if c.Verb != "patch" {
+		return ""
+	}
+	var b strings.Builder
+	for _, op := range c.Patch.Ops() {
+		fmt.Fprintf(&b, " %s %s", op.Op, strings.TrimPrefix(op.Path, "/spec/allocations/"))
+		if e, ok := op.Value.(shim.IPAllocation); ok {
+			fmt.Fprintf(&b, "=%s/%s", e.ContainerID, e.IfName)
+		}
+	}
+	return ":" + b.String()
+}
+
 // errKilled fails what a crashed process still tries: nothing of it happens.
 var errKilled = errors.New("the process was killed")
 
@@ -295,7 +310,7 @@ func (w *world) request(c *fake.Call) error {
 		a.wbAdd[c.Name] = w.api.ResourceVersion(fake.Reservations, poolNS, c.Name) != ""
 	}
 	if debugRequests {
-		w.tr.add("  %s %s %s (ctx %v)", c.Verb, c.Resource, c.Name, c.Ctx != nil && c.Ctx.Err() != nil)
+		w.tr.add("  %s %s %s (ctx %v)%s", c.Verb, c.Resource, c.Name, c.Ctx != nil && c.Ctx.Err() != nil, patchText(c))
 	}
 	if a.proc != nil && c.Verb == "patch" && c.Resource == fake.Pools {
 		adds := 0
