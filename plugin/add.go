@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -21,7 +22,8 @@ import (
 
 // add releases the allocations that earlier sandboxes of this pod hold in the
 // config's pools, then delegates ADD (or has p.Allocator allocate) and
-// returns the result.
+// returns the result. Its steps: record the attachment, reclaim, allocate,
+// record the addresses, answer.
 func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	if unmanagedAdd(args) != "" {
 		return p.handOnAdd(ctx, args)
@@ -57,105 +59,151 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	defer func() { log.Debugf("took %s", ph) }()
 	ph.Mark("client")
 
-	// Record the attachment before anything is allocated, so that a DEL after a
-	// crash anywhere below still knows its pools, even once the NAD is gone.
-	// A node agent's client that is gone has given up on this ADD: nothing is
-	// written yet, and nothing will be.
-	if err := ctx.Err(); err != nil {
-		return cnitypes.NewError(cnitypes.ErrTryAgainLater, "ADD abandoned before it wrote anything", err.Error())
+	a := &adding{p: p, args: args, cfg: cfg, pod: pod, log: log, store: store, exec: exec}
+	if err := a.checkpoint(ctx); err != nil {
+		return err
 	}
-	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
-	rec := checkpoint.Record{
-		ContainerID: args.ContainerID, IfName: args.IfName, PodRef: pod.Ref(),
-		Network: cfg.Network, NetworkName: cfg.IPAM.NetworkName,
-		Kubeconfig: cfg.Kubeconfig(), Namespace: store.Namespace(),
-	}
-	for _, pl := range cfg.Pools {
-		rec.Pools = append(rec.Pools, checkpoint.Pool{Name: pl.Name, Range: pl.Range})
-	}
-	// An allocator that records writes the record itself, durably, with
-	// the first address it chose and before it writes that address
-	// anywhere: nothing is allocated for this attachment before then, and
-	// one record written and fsynced is enough.
-	recorder, records := p.Allocator.(RecordingAllocator)
-	if !records {
-		if err := cp.Write(rec); err != nil {
-			return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), checkpointHint)
-		}
-	}
-	p.at("add-after-checkpoint")
 	ph.Mark("checkpoint")
-
-	earlier := shim.EarlierSandboxes(pod.Ref(), args.ContainerID)
-	for _, pool := range cfg.Pools {
-		if err := p.reclaim(ctx, store, cp, pool.Name, cfg.IPAM.NetworkName, earlier, pod.Ref(), log); err != nil {
-			return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", pod.Ref(), pool.Name), err)
-		}
+	if err := a.reclaim(ctx, p.reclaim); err != nil {
+		return err
 	}
 	p.at("add-after-reclaim")
 	ph.Mark("reclaim")
-
-	allocate := func() (cnitypes.Result, error) {
-		switch {
-		case records:
-			return recorder.AddRecording(ctx, store, cfg, args, rec)
-		case p.Allocator != nil:
-			return p.Allocator.Add(ctx, store, cfg, args)
-		default:
-			return delegate.Add(ctx, cfg.Options.Delegate, cfg.Delegated, exec, p.Env)
-		}
-	}
-	res, err := allocate()
-	// An allocator in-process writes only on a pool that shows no earlier
-	// sandbox of the pod: one there, which the reclaim's look at a copy did
-	// not show, is released on a fresh read and the ADD allocates again.
-	for try := 1; errors.Is(err, shim.ErrEarlierSandbox); try++ {
-		if try > earlierSandboxTries {
-			return storeError(fmt.Sprintf("release earlier sandboxes of %s", pod.Ref()), err)
-		}
-		log.Verbosef("%v: releasing it on a fresh read", err)
-		for _, pool := range cfg.Pools {
-			if err := p.reclaimFresh(ctx, store, cp, pool.Name, cfg.IPAM.NetworkName, earlier, pod.Ref(), log); err != nil {
-				return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", pod.Ref(), pool.Name), err)
-			}
-		}
-		res, err = allocate()
-	}
+	res, err := a.allocate(ctx)
 	if err != nil {
-		derr := delegateError(cfg.Options.Delegate, "ADD", err)
-		if ce, ok := derr.(*cnitypes.Error); ok && strings.Contains(err.Error(), rangeFull) && !p.ExplainedByClient {
-			// The message people see in the pod's events: say why it is full.
-			facts, hint := p.explainFull(store, cfg)
-			ce.Msg += ": " + facts
-			ce.Details = strings.TrimSuffix(hint+"; "+ce.Details, "; ")
-			log.Errorf("%s", ce.Msg)
-		}
-		return derr
+		return err
 	}
 	p.at("add-after-delegate")
 	ph.Mark(cfg.Options.Delegate)
-
-	// The addresses are for people and GC's log; DEL finds the allocation by
-	// (container, ifname) in the pools already recorded, so a failure here
-	// must not undo an allocation that succeeded.
-	if cur, err := current.NewResultFromResult(res); err == nil {
-		for _, ip := range cur.IPs {
-			rec.IPs = append(rec.IPs, ip.Address.String())
-		}
-		// An allocator in-process recorded each address before writing it:
-		// no second write (and fsync) of the same record.
-		if have, ok, err := cp.Read(rec.ContainerID, rec.IfName); err != nil || !ok || !slices.Equal(have.IPs, rec.IPs) {
-			if err := cp.Update(rec); err != nil {
-				log.Errorf("record addresses %v: %v", rec.IPs, err)
-			}
-		}
-	}
+	a.recordAddresses(res)
 	ph.Mark("record")
 	out, err := res.GetAsVersion(cfg.CNIVersion)
 	if err != nil {
 		return cnitypes.NewError(cnitypes.ErrIncompatibleCNIVersion, fmt.Sprintf("%s returned a result that cannot be given as version %s", cfg.Options.Delegate, cfg.CNIVersion), err.Error())
 	}
 	return out.PrintTo(p.stdout())
+}
+
+// adding is one ADD past its config: what its steps share.
+type adding struct {
+	p     *Plugin
+	args  *skel.CmdArgs
+	cfg   *conf.Config
+	pod   conf.Pod
+	log   *logger
+	store *shim.Store
+	exec  invoke.Exec
+	cp    checkpoint.Dir
+	rec   checkpoint.Record
+	// recorder is an allocator that records the first address it chooses
+	// itself (nil: the record is written here, before anything else).
+	recorder RecordingAllocator
+}
+
+// checkpoint records the attachment before anything is allocated, so that
+// a DEL after a crash anywhere below still knows its pools, even once the
+// NAD is gone. A node agent's client that is gone has given up on this ADD:
+// nothing is written yet, and nothing will be.
+func (a *adding) checkpoint(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return cnitypes.NewError(cnitypes.ErrTryAgainLater, "ADD abandoned before it wrote anything", err.Error())
+	}
+	a.cp = checkpoint.Dir(a.cfg.Options.CheckpointDir)
+	a.rec = checkpoint.Record{
+		ContainerID: a.args.ContainerID, IfName: a.args.IfName, PodRef: a.pod.Ref(),
+		Network: a.cfg.Network, NetworkName: a.cfg.IPAM.NetworkName,
+		Kubeconfig: a.cfg.Kubeconfig(), Namespace: a.store.Namespace(),
+	}
+	for _, pl := range a.cfg.Pools {
+		a.rec.Pools = append(a.rec.Pools, checkpoint.Pool{Name: pl.Name, Range: pl.Range})
+	}
+	// An allocator that records writes the record itself, durably, with
+	// the first address it chose and before it writes that address
+	// anywhere: nothing is allocated for this attachment before then, and
+	// one record written and fsynced is enough.
+	if r, ok := a.p.Allocator.(RecordingAllocator); ok {
+		a.recorder = r
+	} else if err := a.cp.Write(a.rec); err != nil {
+		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), checkpointHint)
+	}
+	a.p.at("add-after-checkpoint")
+	return nil
+}
+
+// reclaimer is Plugin.reclaim or Plugin.reclaimFresh.
+type reclaimer func(ctx context.Context, store *shim.Store, cp checkpoint.Dir, pool, network string, earlier shim.Picker, podRef string, log *logger) error
+
+// reclaim releases what earlier sandboxes of the pod hold in each pool.
+func (a *adding) reclaim(ctx context.Context, how reclaimer) error {
+	earlier := shim.EarlierSandboxes(a.pod.Ref(), a.args.ContainerID)
+	for _, pool := range a.cfg.Pools {
+		if err := how(ctx, a.store, a.cp, pool.Name, a.cfg.IPAM.NetworkName, earlier, a.pod.Ref(), a.log); err != nil {
+			return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", a.pod.Ref(), pool.Name), err)
+		}
+	}
+	return nil
+}
+
+// allocate has the allocator (or whereabouts) allocate. An allocator
+// in-process writes only on a pool that shows no earlier sandbox of the
+// pod: one there, which the reclaim's look at a copy did not show, is
+// released on a fresh read and the ADD allocates again. A full range is
+// explained.
+func (a *adding) allocate(ctx context.Context) (cnitypes.Result, error) {
+	once := func() (cnitypes.Result, error) {
+		switch {
+		case a.recorder != nil:
+			return a.recorder.AddRecording(ctx, a.store, a.cfg, a.args, a.rec)
+		case a.p.Allocator != nil:
+			return a.p.Allocator.Add(ctx, a.store, a.cfg, a.args)
+		default:
+			return delegate.Add(ctx, a.cfg.Options.Delegate, a.cfg.Delegated, a.exec, a.p.Env)
+		}
+	}
+	res, err := once()
+	for try := 1; errors.Is(err, shim.ErrEarlierSandbox); try++ {
+		if try > earlierSandboxTries {
+			return nil, storeError(fmt.Sprintf("release earlier sandboxes of %s", a.pod.Ref()), err)
+		}
+		a.log.Verbosef("%v: releasing it on a fresh read", err)
+		if err := a.reclaim(ctx, a.p.reclaimFresh); err != nil {
+			return nil, err
+		}
+		res, err = once()
+	}
+	if err == nil {
+		return res, nil
+	}
+	derr := delegateError(a.cfg.Options.Delegate, "ADD", err)
+	if ce, ok := derr.(*cnitypes.Error); ok && strings.Contains(err.Error(), rangeFull) && !a.p.ExplainedByClient {
+		// The message people see in the pod's events: say why it is full.
+		facts, hint := a.p.explainFull(a.store, a.cfg)
+		ce.Msg += ": " + facts
+		ce.Details = strings.TrimSuffix(hint+"; "+ce.Details, "; ")
+		a.log.Errorf("%s", ce.Msg)
+	}
+	return nil, derr
+}
+
+// recordAddresses adds the addresses to the checkpoint. They are for people
+// and GC's log; DEL finds the allocation by (container, ifname) in the pools
+// already recorded, so a failure here must not undo an allocation that
+// succeeded. An allocator in-process recorded each address before writing
+// it: no second write (and fsync) of the same record.
+func (a *adding) recordAddresses(res cnitypes.Result) {
+	cur, err := current.NewResultFromResult(res)
+	if err != nil {
+		return
+	}
+	rec := a.rec
+	for _, ip := range cur.IPs {
+		rec.IPs = append(rec.IPs, ip.Address.String())
+	}
+	if have, ok, err := a.cp.Read(rec.ContainerID, rec.IfName); err != nil || !ok || !slices.Equal(have.IPs, rec.IPs) {
+		if err := a.cp.Update(rec); err != nil {
+			a.log.Errorf("record addresses %v: %v", rec.IPs, err)
+		}
+	}
 }
 
 // reclaim releases what earlier sandboxes of the pod hold in one pool. It

@@ -89,6 +89,64 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 	defer log.retried(store)
 	ph.Mark("client")
 
+	d := &deleting{p: p, args: args, log: log, store: store, cp: cp, rec: rec, haveRec: haveRec, recorded: parseIPs(rec.IPs), ph: ph}
+	// What the sandbox's other attachments recorded: an entry without an
+	// ifname at an address one of them recorded too is not told to be ours.
+	var errs []error
+	d.sib, _, errs = readSiblings(cp, args.ContainerID, args.IfName)
+	for _, err := range errs {
+		log.Errorf("ignoring unreadable checkpoint: %v", err)
+	}
+	var pools []poolRef
+	if usable {
+		pools = d.pools(cfg)
+	} else {
+		pools = d.pools(nil)
+	}
+	plans, err := d.plan(ctx, pools)
+	if err != nil {
+		return err
+	}
+	ph.Mark("look")
+	if len(plans) == 0 {
+		log.Debugf("nothing held in %d pool(s)", len(pools))
+		if haveRec && len(d.recorded) > 0 {
+			// An earlier DEL, or whereabouts' own, may have removed the entry
+			// and died before its reservation: judge those reservations.
+			if err := p.releaseRecorded(ctx, store, rec, d.recorded, log); err != nil {
+				return storeError("release the reservations of "+args.ContainerID, err)
+			}
+		}
+		p.forget(cp, args, log)
+		return nil
+	}
+	for _, plan := range plans {
+		if err := d.release(ctx, plan); err != nil {
+			return err
+		}
+	}
+	p.at("del-after-release")
+	p.forget(cp, args, log)
+	return nil
+}
+
+// deleting is one DEL past its config: what its steps share.
+type deleting struct {
+	p        *Plugin
+	args     *skel.CmdArgs
+	log      *logger
+	store    *shim.Store
+	cp       checkpoint.Dir
+	rec      checkpoint.Record
+	haveRec  bool
+	recorded []net.IP
+	sib      siblings
+	ph       *steps.Timer
+}
+
+// pools are the pools the config (nil: none usable) and the checkpoint
+// name, each once.
+func (d *deleting) pools(cfg *conf.Config) []poolRef {
 	var pools []poolRef
 	seen := map[poolRef]bool{}
 	add := func(r poolRef) {
@@ -97,106 +155,97 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 			pools = append(pools, r)
 		}
 	}
-	if usable {
+	if cfg != nil {
 		for _, pl := range cfg.Pools {
-			add(poolRef{store.Namespace(), pl.Name, cfg.IPAM.NetworkName})
+			add(poolRef{d.store.Namespace(), pl.Name, cfg.IPAM.NetworkName})
 		}
 	}
-	if haveRec {
-		for _, pl := range rec.Pools {
-			add(poolRef{rec.Namespace, pl.Name, rec.NetworkName})
+	if d.haveRec {
+		for _, pl := range d.rec.Pools {
+			add(poolRef{d.rec.Namespace, pl.Name, d.rec.NetworkName})
 		}
 	}
-	recorded := parseIPs(rec.IPs)
-	// What the sandbox's other attachments recorded: an entry without an
-	// ifname at an address one of them recorded too is not told to be ours.
-	sib, _, errs := readSiblings(cp, args.ContainerID, args.IfName)
-	for _, err := range errs {
-		log.Errorf("ignoring unreadable checkpoint: %v", err)
-	}
+	return pools
+}
 
-	// Look first: a store that does not answer fails DEL at once, and an
-	// attachment that holds nothing needs nothing more.
-	var plans []nsPlan
-	var ambiguousIn []string
+// plan looks first: a store that does not answer fails DEL at once, and an
+// attachment that holds nothing needs nothing more.
+func (d *deleting) plan(ctx context.Context, pools []poolRef) ([]nsPlan, error) {
 	if len(pools) == 0 {
 		// Neither the config nor a readable checkpoint names a pool: a
 		// container ID names one sandbox, so look for it everywhere.
-		var err error
-		if plans, err = p.searchAttachment(ctx, store, args); err != nil {
-			return storeError("find "+args.ContainerID+"/"+args.IfName+" in the pools of "+store.Namespace(), err)
+		plans, err := d.p.searchAttachment(ctx, d.store, d.args)
+		if err != nil {
+			return nil, storeError("find "+d.args.ContainerID+"/"+d.args.IfName+" in the pools of "+d.store.Namespace(), err)
 		}
+		return plans, nil
 	}
+	var plans []nsPlan
 	for _, pr := range pools {
 		// A node agent's own copy of the pool serves when it shows the
 		// attachment's entries (the release's writes check them again); one
 		// that shows none is read fresh: nothing to release is never
 		// decided from a copy.
-		pool, onCopy, err := store.In(pr.namespace).Look(ctx, pr.name, shim.Attachment(args.ContainerID, args.IfName, recorded, sib.of(pr.namespace, pr.name)))
+		siblings := d.sib.of(pr.namespace, pr.name)
+		pool, onCopy, err := d.store.In(pr.namespace).Look(ctx, pr.name, shim.Attachment(d.args.ContainerID, d.args.IfName, d.recorded, siblings))
 		if err != nil {
-			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
+			return nil, storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 		}
-		plan, ambiguous, err := planAttachment(pool, pr, args, recorded, sib.of(pr.namespace, pr.name))
+		plan, err := d.planIn(pool, pr)
 		if err != nil {
-			return storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
-		}
-		if ambiguous {
-			ambiguousIn = append(ambiguousIn, pr.namespace+"/"+pr.name)
+			return nil, err
 		}
 		if !plan.Empty() {
-			plan.onCopy, plan.ref = onCopy, pr
+			plan.onCopy = onCopy
 			plans = append(plans, plan)
 		}
 	}
-	ph.Mark("look")
-	for _, pool := range ambiguousIn {
-		log.Errorf("pool %s holds an entry of container %s without an ifname that no checkpoint records as %s's: left it (another interface's, or released by the pod's next ADD or by the reconciler once the sandbox is gone)", pool, args.ContainerID, args.IfName)
-	}
+	return plans, nil
+}
 
-	if len(plans) == 0 {
-		log.Debugf("nothing held in %d pool(s)", len(pools))
-		if haveRec && len(recorded) > 0 {
-			// An earlier DEL, or whereabouts' own, may have removed the entry
-			// and died before its reservation: judge those reservations.
-			if err := p.releaseRecorded(ctx, store, rec, recorded, log); err != nil {
-				return storeError("release the reservations of "+args.ContainerID, err)
-			}
-		}
-		p.forget(cp, args, log)
+// planIn plans the release of what the attachment holds in pool, as read,
+// and says so when the pool holds an entry of the container without an
+// ifname that no record says is this attachment's.
+func (d *deleting) planIn(pool *shim.Pool, pr poolRef) (nsPlan, error) {
+	plan, ambiguous, err := planAttachment(pool, pr, d.args, d.recorded, d.sib.of(pr.namespace, pr.name))
+	if err != nil {
+		return nsPlan{}, storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
+	}
+	if ambiguous {
+		d.log.Errorf("pool %s/%s holds an entry of container %s without an ifname that no checkpoint records as %s's: left it (another interface's, or released by the pod's next ADD or by the reconciler once the sandbox is gone)", pr.namespace, pr.name, d.args.ContainerID, d.args.IfName)
+	}
+	plan.ref = pr
+	return plan, nil
+}
+
+// release releases one plan. Planned on a copy that was behind (the entries
+// it showed were gone: released by the plugin after the agent lost an ADD,
+// say), the attachment may hold others the copy did not show (the exec
+// path's, allocated since): it plans again on a fresh read.
+func (d *deleting) release(ctx context.Context, plan nsPlan) error {
+	why := fmt.Sprintf("DEL of %s/%s", d.args.ContainerID, d.args.IfName)
+	s := d.store.In(plan.namespace)
+	fail := func(err error) error {
+		return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", d.args.ContainerID, d.args.IfName, plan.namespace, plan.Pool), err)
+	}
+	removed, err := d.p.release(ctx, s, plan.Plan, "del", why, d.log, d.ph)
+	if err != nil {
+		return fail(err)
+	}
+	if !plan.onCopy || len(removed) == len(plan.Entries) {
 		return nil
 	}
-
-	why := fmt.Sprintf("DEL of %s/%s", args.ContainerID, args.IfName)
-	for _, plan := range plans {
-		s := store.In(plan.namespace)
-		removed, err := p.release(ctx, s, plan.Plan, "del", why, log, ph)
-		if err != nil {
-			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, plan.namespace, plan.Pool), err)
-		}
-		if !plan.onCopy || len(removed) == len(plan.Entries) {
-			continue
-		}
-		// Planned on a copy that was behind: the entries it showed were gone
-		// (released by the plugin after the agent lost an ADD, say), and the
-		// attachment may hold others the copy did not show (the exec path's,
-		// allocated since). Plan again on a fresh read.
-		pool, err := s.Pool(ctx, plan.Pool)
-		if err != nil {
-			return storeError(fmt.Sprintf("read pool %s/%s", plan.namespace, plan.Pool), err)
-		}
-		again, ambiguous, err := planAttachment(pool, plan.ref, args, recorded, sib.of(plan.namespace, plan.Pool))
-		if err != nil {
-			return storeError(fmt.Sprintf("read pool %s/%s", plan.namespace, plan.Pool), err)
-		}
-		if ambiguous {
-			log.Errorf("pool %s/%s holds an entry of container %s without an ifname that no checkpoint records as %s's: left it", plan.namespace, plan.Pool, args.ContainerID, args.IfName)
-		}
-		if _, err := p.release(ctx, s, again.Plan, "del", why, log, ph); err != nil {
-			return storeError(fmt.Sprintf("release %s/%s from pool %s/%s", args.ContainerID, args.IfName, plan.namespace, plan.Pool), err)
-		}
+	pool, err := s.Pool(ctx, plan.Pool)
+	if err != nil {
+		return storeError(fmt.Sprintf("read pool %s/%s", plan.namespace, plan.Pool), err)
 	}
-	p.at("del-after-release")
-	p.forget(cp, args, log)
+	again, err := d.planIn(pool, plan.ref)
+	if err != nil {
+		return err
+	}
+	if _, err := d.p.release(ctx, s, again.Plan, "del", why, d.log, d.ph); err != nil {
+		return fail(err)
+	}
 	return nil
 }
 
