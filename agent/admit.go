@@ -43,9 +43,30 @@ var ipamKeys = map[string]bool{
 // A decline is a short reason (the metrics' label) and what to log and
 // tell the client.
 func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
-	decline := func(reason, format string, a ...any) (*Job, string, string) {
-		return nil, reason, fmt.Sprintf(format, a...)
+	if d := s.ready(req); d != nil {
+		return nil, d.reason, d.detail
 	}
+	j = s.job(req)
+	if req.Command == wire.Probe {
+		return j, "", ""
+	}
+	if d := s.admitConfig(j); d != nil {
+		return nil, d.reason, d.detail
+	}
+	return j, "", ""
+}
+
+// declined is why the agent leaves a request to the plugin: a short reason
+// (the metrics' label) and what to log and tell the client.
+type declined struct{ reason, detail string }
+
+func decline(reason, format string, a ...any) *declined {
+	return &declined{reason, fmt.Sprintf(format, a...)}
+}
+
+// ready says why the agent serves no request now (nil: it may): stopping,
+// unhealthy, its copy behind, or a request from its own delegate.
+func (s *Server) ready(req wire.Request) *declined {
 	if s.stopping.Load() {
 		return decline("stopping", "stopping")
 	}
@@ -60,7 +81,12 @@ func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
 	if req.Env[wire.EnvGuard] != "" {
 		return decline("guard", "started as a delegate of harvester-ipam (%s is set)", wire.EnvGuard)
 	}
-	j = &Job{req: req, args: &skel.CmdArgs{
+	return nil
+}
+
+// job is req's verb: its arguments and, but for a probe, its environment.
+func (s *Server) job(req wire.Request) *Job {
+	j := &Job{req: req, args: &skel.CmdArgs{
 		ContainerID:   req.Env[wire.EnvContainerID],
 		Netns:         req.Env[wire.EnvNetns],
 		IfName:        req.Env[wire.EnvIfName],
@@ -70,7 +96,7 @@ func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
 		StdinData:     req.Config,
 	}}
 	if req.Command == wire.Probe {
-		return j, "", ""
+		return j
 	}
 	j.env = append([]string(nil), s.env...)
 	for _, k := range wire.EnvKeys {
@@ -78,7 +104,14 @@ func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
 			j.env = append(j.env, k+"="+v)
 		}
 	}
+	return j
+}
 
+// admitConfig says why the agent would not do j's verb as the plugin would
+// (nil: it would), from the request's config, kubeconfig and (DEL)
+// checkpoint; what it read goes into j for the verb.
+func (s *Server) admitConfig(j *Job) *declined {
+	req := j.req
 	if key := unknownIPAMKey(req.Config); key != "" {
 		return decline("field", "ipam field %q is unknown to this agent", key)
 	}
@@ -91,11 +124,47 @@ func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
 			if why := s.admitByCheckpoint(j); why != "" {
 				return decline("config", "config: %s; %s", errText(err), why)
 			}
-			return j, "", ""
+			return nil
 		}
 		// The plugin says exactly what is wrong.
 		return decline("config", "config: %s", errText(err))
 	}
+	if d := s.admitLoaded(j, cfg); d != nil {
+		return d
+	}
+	ns, err := s.namespaceOf(cfg.Kubeconfig())
+	if err != nil {
+		return decline("kubeconfig", "kubeconfig: %s", errText(err))
+	}
+	if !s.serves(ns) {
+		return decline("namespace", "pool namespace %s is not served here (this agent serves %s)", ns, strings.Join(s.o.Namespaces, ", "))
+	}
+	// The verb reads the same config and kubeconfig: once is enough.
+	j.cfg, j.kubeconfig, j.namespace = cfg, cfg.Kubeconfig(), ns
+	if req.Command == wire.Del {
+		// DEL also releases what the checkpoint names, maybe elsewhere.
+		rec, ok, err := checkpoint.Dir(cfg.Options.CheckpointDir).Read(j.args.ContainerID, j.args.IfName)
+		if err != nil {
+			return decline("checkpoint", "checkpoint: %v", err)
+		}
+		if ok && rec.Namespace != "" && !s.serves(rec.Namespace) {
+			return decline("namespace", "the checkpoint names pool namespace %s, not served here", rec.Namespace)
+		}
+	}
+	if req.Command == wire.Add && s.o.Allocator != nil {
+		if why := s.o.Allocator.Declines(cfg, j.args); why != "" {
+			return decline("allocator", "%s", why)
+		}
+	}
+	return nil
+}
+
+// admitLoaded says why the agent would not serve a config as loaded: a CNI
+// version the plugin does not answer, node slices, no range, CNI_ARGS the
+// ADD cannot read, a checkpoint directory not its own, a delegate it does
+// not see.
+func (s *Server) admitLoaded(j *Job, cfg *conf.Config) *declined {
+	req := j.req
 	if !specVersions[cfg.CNIVersion] {
 		return decline("version", "cniVersion %q", cfg.CNIVersion)
 	}
@@ -122,31 +191,7 @@ func (s *Server) admit(req wire.Request) (j *Job, reason, detail string) {
 			return decline("delegate", "delegate %s: %s", cfg.Options.Delegate, errText(err))
 		}
 	}
-	ns, err := s.namespaceOf(cfg.Kubeconfig())
-	if err != nil {
-		return decline("kubeconfig", "kubeconfig: %s", errText(err))
-	}
-	if !s.serves(ns) {
-		return decline("namespace", "pool namespace %s is not served here (this agent serves %s)", ns, strings.Join(s.o.Namespaces, ", "))
-	}
-	// The verb reads the same config and kubeconfig: once is enough.
-	j.cfg, j.kubeconfig, j.namespace = cfg, cfg.Kubeconfig(), ns
-	if req.Command == wire.Del {
-		// DEL also releases what the checkpoint names, maybe elsewhere.
-		rec, ok, err := checkpoint.Dir(cfg.Options.CheckpointDir).Read(j.args.ContainerID, j.args.IfName)
-		if err != nil {
-			return decline("checkpoint", "checkpoint: %v", err)
-		}
-		if ok && rec.Namespace != "" && !s.serves(rec.Namespace) {
-			return decline("namespace", "the checkpoint names pool namespace %s, not served here", rec.Namespace)
-		}
-	}
-	if req.Command == wire.Add && s.o.Allocator != nil {
-		if why := s.o.Allocator.Declines(cfg, j.args); why != "" {
-			return decline("allocator", "%s", why)
-		}
-	}
-	return j, "", ""
+	return nil
 }
 
 // admitByCheckpoint says why the agent would not do a DEL whose config it
