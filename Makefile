@@ -133,7 +133,7 @@ sim:
 # runs the second alone (no gremlins needed); MUTATE_OWN_PKGS get the second
 # alone. About an hour on 2 cores, and as long again for the stand-in's
 # package, each of whose mutants runs the model (docs/testing.md).
-MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/names shim/reconcile install install/standin
+MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/batch shim/names shim/reconcile install install/standin
 MUTATE_OWN_PKGS    ?=
 # Most of the stand-in's Take and GiveBack is run by the bin-dir model, a
 # package of its own: its tests count for the stand-in's mutants, in

@@ -9,6 +9,7 @@ import (
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 
+	"github.com/harvester/harvester-ipam/shim/batch"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
 
@@ -58,7 +59,7 @@ type Group struct {
 
 	mu       sync.Mutex
 	leases   map[string]*shared // by namespace
-	removals map[poolKey]*removalQueue
+	removals batch.Queues[poolKey, *removal]
 	once     sync.Once
 }
 
@@ -118,7 +119,6 @@ func (g *Group) init() {
 			g.Width = 8
 		}
 		g.leases = map[string]*shared{}
-		g.removals = map[poolKey]*removalQueue{}
 	})
 }
 
@@ -395,13 +395,6 @@ func finish(jobs []*releaseJob, err error) {
 // poolKey is one pool of one namespace.
 type poolKey struct{ namespace, pool string }
 
-// removalQueue holds the removals waiting for one pool.
-type removalQueue struct {
-	mu      sync.Mutex
-	waiting []*removal
-	busy    bool
-}
-
 // removal is one RemoveAllocations chunk waiting for its patch.
 type removal struct {
 	ctx     context.Context
@@ -416,14 +409,7 @@ type removal struct {
 // removals from the same pool that wait at the same moment.
 func (g *Group) removeAllocations(ctx context.Context, s *Store, plan Plan) ([]Allocation, error) {
 	g.init()
-	k := poolKey{s.namespace, plan.Pool}
-	g.mu.Lock()
-	q := g.removals[k]
-	if q == nil {
-		q = &removalQueue{}
-		g.removals[k] = q
-	}
-	g.mu.Unlock()
+	q := g.removals.Of(poolKey{s.namespace, plan.Pool})
 	var removed []Allocation
 	for start := 0; start < len(plan.Entries); start += maxRemovals {
 		chunk := plan.Entries[start:min(start+maxRemovals, len(plan.Entries))]
@@ -431,12 +417,7 @@ func (g *Group) removeAllocations(ctx context.Context, s *Store, plan Plan) ([]A
 		for _, e := range chunk {
 			r.want[e.Offset] = e.IPAllocation
 		}
-		q.mu.Lock()
-		q.waiting = append(q.waiting, r)
-		lead := !q.busy
-		q.busy = true
-		q.mu.Unlock()
-		if lead {
+		if q.Push(r) {
 			g.spawn(func() { g.removeAll(s, plan.Pool, q) })
 		}
 		g.await(r.done)
@@ -451,37 +432,16 @@ func (g *Group) removeAllocations(ctx context.Context, s *Store, plan Plan) ([]A
 // removeAll writes the waiting removals of one pool until none waits: each
 // round as many as fit one patch, on the newest read of the pool any of
 // them has (a conflict reads it fresh).
-func (g *Group) removeAll(s *Store, pool string, q *removalQueue) {
+func (g *Group) removeAll(s *Store, pool string, q *batch.Queue[*removal]) {
 	var last *Pool // the pool as the previous round's patch left it
 	for {
-		// As many as fit one patch; one that wants another entry at an
-		// offset another wants (one of the two planned on a stale read)
-		// waits for the next round.
-		q.mu.Lock()
-		var batch []*removal
-		want := map[string]whereaboutsv1alpha1.IPAllocation{}
-		rest := q.waiting[:0]
-		for _, r := range q.waiting {
-			if len(batch) > 0 && (len(want)+len(r.want) > maxRemovals || clashes(want, r.want)) {
-				rest = append(rest, r)
-				continue
-			}
-			batch = append(batch, r)
-			for off, a := range r.want {
-				want[off] = a
-			}
-		}
-		q.waiting = rest
-		if len(batch) == 0 {
-			q.busy = false
-			q.mu.Unlock()
+		round := q.Take(onePatch)
+		if round == nil {
 			return
 		}
-		q.mu.Unlock()
-
 		base := last
 		var live []*removal
-		for _, r := range batch {
+		for _, r := range round {
 			if err := r.ctx.Err(); err != nil {
 				r.err = fmt.Errorf("release from pool %s/%s: %w", s.namespace, pool, err)
 				close(r.done)
@@ -492,7 +452,7 @@ func (g *Group) removeAll(s *Store, pool string, q *removalQueue) {
 				base = r.base
 			}
 		}
-		want = map[string]whereaboutsv1alpha1.IPAllocation{}
+		want := map[string]whereaboutsv1alpha1.IPAllocation{}
 		for _, r := range live {
 			for off, a := range r.want {
 				want[off] = a
@@ -518,6 +478,24 @@ func (g *Group) removeAll(s *Store, pool string, q *removalQueue) {
 			close(r.done)
 		}
 	}
+}
+
+// onePatch chooses a round of removals: as many as fit one patch; one that
+// wants another entry at an offset another wants (one of the two planned on
+// a stale read) waits for the next round.
+func onePatch(waiting []*removal) (round, rest []*removal) {
+	want := map[string]whereaboutsv1alpha1.IPAllocation{}
+	for _, r := range waiting {
+		if len(round) > 0 && (len(want)+len(r.want) > maxRemovals || clashes(want, r.want)) {
+			rest = append(rest, r)
+			continue
+		}
+		round = append(round, r)
+		for off, a := range r.want {
+			want[off] = a
+		}
+	}
+	return round, rest
 }
 
 // clashes says whether b wants another entry at an offset a wants.

@@ -33,12 +33,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/batch"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
 
@@ -78,8 +78,7 @@ type Options struct {
 // Allocator allocates for ADDs of one node. It is safe for concurrent use.
 type Allocator struct {
 	o      Options
-	mu     sync.Mutex
-	queues map[queueKey]*queue
+	queues batch.Queues[queueKey, *member]
 }
 
 // New is an allocator.
@@ -87,7 +86,7 @@ func New(o Options) *Allocator {
 	if o.Rounds <= 0 {
 		o.Rounds = 100
 	}
-	return &Allocator{o: o, queues: map[queueKey]*queue{}}
+	return &Allocator{o: o}
 }
 
 // Request is one attachment's ADD in the whereabouts config it was loaded

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/k8snetworkplumbingwg/whereabouts/pkg/allocate"
@@ -16,6 +15,7 @@ import (
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/batch"
 	"github.com/harvester/harvester-ipam/shim/names"
 )
 
@@ -25,11 +25,7 @@ type queueKey struct{ namespace, pool string }
 // queue holds the members waiting for one pool. One worker at a time writes
 // for it; members that arrive while it writes wait for its next round and
 // go together.
-type queue struct {
-	mu      sync.Mutex
-	waiting []*member
-	busy    bool
-}
+type queue = batch.Queue[*member]
 
 // member is one ADD's claim on one range.
 type member struct {
@@ -58,21 +54,8 @@ type member struct {
 
 // enqueue waits until m is allocated or has failed.
 func (a *Allocator) enqueue(m *member) outcome {
-	k := queueKey{m.store.Namespace(), m.pool}
-	a.mu.Lock()
-	q := a.queues[k]
-	if q == nil {
-		q = &queue{}
-		a.queues[k] = q
-	}
-	a.mu.Unlock()
-
-	q.mu.Lock()
-	q.waiting = append(q.waiting, m)
-	start := !q.busy
-	q.busy = true
-	q.mu.Unlock()
-	if start {
+	q := a.queues.Of(queueKey{m.store.Namespace(), m.pool})
+	if q.Push(m) {
 		a.goAside(func() { a.work(q) })
 	}
 	a.wait(m.done)
@@ -80,25 +63,12 @@ func (a *Allocator) enqueue(m *member) outcome {
 }
 
 // requeue puts m back for the next round (its address was taken elsewhere).
-func (a *Allocator) requeue(q *queue, m *member) {
-	q.mu.Lock()
-	q.waiting = append(q.waiting, m)
-	q.mu.Unlock()
-}
+func (a *Allocator) requeue(q *queue, m *member) { q.Requeue(m) }
 
 // work writes rounds for q until no member waits.
 func (a *Allocator) work(q *queue) {
-	for {
-		q.mu.Lock()
-		batch := q.waiting
-		q.waiting = nil
-		if len(batch) == 0 {
-			q.busy = false
-			q.mu.Unlock()
-			return
-		}
-		q.mu.Unlock()
-		a.commit(q, batch)
+	for round := q.Take(nil); round != nil; round = q.Take(nil) {
+		a.commit(q, round)
 	}
 }
 
