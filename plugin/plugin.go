@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
@@ -304,37 +303,22 @@ func (l *logger) retried(s *shim.Store) {
 	}
 }
 
-// release frees what a plan holds, in the store's two steps: the
-// reservations (judged under whereabouts' Lease), then the pool entries still
-// as planned. A crash between the two leaves the entries, which the next
-// ADD, DEL or reconciler pass releases; verb names the boundary for the
-// crash hook. A node agent's store, which keeps a copy of the pools, frees
-// both in one turn under the Lease (shim.Store.Release). It returns the
-// entries removed.
+// release frees what a plan holds (shim.Store.Free: one turn under the
+// Lease in a node agent, else the reservations then the entries) and logs
+// it; verb names the boundary between the two steps for the crash hook. It
+// returns the entries removed.
 func (p *Plugin) release(ctx context.Context, store *shim.Store, plan shim.Plan, verb, why string, log *logger, ph *steps.Timer) ([]shim.Allocation, error) {
 	if plan.Empty() {
 		return nil, nil
 	}
-	if store.HasLocal() {
-		// A node agent, with its own copy of the pools: both in one turn
-		// under the Lease (shim.Store.Release).
-		removed, deleted, err := store.Release(ctx, plan)
-		ph.Mark("release")
+	removed, deleted, err := store.Free(ctx, plan, func() {
+		p.at(verb + "-after-reservations")
+		ph.Mark("reservations")
+	})
+	ph.Mark("release")
+	if err == nil || len(removed) > 0 || len(deleted) > 0 {
 		log.released(why, plan, removed, deleted)
-		if err != nil {
-			return removed, fmt.Errorf("release %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
-		}
-		return removed, nil
 	}
-	deleted, err := store.ReleaseReservations(ctx, plan)
-	if err != nil {
-		return nil, fmt.Errorf("release the reservations of %s from pool %s/%s: %w", ips(plan.Entries), store.Namespace(), plan.Pool, err)
-	}
-	p.at(verb + "-after-reservations")
-	ph.Mark("reservations")
-	removed, err := store.RemoveAllocations(ctx, plan)
-	ph.Mark("entries")
-	log.released(why, plan, removed, deleted)
 	return removed, err
 }
 
@@ -351,13 +335,4 @@ func (l *logger) released(why string, plan shim.Plan, removed []shim.Allocation,
 		l.Verbosef("released %s from pool %s (%s): was container %s, pod %s, ifname %q; %s",
 			a.IP, plan.Pool, why, a.ContainerID, a.PodRef, a.IfName, orip)
 	}
-}
-
-// ips names the addresses of entries.
-func ips(as []shim.Allocation) string {
-	var out []string
-	for _, a := range as {
-		out = append(out, a.IP.String())
-	}
-	return strings.Join(out, ", ")
 }

@@ -256,3 +256,32 @@ func (s *Store) runRelease(ctx context.Context, j *releaseJob) {
 // HasLocal says whether the store's API keeps a copy of its own (Local):
 // then Release frees a plan in one turn.
 func (s *Store) HasLocal() bool { return s.local() != nil }
+
+// Free frees what a plan holds, entries and reservations, as the store
+// frees best: with a copy of its own (a node agent), in one turn under
+// whereabouts' Lease (Release); otherwise in the two steps
+// ReleaseReservations then RemoveAllocations, calling between (a crash
+// point, a step timer) after the first. A crash between the two leaves the
+// entries, which the next ADD, DEL or reconciler pass releases. It returns
+// the entries removed and the reservations deleted.
+func (s *Store) Free(ctx context.Context, plan Plan, between func()) (removed []Allocation, deleted []string, err error) {
+	if plan.Empty() {
+		return nil, nil, nil
+	}
+	if s.HasLocal() {
+		removed, deleted, err = s.Release(ctx, plan)
+		if err != nil {
+			err = fmt.Errorf("release %s from pool %s/%s: %w", describe(plan.Entries), s.namespace, plan.Pool, err)
+		}
+		return removed, deleted, err
+	}
+	deleted, err = s.ReleaseReservations(ctx, plan)
+	if err != nil {
+		return nil, nil, fmt.Errorf("release the reservations of %s from pool %s/%s: %w", describe(plan.Entries), s.namespace, plan.Pool, err)
+	}
+	if between != nil {
+		between()
+	}
+	removed, err = s.RemoveAllocations(ctx, plan)
+	return removed, deleted, err
+}
