@@ -118,10 +118,10 @@ plant A2 "the agent writes an entry before it records the address" agent/alloc/d
 plant A2u '(the same bug)' agent/alloc/delegate.go \
   's#(\tips, err := d\.Allocator\.Allocate\([^\n]*?)Chosen: record\}\)#\t_ = record\n$1Chosen: nil})#' \
   ./agent/alloc '^TestDelegateRecordsTheAddressBeforeItWritesTheEntry$'
-plant A3 "a lost ADD allocates again without releasing first" plugin/agent.go \
+plant A3 "a lost ADD allocates again without releasing first" plugin/offer.go \
   's#\tif err := p\.releaseLost\(ctx, args\); err != nil \{\n\t\treturn err\n\t\}\n##' \
   ./testcni/sim "${seeds}a_lost_ADD_allocates_again_without_releasing\$"
-plant A3u '(the same bug)' plugin/agent.go \
+plant A3u '(the same bug)' plugin/offer.go \
   's#\tif err := p\.releaseLost\(ctx, args\); err != nil \{\n\t\treturn err\n\t\}\n##' \
   ./plugin '^TestALostAddLeavesThePodOneAddress$'
 plant A4 "the agent keeps the pod's own reservation without the Lease" agent/alloc/reserve.go \
