@@ -34,7 +34,7 @@ build:
 E2E_PATHS ?= exec,agent
 test: deps build tools
 	$(GO) test -count=1 -timeout 20m $$($(GO) list ./... | grep -v /testcni/e2e)
-	GOGC=400 $(GO) run ./cmd/harvester-ipam-sim -seeds $(SIM_SEEDS)
+	GOGC=400 $(GO) run ./tools/sim -seeds $(SIM_SEEDS)
 	rc=0; \
 	HARVESTER_IPAM_E2E_PATHS=$(E2E_PATHS) $(GO) test -count=1 -timeout 40m -parallel 8 -skip '^TestKubelet' ./testcni/e2e || rc=1; \
 	$(GO) test -count=1 -timeout 20m -run '^TestKubelet' ./testcni/e2e || rc=1; \
@@ -66,7 +66,7 @@ clean:
 IMAGE ?= bin/harvester-ipam-image.tar
 IMAGE_ARCH := $(if $(filter command line,$(origin ARCH)),$(ARCH),amd64)
 image:
-	$(GO) run ./cmd/harvester-ipam-image $(if $(filter command line environment,$(origin VERSION)),-version $(VERSION)) -arch $(IMAGE_ARCH) -o $(IMAGE)
+	$(GO) run ./tools/image $(if $(filter command line environment,$(origin VERSION)),-version $(VERSION)) -arch $(IMAGE_ARCH) -o $(IMAGE)
 
 # A Helm repository of the chart, for a Harvester add-on (install/addon): the
 # packaged chart and index.yaml in CHART_REPO, to serve at CHART_REPO_URL (the
@@ -91,11 +91,11 @@ chart-repo:
 # keeps and harvester-ipam -> v0.9.3 releases (and v0.7.0's crash loop and
 # node reboot), side by side on a local API server; fails if one does not.
 demo: deps tools
-	$(GO) run ./cmd/harvester-ipam-rig demo
+	$(GO) run ./tools/rig demo
 
 # harvester-ipam against whereabouts alone, in one run on the rig: a table.
 bench: deps tools
-	$(GO) run ./cmd/harvester-ipam-rig bench
+	$(GO) run ./tools/rig bench
 
 # Each fuzz target for FUZZTIME with one worker; an input that fails is
 # written to the package's testdata/fuzz/, where it stays as a regression.
@@ -113,11 +113,11 @@ fuzz:
 # that passed make test passes make sim); SIM_DURATION=10m plays new seeds
 # for that long instead. It closes with "N schedules, M violations". A
 # violation prints its seed and trace; replay one with
-# go run ./cmd/harvester-ipam-sim -seed N -whereabouts v0.9.3 -trace
+# go run ./tools/sim -seed N -whereabouts v0.9.3 -trace
 SIM_SEEDS ?= 3000
 SIM_DURATION ?=
 sim:
-	GOGC=400 $(GO) run ./cmd/harvester-ipam-sim $(if $(SIM_DURATION),-duration $(SIM_DURATION),-seeds $(SIM_SEEDS))
+	GOGC=400 $(GO) run ./tools/sim $(if $(SIM_DURATION),-duration $(SIM_DURATION),-seeds $(SIM_SEEDS))
 
 # Mutation testing, in two passes, each planting one bug at a time in each
 # package and running that package's own unit tests (and, for a package in
@@ -125,11 +125,11 @@ sim:
 # operators (pinned in testcni/tools.sh), and the project's own (a count
 # shifted by one, an element dropped from an append or a list, a function
 # that returns its input, a flag dropped from a mask;
-# cmd/harvester-ipam-mutate/ops.go), which run in scratch copies of the
+# tools/mutate/ops.go), which run in scratch copies of the
 # module. The tables give test efficacy (bugs caught) and mutator coverage
 # (bugs the tests reach) per package and pass, and the target fails below
 # MUTATE_EFFICACY or MUTATE_COVERAGE. Equivalent mutants (no behaviour to
-# catch) are listed with a reason in mutate/equivalent.txt. MUTATE_PASSES=own
+# catch) are listed with a reason in tools/mutate/equivalent.txt. MUTATE_PASSES=own
 # runs the second alone (no gremlins needed); MUTATE_OWN_PKGS get the second
 # alone. About an hour on 2 cores, and as long again for the stand-in's
 # package, each of whose mutants runs the model (docs/testing.md).
@@ -147,12 +147,12 @@ MUTATE_COVERAGE    ?= 85
 MUTATE_PASSES      ?= gremlins,own
 mutate:
 	case ,$(MUTATE_PASSES), in *,gremlins,*) testcni/tools.sh gremlins;; esac
-	$(GO) run ./cmd/harvester-ipam-mutate -passes $(MUTATE_PASSES) -gremlins "$$(testcni/tools.sh dir)/gremlins-v0.5.0" \
+	$(GO) run ./tools/mutate -passes $(MUTATE_PASSES) -gremlins "$$(testcni/tools.sh dir)/gremlins-v0.5.0" \
 		-workers $(MUTATE_WORKERS) -timeout-coefficient $(MUTATE_COEFFICIENT) -min-timeout $(MUTATE_MIN_TIMEOUT) \
 		-efficacy $(MUTATE_EFFICACY) -coverage $(MUTATE_COVERAGE) -with '$(MUTATE_WITH)' \
-		-equivalent mutate/equivalent.txt $(MUTATE_OUT) $(MUTATE_PKGS)
+		-equivalent tools/mutate/equivalent.txt $(MUTATE_OUT) $(MUTATE_PKGS)
 	case ",$(MUTATE_PASSES),$(strip $(MUTATE_OWN_PKGS))" in *,own,?*) \
-	$(GO) run ./cmd/harvester-ipam-mutate -passes own \
+	$(GO) run ./tools/mutate -passes own \
 		-workers $(MUTATE_WORKERS) -timeout-coefficient $(MUTATE_COEFFICIENT) -min-timeout $(MUTATE_MIN_TIMEOUT) \
 		-efficacy $(MUTATE_EFFICACY) -coverage $(MUTATE_COVERAGE) -with '$(MUTATE_WITH)' \
-		-equivalent mutate/equivalent.txt $(MUTATE_OUT) $(MUTATE_OWN_PKGS);; esac
+		-equivalent tools/mutate/equivalent.txt $(MUTATE_OUT) $(MUTATE_OWN_PKGS);; esac

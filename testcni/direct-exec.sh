@@ -7,8 +7,8 @@
 # whereabouts alone interleaved (which goes first alternates), all ADDs and
 # then all DELs, as the bench's latency section does. Run it inside a rig:
 #
-#   go run ./cmd/harvester-ipam-rig up &      # prints the rig's dir
-#   nsenter -t "$(pgrep -n harvester-ipam-rig)" -n -m -- \
+#   go run ./tools/rig up &            # prints the rig's dir
+#   nsenter -t "$(pgrep -nx rig)" -n -m -- \
 #     testcni/direct-exec.sh /tmp/harvester-ipam-rig-NNN [N] [VERSION]
 set -euo pipefail
 rig=$1 n=${2:-40} v=${3:-v0.9.3}

@@ -107,13 +107,13 @@ func (r *Rig) WhereaboutsImage(ctx context.Context, version string) (Image, erro
 }
 
 // ChartImage is the chart's image, rancher/harvester-ipam:tag, as `make
-// image` builds it (cmd/harvester-ipam-image, from binaries built with
+// image` builds it (tools/image, from binaries built with
 // main.Version tag, so that two tags are two builds).
 func (r *Rig) ChartImage(ctx context.Context, tag string) (Image, error) {
 	ri := r.images()
 	ri.tooled.Do(func() {
 		ri.packer = filepath.Join(r.bin, "harvester-ipam-image")
-		ri.err = r.build(ctx, ri.packer, "./cmd/harvester-ipam-image")
+		ri.err = r.build(ctx, ri.packer, "./tools/image")
 	})
 	if ri.err != nil {
 		return Image{}, ri.err

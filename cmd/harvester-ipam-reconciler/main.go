@@ -9,7 +9,8 @@
 //
 // Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
 // inspection could not finish; 2 bad flags; 3 (inspect --need) some pool
-// cannot fit N more addresses now.
+// cannot fit N more addresses now. This file is its flags; what it does is
+// in shim/reconcile/cli.
 package main
 
 import (
@@ -17,22 +18,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-
-	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/reconcile"
+	"github.com/harvester/harvester-ipam/shim/reconcile/cli"
 )
 
 // Version is set at build time (-ldflags "-X main.Version=...").
@@ -71,17 +63,6 @@ In the chart's pods it logs in as its service account; elsewhere give
 Flags:
 `
 
-type options struct {
-	kubeconfig          string
-	namespace           string
-	grace               time.Duration
-	interval            time.Duration
-	dryRun              bool
-	metricsAddr         string
-	deleteOrphanedPools bool
-	need                int64
-}
-
 // exitCannotFit is inspect --need's status when a pool cannot fit N more
 // addresses: distinct from 1 (could not inspect) and from 2, which the flag
 // package exits with on bad flags, so a preflight script can tell them apart.
@@ -97,16 +78,16 @@ func main() {
 	if inspect {
 		args = args[1:]
 	}
-	var o options
+	var o cli.Options
 	fs := flag.NewFlagSet("harvester-ipam-reconciler", flag.ExitOnError)
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig; empty uses the in-cluster service account")
-	fs.StringVar(&o.namespace, "namespace", "kube-system", "namespace of whereabouts' IPPools and reservations")
-	fs.DurationVar(&o.grace, "grace", 10*time.Minute, "how long an entry must be seen stale before it is released")
-	fs.DurationVar(&o.interval, "interval", 0, "time between passes; 0 runs one pass and exits")
-	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be released and why; change nothing")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics at /metrics; empty serves none")
-	fs.BoolVar(&o.deleteOrphanedPools, "delete-orphaned-pools", false, "delete a pool that no NAD names and that holds no live entry, once seen so for --grace (never while the NADs cannot be read)")
-	fs.Int64Var(&o.need, "need", 0, "inspect: exit 3, naming each pool, when a pool cannot fit this many more addresses now")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "kubeconfig; empty uses the in-cluster service account")
+	fs.StringVar(&o.Namespace, "namespace", "kube-system", "namespace of whereabouts' IPPools and reservations")
+	fs.DurationVar(&o.Grace, "grace", 10*time.Minute, "how long an entry must be seen stale before it is released")
+	fs.DurationVar(&o.Interval, "interval", 0, "time between passes; 0 runs one pass and exits")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "print what would be released and why; change nothing")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics at /metrics; empty serves none")
+	fs.BoolVar(&o.DeleteOrphanedPools, "delete-orphaned-pools", false, "delete a pool that no NAD names and that holds no live entry, once seen so for --grace (never while the NADs cannot be read)")
+	fs.Int64Var(&o.Need, "need", 0, "inspect: exit 3, naming each pool, when a pool cannot fit this many more addresses now")
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), usage, Version)
@@ -143,152 +124,30 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	if o.need < 0 || (o.need > 0 && !inspect) {
+	if o.Need < 0 || (o.Need > 0 && !inspect) {
 		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: --need takes a count above 0, with inspect")
 		os.Exit(2)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var requests atomic.Int64
-	r, err := newReconciler(ctx, o, &requests, o.interval > 0 && !inspect)
-	if err != nil {
-		fail(err)
-	}
-	switch {
-	case inspect:
-		in, err := r.Inspect(ctx)
-		if err != nil {
-			fail(err)
-		}
-		reconcile.WriteInspect(os.Stdout, in)
-		if o.need > 0 {
-			short := in.CannotFit(o.need)
-			reconcile.WriteNeed(os.Stdout, o.need, short)
-			if len(short) > 0 {
-				os.Exit(exitCannotFit)
-			}
-		}
-	case o.interval > 0:
-		if err := loop(ctx, r, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
-			fail(err)
-		}
-	default:
-		if err := pass(ctx, r, &requests, nil); err != nil {
-			fail(err)
-		}
-	}
-}
-
-// newReconciler connects to the cluster; a loop (watch) reads pods and nodes
-// from informers, a single pass lists them.
-func newReconciler(ctx context.Context, o options, requests *atomic.Int64, watch bool) (*reconcile.Reconciler, error) {
-	var rc *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if inspect {
+		err = cli.Inspect(ctx, o)
 	} else {
-		rc, err = rest.InClusterConfig()
+		err = cli.Run(ctx, o)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
-	}
-	rc.UserAgent = "harvester-ipam-reconciler"
-	rc.QPS, rc.Burst = 50, 100
-	// Count requests: a pass's cost is its requests.
-	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripper(func(req *http.Request) (*http.Response, error) {
-			requests.Add(1)
-			return rt.RoundTrip(req)
-		})
-	})
-	kube, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, err
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, err
-	}
-	api, err := shim.NewKubeAPI(rc)
-	if err != nil {
-		return nil, err
-	}
-	cluster := reconcile.NewKubeCluster(kube, dyn, 10*time.Second, 500)
-	if watch {
-		if cluster, err = reconcile.NewCachedCluster(ctx, kube, dyn, 10*time.Second, 500, 2*time.Minute); err != nil {
-			return nil, err
-		}
-	}
-	return &reconcile.Reconciler{
-		Store:   shim.New(api, o.namespace, shim.Options{Identity: "harvester-ipam-reconciler/" + hostname()}),
-		Cluster: cluster,
-		Grace:   o.grace, DryRun: o.dryRun, DeleteOrphanedPools: o.deleteOrphanedPools,
-	}, nil
-}
-
-type roundTripper func(*http.Request) (*http.Response, error)
-
-func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// pass runs one pass, prints its plan and a summary, and fails when the pass
-// could not finish: the CronJob's exit status says so.
-func pass(ctx context.Context, r *reconcile.Reconciler, requests *atomic.Int64, m *metrics) error {
-	start, before := time.Now(), requests.Load()
-	rep, err := r.Pass(ctx)
-	took, reqs := time.Since(start), requests.Load()-before
-	if m != nil {
-		m.observe(rep, err, took, reqs)
-	}
-	if err != nil {
-		return fmt.Errorf("pass: %w", err)
-	}
-	reconcile.WriteRows(os.Stdout, rep.Rows, time.Now())
-	mode := ""
-	if r.DryRun {
-		mode = " (dry run: nothing changed)"
-	}
-	nads := fmt.Sprintf("%d NADs on whereabouts", rep.NADs.Count)
-	if !rep.NADs.Known {
-		nads = fmt.Sprintf("NADs unknown (%v)", rep.NADs.Err)
-	}
-	fmt.Printf("pass%s: %d pools, %d allocations, %d reservations, %s; %d stale, %d allocations released (%d with their reservation), %d orphaned reservations deleted, %d orphaned pools deleted; %d API requests, %s\n",
-		mode, rep.Pools, rep.Allocations, rep.ORIPs, nads, rep.Candidates(), len(rep.Released), len(rep.ReleasedORIPs), len(rep.DeletedORIPs), len(rep.DeletedPools), reqs, took.Round(time.Millisecond))
-	if len(rep.Errors) > 0 {
-		return fmt.Errorf("pass left %d entries unhandled: %w", len(rep.Errors), errors.Join(rep.Errors...))
-	}
-	return nil
-}
-
-func loop(ctx context.Context, r *reconcile.Reconciler, o options, requests *atomic.Int64) error {
-	m := newMetrics(o.namespace)
-	if o.metricsAddr != "" {
-		srv := &http.Server{Addr: o.metricsAddr, Handler: m.handler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fmt.Fprintln(os.Stderr, "metrics:", err)
-			}
-		}()
-		defer srv.Close()
-	}
-	t := time.NewTicker(o.interval)
-	defer t.Stop()
-	for {
-		if err := pass(ctx, r, requests, m); err != nil {
-			fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
+	stop()
+	switch {
+	case errors.Is(err, cli.ErrCannotFit):
+		os.Exit(exitCannotFit)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
+		os.Exit(1)
 	}
 }
 
-// standby does nothing until SIGTERM or SIGINT, then exits 0: it holds the
-// chart's diagnostics container, whose memory limit is its own, so that what
-// an operator's kubectl exec of the reconciler reads of a large cluster
-// never counts against the installer's.
+// standby does nothing until SIGTERM or SIGINT, then exits 0: the chart's
+// diagnostics container (cli.Standby).
 func standby(args []string) {
 	if len(args) > 0 {
 		fmt.Fprintf(os.Stderr, "harvester-ipam-reconciler: standby takes no arguments, not %q\n", args[0])
@@ -296,17 +155,5 @@ func standby(args []string) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// What the packages' initialisation allocated goes back to the node.
-	debug.FreeOSMemory()
-	<-ctx.Done()
-}
-
-func hostname() string {
-	h, _ := os.Hostname()
-	return h
-}
-
-func fail(err error) {
-	fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
-	os.Exit(1)
+	cli.Standby(ctx)
 }

@@ -1,5 +1,6 @@
 // Package image packs files into a container image archive without a
-// container engine: one gzipped layer, an OCI image layout (oci-layout,
+// container engine: one layer (gzipped, or for an archive that never leaves
+// the machine, as the rig's, uncompressed), an OCI image layout (oci-layout,
 // index.json, blobs/sha256/...) that `ctr images import` reads, and beside it
 // Docker's manifest.json and repositories, which `docker load` reads.
 //
@@ -32,6 +33,8 @@ const (
 	MediaTypeManifest = "application/vnd.oci.image.manifest.v1+json"
 	MediaTypeConfig   = "application/vnd.oci.image.config.v1+json"
 	MediaTypeLayer    = "application/vnd.oci.image.layer.v1.tar+gzip"
+	// MediaTypeLayerTar is an uncompressed layer (Spec.Uncompressed).
+	MediaTypeLayerTar = "application/vnd.oci.image.layer.v1.tar"
 )
 
 // Annotations on the index's manifest entry.
@@ -43,13 +46,20 @@ const (
 	AnnotationImageName = "io.containerd.image.name"
 )
 
-// File is one regular file of the layer.
+// File is one entry of the layer: a regular file (Content), a symbolic
+// link (Link) or a directory (Dir). A file's parent directories need no
+// entry of their own: they are made 0755.
 type File struct {
 	// Path in the image, absolute ("/usr/bin/harvester-ipam").
 	Path string
-	// Mode is its permission bits (0o755 for a binary).
+	// Mode is its permission bits (0o755 for a binary, 0o1777 for /tmp); a
+	// link's are 0777.
 	Mode    int64
 	Content []byte
+	// Link is a symbolic link's target ("busybox").
+	Link string
+	// Dir makes a directory of Mode.
+	Dir bool
 }
 
 // Spec is the image to pack.
@@ -61,11 +71,15 @@ type Spec struct {
 	// OS and Architecture are the platform (linux, amd64).
 	OS, Architecture string
 	Files            []File
-	// Entrypoint and Env of the image config; User stays unset (root).
+	// Entrypoint, Env and User of the image config; no User is root.
 	Entrypoint []string
 	Env        []string
+	User       string
 	// Labels of the image config, also the manifest's annotations.
 	Labels map[string]string
+	// Uncompressed leaves the layer as it is (MediaTypeLayerTar): no CPU
+	// goes to gzip for an archive that never leaves the machine.
+	Uncompressed bool
 }
 
 // Descriptor points at a blob (OCI image spec).
@@ -113,6 +127,7 @@ type Config struct {
 type ContainerConfig struct {
 	Env        []string          `json:"Env,omitempty"`
 	Entrypoint []string          `json:"Entrypoint,omitempty"`
+	User       string            `json:"User,omitempty"`
 	WorkingDir string            `json:"WorkingDir,omitempty"`
 	Labels     map[string]string `json:"Labels,omitempty"`
 }
@@ -144,7 +159,7 @@ type Result struct {
 	DiffID         string // the uncompressed layer's digest
 	ArchiveSHA256  string
 	ArchiveSize    int64
-	LayerFileCount int
+	LayerFileCount int // the files and links, directories left out
 }
 
 // Ref is the image reference, repository:tag.
@@ -171,6 +186,9 @@ func (s Spec) check() error {
 		if seen[f.Path] {
 			return fmt.Errorf("image: file %s given twice", f.Path)
 		}
+		if f.Dir && (f.Link != "" || f.Content != nil) || f.Link != "" && f.Content != nil {
+			return fmt.Errorf("image: file %s: one of a directory, a link and content", f.Path)
+		}
 		seen[f.Path] = true
 	}
 	return nil
@@ -189,9 +207,12 @@ func Write(w io.Writer, s Spec) (*Result, error) {
 		return nil, err
 	}
 	diffID := digest(layerTar)
-	layerGz, err := gz(layerTar)
-	if err != nil {
-		return nil, err
+	layerBlob, layerType := layerTar, MediaTypeLayerTar
+	if !s.Uncompressed {
+		if layerBlob, err = gz(layerTar); err != nil {
+			return nil, err
+		}
+		layerType = MediaTypeLayer
 	}
 
 	var paths []string
@@ -201,7 +222,7 @@ func Write(w io.Writer, s Spec) (*Result, error) {
 	sort.Strings(paths)
 	cfg := Config{
 		Created: stamp, Architecture: s.Architecture, OS: s.OS,
-		Config:  ContainerConfig{Env: s.Env, Entrypoint: s.Entrypoint, WorkingDir: "/", Labels: s.Labels},
+		Config:  ContainerConfig{Env: s.Env, Entrypoint: s.Entrypoint, User: s.User, WorkingDir: "/", Labels: s.Labels},
 		RootFS:  RootFS{Type: "layers", DiffIDs: []string{diffID}},
 		History: []History{{Created: stamp, CreatedBy: "harvester-ipam-image: " + strings.Join(paths, " ")}},
 	}
@@ -211,7 +232,7 @@ func Write(w io.Writer, s Spec) (*Result, error) {
 	}
 	res := &Result{Ref: s.Ref(), DiffID: diffID, LayerFileCount: n,
 		Config: Descriptor{MediaType: MediaTypeConfig, Digest: digest(cfgJSON), Size: int64(len(cfgJSON))},
-		Layer:  Descriptor{MediaType: MediaTypeLayer, Digest: digest(layerGz), Size: int64(len(layerGz))},
+		Layer:  Descriptor{MediaType: layerType, Digest: digest(layerBlob), Size: int64(len(layerBlob))},
 	}
 	man := Manifest{SchemaVersion: 2, MediaType: MediaTypeManifest, Config: res.Config, Layers: []Descriptor{res.Layer}, Annotations: s.Labels}
 	manJSON, err := json.Marshal(man)
@@ -248,7 +269,7 @@ func Write(w io.Writer, s Spec) (*Result, error) {
 		"manifest.json":               dockerJSON,
 		"repositories":                reposJSON,
 		blobPath(res.Config.Digest):   cfgJSON,
-		blobPath(res.Layer.Digest):    layerGz,
+		blobPath(res.Layer.Digest):    layerBlob,
 		blobPath(res.Manifest.Digest): manJSON,
 	}
 	h := sha256.New()
@@ -283,13 +304,19 @@ func digest(b []byte) string {
 // layer is the uncompressed layer: the files and their parent directories,
 // sorted, each owned by root with fixed modes and the one timestamp.
 func layer(files []File, mtime time.Time) ([]byte, int, error) {
-	dirs := map[string]bool{}
+	dirs := map[string]int64{} // a directory's mode, by its name with a slash
 	content := map[string]File{}
 	for _, f := range files {
 		p := strings.TrimPrefix(f.Path, "/")
-		content[p] = f
+		if f.Dir {
+			dirs[p+"/"] = f.Mode & 0o7777
+		} else {
+			content[p] = f
+		}
 		for d := path.Dir(p); d != "."; d = path.Dir(d) {
-			dirs[d+"/"] = true
+			if _, ok := dirs[d+"/"]; !ok {
+				dirs[d+"/"] = 0o755
+			}
 		}
 	}
 	var names []string
@@ -304,10 +331,12 @@ func layer(files []File, mtime time.Time) ([]byte, int, error) {
 	tw := tar.NewWriter(&buf)
 	for _, name := range names {
 		hdr := &tar.Header{Name: name, ModTime: mtime, Format: tar.FormatUSTAR}
-		if strings.HasSuffix(name, "/") {
-			hdr.Typeflag, hdr.Mode = tar.TypeDir, 0o755
-		} else {
-			f := content[name]
+		switch f, isFile := content[name]; {
+		case !isFile:
+			hdr.Typeflag, hdr.Mode = tar.TypeDir, dirs[name]
+		case f.Link != "":
+			hdr.Typeflag, hdr.Mode, hdr.Linkname = tar.TypeSymlink, 0o777, f.Link
+		default:
 			hdr.Typeflag, hdr.Mode, hdr.Size = tar.TypeReg, f.Mode&0o7777, int64(len(f.Content))
 		}
 		if err := tw.WriteHeader(hdr); err != nil {

@@ -212,3 +212,50 @@ func TestFullName(t *testing.T) {
 		}
 	}
 }
+
+// The rig's images: directories of their own modes (/tmp sticky), symbolic
+// links, a user, and an uncompressed layer, whose digest is its diff_id.
+func TestWriteDirsLinksUserUncompressed(t *testing.T) {
+	s := spec()
+	s.Files = []File{
+		{Path: "/bin/busybox", Mode: 0o755, Content: []byte("bb")},
+		{Path: "/bin/sh", Link: "busybox"},
+		{Path: "/tmp", Dir: true, Mode: 0o1777},
+		{Path: "/home/u", Dir: true, Mode: 0o777},
+	}
+	s.User, s.Uncompressed = "1000", true
+	var buf bytes.Buffer
+	res, err := Write(&buf, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, data := entries(t, &buf)
+	blob := func(d Descriptor) []byte { return data["blobs/sha256/"+strings.TrimPrefix(d.Digest, "sha256:")] }
+	if res.Layer.MediaType != MediaTypeLayerTar || res.Layer.Digest != res.DiffID || res.LayerFileCount != 2 {
+		t.Errorf("layer %+v, diff_id %s, %d files", res.Layer, res.DiffID, res.LayerFileCount)
+	}
+	var cfg Config
+	if err := json.Unmarshal(blob(res.Config), &cfg); err != nil || cfg.Config.User != "1000" {
+		t.Errorf("config %+v: %v", cfg, err)
+	}
+	order, hdrs, _ := entries(t, bytes.NewReader(blob(res.Layer)))
+	if got := strings.Join(order, " "); got != "bin/ bin/busybox bin/sh home/ home/u/ tmp/" {
+		t.Errorf("layer entries %s", got)
+	}
+	for name, want := range map[string]struct {
+		typ  byte
+		mode int64
+		link string
+	}{
+		"bin/": {tar.TypeDir, 0o755, ""}, "bin/sh": {tar.TypeSymlink, 0o777, "busybox"}, "home/u/": {tar.TypeDir, 0o777, ""},
+		"tmp/": {tar.TypeDir, 0o1777, ""}, "home/": {tar.TypeDir, 0o755, ""},
+	} {
+		if h := hdrs[name]; h == nil || h.Typeflag != want.typ || h.Mode != want.mode || h.Linkname != want.link {
+			t.Errorf("%s: %+v, want %+v", name, h, want)
+		}
+	}
+	s.Files = append(s.Files, File{Path: "/x", Link: "y", Content: []byte("z")})
+	if _, err := Write(io.Discard, s); err == nil || !strings.Contains(err.Error(), "one of a directory, a link and content") {
+		t.Errorf("a link with content: %v", err)
+	}
+}

@@ -46,7 +46,7 @@ func TestSchedules(t *testing.T) {
 						stats[k] += c
 					}
 					if len(res.Violations) > 0 {
-						t.Fatalf("seed %d: %v\nreplay: go run ./cmd/harvester-ipam-sim -seed %d -whereabouts %s -agents=%v -agent-groups=%v -trace\n%s\n%s",
+						t.Fatalf("seed %d: %v\nreplay: go run ./tools/sim -seed %d -whereabouts %s -agents=%v -agent-groups=%v -trace\n%s\n%s",
 							seed, res.Violations, seed, v, agents, agents, res.Trace, res.State)
 					}
 				}
@@ -237,7 +237,7 @@ func TestThePodControllerReleasesGonePods(t *testing.T) {
 // Regression seeds: each broke an invariant on the code before one fix (a
 // scratch branch that reverted it, patches in the note), and must
 // hold now. A change of the simulation's model may make a seed play another
-// story: then find it again (go run ./cmd/harvester-ipam-sim on the
+// story: then find it again (go run ./tools/sim on the
 // reverted code) rather than drop it.
 func TestRegressionSeeds(t *testing.T) {
 	for _, tt := range []struct {
@@ -327,7 +327,7 @@ func TestRegressionSeeds(t *testing.T) {
 		// deleted the reservation by name: the agent's live pod's.
 		{"whereabouts' ADD loses the reservation to the agent, its DEL deletes it", 161, fake.V093, 16, true, true, true, false},
 		// Bugs planted in the agent's allocator and the plugin's lost ADD
-		// (mutate/behaviours.sh, rows A1 to A3), each found by the
+		// (tools/mutate/behaviours.sh, rows A1 to A3), each found by the
 		// simulation on its own: an address another pod reserved kept (two
 		// live attachments on one address); the chosen address not recorded
 		// before the patch (on v0.7.0's CRDs, a DEL after the agent and the

@@ -5,12 +5,12 @@
 # touches the work tree. docs/testing.md says when to add a row; the results of
 # past runs are in docs/history/testing-log-2026.md.
 #
-#   mutate/behaviours.sh            # all
-#   mutate/behaviours.sh 3 5        # some, by number
+#   tools/mutate/behaviours.sh            # all
+#   tools/mutate/behaviours.sh 3 5        # some, by number
 set -uo pipefail
 # The Makefile's flags: the same flags share the build cache.
 export GOTOOLCHAIN=local GOFLAGS='-mod=mod -trimpath' CGO_ENABLED=0
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 

@@ -9,7 +9,7 @@
 //
 // A mutant that lives because it cannot change behaviour (an equivalent
 // mutant) is listed, with a reason, in the equivalents file
-// (mutate/equivalent.txt). Each line there names a mutant by file, mutator
+// (tools/mutate/equivalent.txt). Each line there names a mutant by file, mutator
 // and the source text of its line, so that it still matches when lines move:
 //
 //	shim/clock.go  CONDITIONALS_BOUNDARY  `if b.Cap > 0 && d > float64(b.Cap) {`  reason...
@@ -68,7 +68,7 @@ func main() {
 		workers    = flag.Int("workers", 2, "gremlins workers (go test runs at once)")
 		coeff      = flag.Int("timeout-coefficient", 10, "a mutant's test run may take this many times the coverage run")
 		minTimeout = flag.Duration("min-timeout", 2*time.Minute, "the least time a mutant's test run is given, however fast the coverage run was")
-		equivFile  = flag.String("equivalent", "mutate/equivalent.txt", "the equivalent mutants")
+		equivFile  = flag.String("equivalent", "tools/mutate/equivalent.txt", "the equivalent mutants")
 		efficacy   = flag.Float64("efficacy", 90, "the lowest test efficacy a package may have (percent)")
 		coverage   = flag.Float64("coverage", 85, "the lowest mutator coverage a package may have (percent)")
 		outDir     = flag.String("out", "", "keep each package's gremlins JSON and log here (default: a temporary dir)")

@@ -101,9 +101,9 @@ func TestMakeImageArchitecture(t *testing.T) {
 // that machine. (The builder's own command stands for the image's four:
 // the same build, a fraction of the time.)
 func TestTheArchiveIsOfTheArchitectureAsked(t *testing.T) {
-	saved := Commands
-	Commands = []string{"harvester-ipam-image"}
-	defer func() { Commands = saved }()
+	saved, savedDir := Commands, CommandDir
+	Commands, CommandDir = []string{"image"}, "./tools"
+	defer func() { Commands, CommandDir = saved, savedDir }()
 	t.Chdir(filepath.Join("..", ".."))
 	for arch, machine := range map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64} {
 		t.Run(arch, func(t *testing.T) {

@@ -44,8 +44,11 @@ func checkArch(arch string) error {
 	return fmt.Errorf("-arch %s: amd64 or arm64", arch)
 }
 
-// Commands are the image's binaries, each built from ./cmd/<name>.
+// Commands are the image's binaries, each built from CommandDir/<name>.
 var Commands = []string{"harvester-ipam", "harvester-ipam-agent", "harvester-ipam-install", "harvester-ipam-reconciler"}
+
+// CommandDir holds the image's commands, relative to the module's root.
+var CommandDir = "./cmd"
 
 func main() {
 	var (
@@ -242,10 +245,10 @@ func creationTime(ctx context.Context, flagValue int64) (time.Time, error) {
 func build(ctx context.Context, dir, version, arch string) error {
 	for _, c := range Commands {
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false",
-			"-ldflags", "-s -w -X main.Version="+version, "-o", filepath.Join(dir, c), "./cmd/"+c)
+			"-ldflags", "-s -w -X main.Version="+version, "-o", filepath.Join(dir, c), CommandDir+"/"+c)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch, "GOTOOLCHAIN=local", "GOFLAGS=-mod=mod")
 		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build ./cmd/%s: %w\n%s", c, err, b)
+			return fmt.Errorf("go build %s/%s: %w\n%s", CommandDir, c, err, b)
 		}
 	}
 	return nil
