@@ -31,8 +31,11 @@ func (d Dir) GiveBack(ctx context.Context) error {
 	}
 }
 
+// giveBackOnce is one round of GiveBack: recover, look at the aside and the
+// name, and take the one step they call for. done says the name is the real
+// binary's; ErrPending, that a file it needs is being written or did not
+// answer.
 func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
-	fsys := d.fs()
 	if _, err := d.recover(ctx); err != nil {
 		return false, err
 	}
@@ -50,57 +53,80 @@ func (d Dir) giveBackOnce(ctx context.Context) (done bool, err error) {
 	case n.kind == busy || n.kind == unknown:
 		return false, pending(d.name(), n)
 	case n.kind == runs:
-		// The real binary is at the name: given back already, or written
-		// since. A real binary at the name is never older than the aside
-		// (see keepAside), which goes once the name is seen to hold it
-		// still: a writer may have replaced it meanwhile.
-		if a.kind != missing {
-			if err := d.still(n, d.name()); err != nil {
-				return false, err
-			}
-			if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return false, err
-			}
-			return true, fsys.SyncDir(d.Path)
-		}
-		return true, nil
+		return d.givenBackAlready(n, a)
 	case a.kind != runs:
-		if a.kind == ours {
-			_ = fsys.Remove(d.aside())
-		}
-		what := map[kind]string{missing: "is missing", ours: "was harvester-ipam", broken: "does not run"}[a.kind]
-		return false, fmt.Errorf("give %s back: %w (the real %s %s at %s); %s stays as it is: restart %s's DaemonSet pod on this node, which writes it again",
-			d.name(), ErrNoReal, d.Name, what, d.aside(), d.name(), d.Name)
+		return false, d.noRealToGiveBack(a)
 	case n.kind == missing:
-		// A move that fails rather than replace a file a writer created
-		// meanwhile: the real binary is never in two names, one of which
-		// is then removed while a writer unlinks the other.
-		err := fsys.RenameNoReplace(d.aside(), d.name())
-		if errors.Is(err, ErrNoExchange) {
-			err = fsys.Link(d.aside(), d.name())
-			if errors.Is(err, ErrNoLink) {
-				err = fsys.Rename(d.aside(), d.name())
-			} else if err == nil {
-				err = fsys.Remove(d.aside())
-			}
+		return d.giveBackToMissingName()
+	}
+	return d.exchangeBack(ctx, n, a)
+}
+
+// givenBackAlready finishes a give-back that finds the real binary at the
+// name (n): given back already, or written since. A real binary at the name
+// is never older than the aside (see keepAside), which goes once the name is
+// seen to hold it still: a writer may have replaced it meanwhile.
+func (d Dir) givenBackAlready(n, a look) (done bool, err error) {
+	fsys := d.fs()
+	if a.kind != missing {
+		if err := d.still(n, d.name()); err != nil {
+			return false, err
 		}
-		if errors.Is(err, fs.ErrExist) {
-			return false, fmt.Errorf("%s was written meanwhile: %w", d.name(), ErrPending)
+		if err := fsys.Remove(d.aside()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, err
 		}
-		if err != nil {
-			return false, fmt.Errorf("give %s back: %w", d.name(), err)
-		}
-		d.at(StepGivenBack)
 		return true, fsys.SyncDir(d.Path)
 	}
-	// harvester-ipam, or a fragment, at the name; the real binary aside. One
-	// exchange of the two: the name holds harvester-ipam (the aside its
-	// delegate) until it holds the real binary, and a kill at any instant
-	// leaves a name that runs with no run after it. The real binary is only
-	// ever moved, never in two names one of which is then removed while a
-	// writer unlinks the other. What a writer put at the name meanwhile
-	// comes out at the aside's name, and the record written first says which
-	// of two real binaries whereabouts' installer wrote last.
+	return true, nil
+}
+
+// noRealToGiveBack is the error of a give-back with no runnable aside and no
+// real binary at the name: harvester-ipam stays at the name. harvester-ipam
+// found aside is removed first (never aside).
+func (d Dir) noRealToGiveBack(a look) error {
+	if a.kind == ours {
+		_ = d.fs().Remove(d.aside())
+	}
+	what := map[kind]string{missing: "is missing", ours: "was harvester-ipam", broken: "does not run"}[a.kind]
+	return fmt.Errorf("give %s back: %w (the real %s %s at %s); %s stays as it is: restart %s's DaemonSet pod on this node, which writes it again",
+		d.name(), ErrNoReal, d.Name, what, d.aside(), d.name(), d.Name)
+}
+
+// giveBackToMissingName moves the aside to the missing name: a move that
+// fails rather than replace a file a writer created meanwhile. The real
+// binary is never in two names, one of which is then removed while a writer
+// unlinks the other.
+func (d Dir) giveBackToMissingName() (done bool, err error) {
+	fsys := d.fs()
+	err = fsys.RenameNoReplace(d.aside(), d.name())
+	if errors.Is(err, ErrNoExchange) {
+		err = fsys.Link(d.aside(), d.name())
+		if errors.Is(err, ErrNoLink) {
+			err = fsys.Rename(d.aside(), d.name())
+		} else if err == nil {
+			err = fsys.Remove(d.aside())
+		}
+	}
+	if errors.Is(err, fs.ErrExist) {
+		return false, fmt.Errorf("%s was written meanwhile: %w", d.name(), ErrPending)
+	}
+	if err != nil {
+		return false, fmt.Errorf("give %s back: %w", d.name(), err)
+	}
+	d.at(StepGivenBack)
+	return true, fsys.SyncDir(d.Path)
+}
+
+// exchangeBack gives back over harvester-ipam, or a fragment, at the name
+// (n), the real binary aside (a). One exchange of the two: the name holds
+// harvester-ipam (the aside its delegate) until it holds the real binary,
+// and a kill at any instant leaves a name that runs with no run after it.
+// The real binary is only ever moved, never in two names one of which is
+// then removed while a writer unlinks the other. What a writer put at the
+// name meanwhile comes out at the aside's name, and the record written
+// first says which of two real binaries whereabouts' installer wrote last.
+func (d Dir) exchangeBack(ctx context.Context, n, a look) (done bool, err error) {
+	fsys := d.fs()
 	if err := d.writeMarker(a.file); err != nil {
 		return false, err
 	}
