@@ -614,33 +614,6 @@ func canceled() context.Context {
 	return ctx
 }
 
-// Stopping gives the name back only on an uninstall: a restart, a rollout
-// or a node's shutdown leaves the dir exactly as it was.
-func TestStopGivesBackOnlyOnUninstall(t *testing.T) {
-	ctx := bounded(t)
-	v093 := realBinary("v0.9.3")
-	for _, uninstall := range []bool{false, true} {
-		t.Run(fmt.Sprintf("uninstall %v", uninstall), func(t *testing.T) {
-			d := newDir(t, v093)
-			_, err := d.Take(ctx, true)
-			require.NoError(t, err)
-			before := ino(t, d.name())
-			gaveBack, why, err := d.Stop(ctx, func(context.Context) (bool, string) { return uninstall, "the DaemonSet says so" })
-			require.NoError(t, err)
-			assert.Equal(t, uninstall, gaveBack)
-			assert.Equal(t, "the DaemonSet says so", why)
-			if uninstall {
-				assert.Equal(t, v093, read(t, d.name()), "given back")
-				assert.Nil(t, read(t, d.aside()))
-				return
-			}
-			assert.Equal(t, before, ino(t, d.name()), "the very same file at the name")
-			assert.Equal(t, read(t, d.Self), read(t, d.name()))
-			assert.Equal(t, v093, read(t, d.aside()))
-		})
-	}
-}
-
 func ino(t *testing.T, path string) uint64 {
 	t.Helper()
 	st, err := OS{}.Stat(path)
@@ -704,53 +677,6 @@ func TestNoClockOrdersTheRealBinaries(t *testing.T) {
 	}
 }
 
-// whereabouts' installer writes its binary at the name while harvester-ipam
-// gives the name back, after the give-back has looked: what the exchange
-// moves out of the name is the newer, whatever its time says, and ends at
-// the name; after a kill there, the next run (a Take, or the give-back
-// again) settles the same way.
-func TestAGiveBackMeetsANewerBinary(t *testing.T) {
-	ctx := bounded(t)
-	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
-	for _, next := range []string{"", "take", "giveback"} {
-		t.Run("next run: "+next, func(t *testing.T) {
-			d := newDir(t, v093)
-			_, err := d.Take(ctx, true)
-			require.NoError(t, err)
-			require.NoError(t, os.Chtimes(d.aside(), time.Now().Add(time.Hour), time.Now().Add(time.Hour)))
-			write := func(step string) {
-				if step == StepMarked {
-					busyboxCP(t, d.name(), v094, time.Now().Add(-time.Hour))
-				}
-			}
-			if next == "" {
-				d.AtStep = write
-				require.NoError(t, d.GiveBack(ctx))
-			} else {
-				// The child is killed right after the exchange: the write is
-				// made by the parent before it runs, at the same point.
-				d.AtStep = nil
-				require.NoError(t, d.writeMarker(stat(t, d.aside())))
-				write(StepMarked)
-				require.NoError(t, OS{}.Exchange(d.aside(), d.name()))
-				holds(t, "whereabouts v0.9.4", d.aside(), "what came out of the name")
-				if next == "take" {
-					_, err := d.Take(ctx, true)
-					require.NoError(t, err)
-					holds(t, "harvester-ipam", d.name(), "standing in")
-					holds(t, "whereabouts v0.9.4", d.aside(), "the newer aside")
-					assert.Empty(t, temps(t, d))
-					return
-				}
-				require.NoError(t, d.GiveBack(ctx))
-			}
-			holds(t, "whereabouts v0.9.4", d.name(), "the newer at the name")
-			holds(t, "missing", d.aside(), "given back")
-			assert.Empty(t, temps(t, d))
-		})
-	}
-}
-
 // whatIs names a binary of these tests by its bytes, for a message.
 func whatIs(t *testing.T, b []byte) string {
 	switch {
@@ -780,39 +706,6 @@ func stat(t *testing.T, path string) File {
 	return f
 }
 
-// A whole binary that crashes once (the node out of memory, a passing
-// failure) is run again before it is taken for a fragment: whereabouts'
-// new binary at the name is kept aside, not removed.
-func TestABinaryThatCrashedOnceIsNotAFragment(t *testing.T) {
-	ctx := bounded(t)
-	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
-	for _, standing := range []bool{false, true} {
-		t.Run(fmt.Sprintf("standing in %v", standing), func(t *testing.T) {
-			d := newDir(t, v093)
-			want := v093
-			if standing {
-				_, err := d.Take(ctx, true)
-				require.NoError(t, err)
-				cpF(t, d.name(), v094, time.Now())
-				want = v094
-			}
-			crashed := 0
-			d.Probe = func(ctx context.Context, path string) error {
-				if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, want) && crashed == 0 {
-					crashed++
-					return fmt.Errorf("signal: killed: %w", ErrBroken)
-				}
-				return probeVersion(ctx, path)
-			}
-			_, err := d.Take(ctx, false)
-			require.NoError(t, err)
-			assert.Equal(t, 1, crashed)
-			holds(t, "harvester-ipam", d.name(), "standing in")
-			holds(t, whatIs(t, want), d.aside(), "the real binary aside, not removed for a fragment")
-		})
-	}
-}
-
 // hookFS is the operating system's filesystem with a hook after each Stat,
 // given the path and how many times it was stat'ed: a writer acting at one
 // exact point of a step.
@@ -832,35 +725,6 @@ func (h *hookFS) Stat(path string) (File, error) {
 		h.afterStat(path, h.stats[path])
 	}
 	return f, err
-}
-
-// A look says what the file it stat'ed is: a file replaced while it was
-// probed is reported as not answering (looked at again later), never as
-// what the probe of the other file said.
-func TestALookIsOfTheFileItStats(t *testing.T) {
-	ctx := bounded(t)
-	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
-	for _, tt := range []struct {
-		name    string
-		before  []byte
-		replace func(t *testing.T, path string)
-	}{
-		{"a fragment replaced by a whole binary (busybox cp -f)", v094[:len(v094)/3], func(t *testing.T, path string) { busyboxCP(t, path, v094, time.Now()) }},
-		{"a whole binary rewritten in place (GNU cp -f)", v093, func(t *testing.T, path string) { cpF(t, path, v094, time.Now().Add(-time.Hour)) }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			d := newDir(t, tt.before)
-			d.Probe = func(ctx context.Context, path string) error {
-				err := probeVersion(ctx, path)
-				tt.replace(t, path) // after the probe answered, before the look ends
-				return err
-			}
-			l, err := d.look(ctx, d.name())
-			require.NoError(t, err)
-			assert.Equal(t, unknown, l.kind, "changed while it was looked at: %v", l.why)
-			assert.ErrorContains(t, l.why, "changed while it was looked at")
-		})
-	}
 }
 
 // Without the exchange, the real binary at the name is linked aside as it
@@ -886,30 +750,4 @@ func TestACaptureIsOfTheFileLookedAt(t *testing.T) {
 	require.NoError(t, d.capture(n))
 	c := stat(t, filepath.Join(d.Path, captureName))
 	assert.True(t, c.Same(stat(t, d.name())))
-}
-
-// Giving back with the real binary at the name already (whereabouts wrote it
-// since) removes the aside only once the name is seen to hold it still: a
-// write that left a fragment there meanwhile (a cp -f killed) keeps the
-// aside, which then goes back to the name.
-func TestTheAsideGoesOnlyWhileTheNameHoldsTheRealBinary(t *testing.T) {
-	ctx := bounded(t)
-	v093, v094 := realBinary("v0.9.3"), realBinary("v0.9.4")
-	d := newDir(t, v093)
-	_, err := d.Take(ctx, true)
-	require.NoError(t, err)
-	cpF(t, d.name(), v094, time.Now()) // whereabouts wrote the name since: given back already
-	h := &hookFS{}
-	h.afterStat = func(path string, n int) {
-		// After the give-back's look at the name (its second stat), before
-		// anything else: a cp -f killed halfway leaves a fragment there.
-		if path == d.name() && n == 2 {
-			busyboxCP(t, d.name(), v094[:len(v094)/3], time.Now())
-		}
-	}
-	d.FS = h
-	require.NoError(t, d.GiveBack(ctx))
-	holds(t, "whereabouts v0.9.3", d.name(), "the aside, the only real binary left, back at the name")
-	holds(t, "missing", d.aside(), "given back")
-	assert.Empty(t, temps(t, d))
 }
