@@ -1052,7 +1052,7 @@ func TestTheAllocatorRecordsTheAttachmentOnceBeforeItWrites(t *testing.T) {
 		return nil
 	}
 	r.srv.o.Allocator = allocpkg.Delegate{
-		Allocator: allocpkg.New(allocpkg.Options{AtStep: func(step string) {
+		Batcher: allocpkg.New(allocpkg.Options{AtStep: func(step string) {
 			if step == "alloc-before-patch" {
 				atPatch = r.checkpoints()
 				recorded, _, _ = checkpoint.Dir(r.cpDir).Read("c1", "lhnet1")
@@ -1103,7 +1103,7 @@ func TestAnAddWhoseCopyMissesTheEarlierSandboxReclaimsIt(t *testing.T) {
 			require.NoError(t, err)
 			r.api.Put(fake.NewReservation("192.168.50.2", "longhorn-system/im-a"))
 			r.srv.o.API = cache.API{API: r.api, Objects: objs}
-			r.srv.o.Allocator = allocpkg.Delegate{Allocator: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
+			r.srv.o.Allocator = allocpkg.Delegate{Batcher: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
 
 			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 			require.Equal(t, client.Served, res.Outcome, res.Reason)
@@ -1171,7 +1171,7 @@ func TestAFullRangeIsExplainedWithoutWhereaboutsCredentials(t *testing.T) {
 		"1": {ContainerID: "x1", PodRef: "longhorn-system/gone-a", IfName: "lhnet1"},
 		"2": {ContainerID: "x2", PodRef: "longhorn-system/gone-b", IfName: "lhnet1"},
 	}))
-	r.srv.o.Allocator = allocpkg.Delegate{Allocator: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
+	r.srv.o.Allocator = allocpkg.Delegate{Batcher: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
 	config := []byte(fmt.Sprintf(`{"cniVersion":"0.3.1","name":"storagenetwork","type":"bridge","bridge":"mgmt-br",
 		"ipam":{"type":"whereabouts","range":"192.168.50.0/30","configuration_path":%q,"harvester_ipam":{"checkpoint_dir":%q}}}`, r.flat, r.cpDir))
 	res := r.do(wire.Add, env("c1", "lhnet1"), config)

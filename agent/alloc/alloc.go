@@ -42,7 +42,7 @@ import (
 	"github.com/harvester/harvester-ipam/shim/names"
 )
 
-// Options tune an Allocator; the zero value of each is its default.
+// Options tune a Batcher; the zero value of each is its default.
 type Options struct {
 	// Rounds bounds the patches one group tries after conflicts (100, as
 	// whereabouts' retries).
@@ -75,18 +75,19 @@ type Options struct {
 	Wait func(done <-chan struct{})
 }
 
-// Allocator allocates for ADDs of one node. It is safe for concurrent use.
-type Allocator struct {
+// Batcher allocates for the ADDs of one node, the ADDs waiting for one pool
+// at one moment in one patch (a group commit). It is safe for concurrent use.
+type Batcher struct {
 	o      Options
 	queues batch.Queues[queueKey, *member]
 }
 
 // New is an allocator.
-func New(o Options) *Allocator {
+func New(o Options) *Batcher {
 	if o.Rounds <= 0 {
 		o.Rounds = 100
 	}
-	return &Allocator{o: o}
+	return &Batcher{o: o}
 }
 
 // Request is one attachment's ADD in the whereabouts config it was loaded
@@ -112,7 +113,7 @@ type Request struct {
 // what earlier ranges allocated stays (whereabouts does not roll it back;
 // the runtime's DEL releases it). The error of a full range is whereabouts'
 // own text, in whereabouts' words ("error at storage engine: ...").
-func (a *Allocator) Allocate(ctx context.Context, r Request) ([]net.IPNet, error) {
+func (a *Batcher) Allocate(ctx context.Context, r Request) ([]net.IPNet, error) {
 	if r.IPAM == nil || r.Store == nil {
 		return nil, errors.New("allocate: no config or no store")
 	}
@@ -163,14 +164,14 @@ func storeError(what string, err error) error {
 		"the Kubernetes API server holding the IPPools could not be reached or refused the write; the runtime retries")
 }
 
-func (a *Allocator) at(step string) {
+func (a *Batcher) at(step string) {
 	if a.o.AtStep != nil {
 		a.o.AtStep(step)
 	}
 }
 
 // goAside runs f beside the caller.
-func (a *Allocator) goAside(f func()) {
+func (a *Batcher) goAside(f func()) {
 	if a.o.Go != nil {
 		a.o.Go(f)
 		return
@@ -179,7 +180,7 @@ func (a *Allocator) goAside(f func()) {
 }
 
 // wait returns once done is closed.
-func (a *Allocator) wait(done <-chan struct{}) {
+func (a *Batcher) wait(done <-chan struct{}) {
 	if a.o.Wait != nil {
 		a.o.Wait(done)
 		return

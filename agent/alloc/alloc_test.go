@@ -605,7 +605,7 @@ func TestDelegateRecordsTheAddressBeforeItWritesTheEntry(t *testing.T) {
 		}
 		return nil
 	}
-	d := alloc.Delegate{Allocator: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+	d := alloc.Delegate{Batcher: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
 		return ipam("10.0.0.0/24"), "0.3.1", nil
 	}}
 	cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
@@ -663,7 +663,7 @@ func TestAChoiceGivenUpOnAConflictLeavesTheCheckpoint(t *testing.T) {
 			cp := checkpoint.Dir(t.TempDir())
 			rec := checkpoint.Record{ContainerID: "c1", IfName: "lhnet2", PodRef: "longhorn-system/im-a", Network: "storagenetwork-b",
 				Namespace: ns, Pools: []checkpoint.Pool{{Name: "10.0.0.0-24", Range: "10.0.0.0/24"}}}
-			d := alloc.Delegate{Allocator: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+			d := alloc.Delegate{Batcher: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
 				return ipam("10.0.0.0/24"), "0.3.1", nil
 			}}
 			cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
@@ -819,7 +819,7 @@ func TestAMemberThatLeavesAfterAConflictLeavesNoChoiceInItsRecord(t *testing.T) 
 			rec := checkpoint.Record{ContainerID: "c1", IfName: "lhnet2", PodRef: "longhorn-system/im-a", Network: "storagenetwork-b",
 				Namespace: ns, Pools: []checkpoint.Pool{{Name: pool, Range: tc.rng}}}
 			require.NoError(t, cp.Write(rec))
-			d := alloc.Delegate{Allocator: alloc.New(alloc.Options{Rounds: tc.rounds}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+			d := alloc.Delegate{Batcher: alloc.New(alloc.Options{Rounds: tc.rounds}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
 				return ipam(tc.rng), "0.3.1", nil
 			}}
 			cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}

@@ -21,7 +21,7 @@ import (
 // and released earlier sandboxes; Delegate allocates as whereabouts' ADD
 // would and returns its result.
 type Delegate struct {
-	Allocator *Allocator
+	Batcher *Batcher
 	// Load reads the config as whereabouts' loader does with CNI_ARGS (the
 	// pod, static IP and GATEWAY), without touching whereabouts' log
 	// (conf.Loader{Quiet: true}.Whereabouts).
@@ -80,7 +80,7 @@ func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 	if err != nil {
 		return nil, asCNI(err)
 	}
-	ips, err := d.Allocator.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record, Unchosen: forget})
+	ips, err := d.Batcher.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record, Unchosen: forget})
 	if errors.Is(err, shim.ErrEarlierSandbox) {
 		return nil, err // the plugin releases it and asks again
 	}

@@ -53,7 +53,7 @@ type member struct {
 }
 
 // enqueue waits until m is allocated or has failed.
-func (a *Allocator) enqueue(m *member) outcome {
+func (a *Batcher) enqueue(m *member) outcome {
 	q := a.queues.Of(queueKey{m.store.Namespace(), m.pool})
 	if q.Push(m) {
 		a.goAside(func() { a.work(q) })
@@ -63,10 +63,10 @@ func (a *Allocator) enqueue(m *member) outcome {
 }
 
 // requeue puts m back for the next round (its address was taken elsewhere).
-func (a *Allocator) requeue(q *queue, m *member) { q.Requeue(m) }
+func (a *Batcher) requeue(q *queue, m *member) { q.Requeue(m) }
 
 // work writes rounds for q until no member waits.
-func (a *Allocator) work(q *queue) {
+func (a *Batcher) work(q *queue) {
 	for round := q.Take(nil); round != nil; round = q.Take(nil) {
 		a.commit(q, round)
 	}
@@ -135,7 +135,7 @@ const (
 // commit allocates batch in one pool: choose on the pool as last seen, write
 // every choice in one guarded patch, re-read fresh and choose again on a
 // conflict; then reserve each address.
-func (a *Allocator) commit(q *queue, batch []*member) {
+func (a *Batcher) commit(q *queue, batch []*member) {
 	store, pool, rng := batch[0].store, batch[0].pool, batch[0].rng.Range
 	ctx := context.Background() // the group's own; each member's is checked before each write
 	base, err := store.CachedPool(ctx, pool)
@@ -240,7 +240,7 @@ type failure struct {
 // member that would take over an entry another member of this round adds
 // (two sandboxes of one pod at once, which the kubelet never makes) waits
 // for the next round.
-func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, failed []failure, later []*member) {
+func (a *Batcher) choose(base *shim.Pool, batch []*member) (chosen []choice, failed []failure, later []*member) {
 	first, _, err := net.ParseCIDR(base.Spec.Range)
 	if err != nil {
 		for _, m := range batch {
@@ -301,7 +301,7 @@ func (a *Allocator) choose(base *shim.Pool, batch []*member) (chosen []choice, f
 // another interface of the sandbox (whereabouts v0.7.0's CRD prunes the
 // ifname, so entries are told apart by the addresses recorded), and a
 // release of this one would take it.
-func (a *Allocator) replacePending(m *member, ip net.IPNet) error {
+func (a *Batcher) replacePending(m *member, ip net.IPNet) error {
 	if m.pending == nil || m.pending.IP.Equal(ip.IP) || m.unchosen == nil {
 		return nil
 	}
@@ -318,7 +318,7 @@ func (a *Allocator) replacePending(m *member, ip net.IPNet) error {
 // never decides that an address is taken: before the range is reported
 // full, what it excluded is read fresh, and an address no other pod holds
 // is chosen again.
-func (a *Allocator) chooseOne(base *shim.Pool, first net.IP, list []wbtypes.IPReservation, m *member) (choice, error) {
+func (a *Batcher) chooseOne(base *shim.Pool, first net.IP, list []wbtypes.IPReservation, m *member) (choice, error) {
 	extra := make([]wbtypes.IPReservation, 0, len(m.skip))
 	for _, ip := range m.skip {
 		extra = append(extra, wbtypes.IPReservation{IP: ip, IsAllocated: true})
@@ -368,7 +368,7 @@ func (a *Allocator) chooseOne(base *shim.Pool, first net.IP, list []wbtypes.IPRe
 
 // notReservedElsewhere are the addresses of ips whose reservation, read
 // fresh, no other pod holds.
-func (a *Allocator) notReservedElsewhere(namespace string, m *member, ips []net.IP) ([]net.IP, error) {
+func (a *Batcher) notReservedElsewhere(namespace string, m *member, ips []net.IP) ([]net.IP, error) {
 	var free []net.IP
 	for _, ip := range ips {
 		o, err := m.store.Reservation(m.ctx, names.Reservation(ip, m.network))
@@ -394,7 +394,7 @@ func withoutIPs(rs []wbtypes.IPReservation, ips []net.IP) []wbtypes.IPReservatio
 }
 
 // reservedElsewhere says whether the cache shows ip reserved by another pod.
-func (a *Allocator) reservedElsewhere(namespace string, m *member, ip net.IP) bool {
+func (a *Batcher) reservedElsewhere(namespace string, m *member, ip net.IP) bool {
 	if a.o.Reserved == nil {
 		return false
 	}

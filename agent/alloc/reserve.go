@@ -20,7 +20,7 @@ const reserveTimeout = 2 * time.Minute
 // reserve creates the reservation of each written address, all at once. An
 // address another pod has reserved (an overlapping range allocated it) is
 // given up: its entry removed, and the member allocated again without it.
-func (a *Allocator) reserve(q *queue, chosen []choice) {
+func (a *Batcher) reserve(q *queue, chosen []choice) {
 	var dones []chan struct{}
 	for _, c := range chosen {
 		if !c.m.overlapping {
@@ -39,7 +39,7 @@ func (a *Allocator) reserve(q *queue, chosen []choice) {
 	}
 }
 
-func (a *Allocator) reserveOne(q *queue, c choice) {
+func (a *Batcher) reserveOne(q *queue, c choice) {
 	m := c.m
 	ctx, cancel := context.WithTimeout(context.Background(), reserveTimeout)
 	defer cancel()
@@ -95,7 +95,7 @@ func (a *Allocator) reserveOne(q *queue, c choice) {
 // unlisted namespace may, and so may one whose copy has not yet shown the
 // pool as written at rv (the allocation's own patch): a pool created before
 // that patch may be missing from it.
-func (a *Allocator) shared(m *member, rv string) bool {
+func (a *Batcher) shared(m *member, rv string) bool {
 	if a.o.Pools == nil {
 		return false
 	}
@@ -126,7 +126,7 @@ func (a *Allocator) shared(m *member, rv string) bool {
 // Lease, it is read again and created if a release deleted it meanwhile.
 // One that names an earlier container of the pod is made this one's, so
 // that this sandbox's DEL owns it (shim.Owns).
-func (a *Allocator) keepOwn(ctx context.Context, m *member, name string, spec shim.ReservationSpec) error {
+func (a *Batcher) keepOwn(ctx context.Context, m *member, name string, spec shim.ReservationSpec) error {
 	return m.store.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
 		for try := 1; ; try++ {
 			o, err := l.Reservation(ctx, name)
@@ -162,7 +162,7 @@ func (a *Allocator) keepOwn(ctx context.Context, m *member, name string, spec sh
 // the entry is still its own: its container and pod, with the ifname it
 // wrote or none (whereabouts v0.7.0's CRD prunes the ifname as the entry is
 // stored). Planned on a fresh read; removed while it is still as read.
-func (a *Allocator) giveUp(ctx context.Context, c choice) error {
+func (a *Batcher) giveUp(ctx context.Context, c choice) error {
 	m := c.m
 	own := func(p *shim.Pool) []string {
 		e, ok := p.Spec.Allocations[c.offset]

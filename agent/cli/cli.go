@@ -127,7 +127,7 @@ func start(ctx context.Context, o Options, namespaces []string) (*running, error
 	var allocator agent.Allocator
 	if !o.ExecWB {
 		allocator = alloc.Delegate{
-			Allocator: alloc.New(alloc.Options{Reserved: objs.Reservation, Pools: objs.Pools, AtStep: atStep,
+			Batcher: alloc.New(alloc.Options{Reserved: objs.Reservation, Pools: objs.Pools, AtStep: atStep,
 				Follows: func(namespace, rv string) bool {
 					ctx, cancel := context.WithTimeout(context.Background(), agent.FollowWait)
 					defer cancel()

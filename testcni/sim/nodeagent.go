@@ -159,7 +159,7 @@ func (w *world) startAgent(a *actor, n *node, pod string, prev *agentProc) {
 		API:            agentAPI{API: cache.API{API: w.api, Objects: ag.objs}, w: w},
 		Namespaces:     []string{poolNS},
 		Node:           n.name,
-		Allocator:      alloc.Delegate{Allocator: al, Load: conf.Loader{Quiet: true}.Whereabouts},
+		Allocator:      alloc.Delegate{Batcher: al, Load: conf.Loader{Quiet: true}.Whereabouts},
 		Log:            io.Discard,
 		MaxInFlight:    agentSlots,
 		VerbTimeout:    time.Hour,
