@@ -133,94 +133,123 @@ func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	return rep, nil
 }
 
+// reconcilePool judges one pool's entries, releases those seen stale twice
+// over the grace, records the sightings and adds the pool's figures to rep.
 func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world World, sb Sandboxes, nads *NADs, now time.Time, rep *Report) error {
 	verdicts, err := Classify(p, world, sb)
 	if err != nil {
 		return err
 	}
+	pp := r.sight(p, verdicts, now, rep)
 	// The figures are the pool's once this pass is done with it: what it
 	// releases is free again (the gauges must not say "full" for a minute
 	// after the pass that emptied it).
-	ages := map[string]time.Duration{}
 	var released map[string]bool
-	defer func() {
-		left := make([]Verdict, 0, len(verdicts))
-		stats := PoolStats{Pool: p.Name, Range: p.Spec.Range, Orphaned: nads.Orphaned(p)}
-		for _, v := range verdicts {
-			if released[v.Offset] {
-				continue
-			}
-			left = append(left, v)
-			if v.Stale() {
-				stats.Stale++
-				stats.OldestStale = max(stats.OldestStale, ages[v.Offset])
-			}
-		}
-		stats.Allocated = len(left)
-		stats.Usage = nads.Usage(p, left)
-		rep.Stats = append(rep.Stats, stats)
-	}()
-	old := decodeSightings(p.Annotations[StaleSinceAnnotation])
-	seen := sightings{}
-	due := map[string]shim.IPAllocation{}
-	rows := map[string]int{}
-	for _, v := range verdicts {
-		if !v.Stale() {
-			continue
-		}
-		s, ok := old[v.Offset]
-		if !ok || s.holder != holderOf(v.ContainerID) {
-			// Recorded to the second, rounded up: never a grace shorter than Grace.
-			s = sighting{holder: holderOf(v.ContainerID), since: ceilSecond(now)}
-		} else if age := now.Sub(s.since); age > 0 {
-			ages[v.Offset] = age
-		}
-		seen[v.Offset] = s
-		row := Row{Kind: "allocation", Pool: p.Name, IP: v.IP.String(), PodRef: v.PodRef, Container: v.ContainerID, IfName: v.IfName, Reason: v.Reason, Since: s.since}
-		if ok && s == old[v.Offset] && now.Sub(s.since) >= r.Grace {
-			due[v.Offset] = v.IPAllocation
-			row.Action = "release"
-		} else if r.Grace <= 0 {
-			due[v.Offset] = v.IPAllocation
-			row.Action = "release"
-		} else {
-			row.Action = "wait " + (r.Grace - now.Sub(s.since)).Round(time.Second).String()
-		}
-		rows[v.Offset] = len(rep.Rows)
-		rep.Rows = append(rep.Rows, row)
-	}
+	defer func() { rep.Stats = append(rep.Stats, pp.stats(verdicts, released, nads)) }()
 	if r.DryRun {
-		for off, s := range seen {
-			if _, recorded := old[off]; !recorded || old[off] != s {
-				rep.Rows[rows[off]].Since = time.Time{} // a dry run records nothing
-			}
-		}
-		for off := range due {
-			rep.Rows[rows[off]].Action = "would release"
-		}
+		pp.dryRun(rep)
 		return nil
 	}
-
-	if len(due) > 0 {
-		released, err = r.release(ctx, p, due, rep)
-		for off := range due {
-			if released[off] {
-				delete(seen, off)
-			} else {
-				rep.Rows[rows[off]].Action = "kept: live on a fresh look"
-				delete(seen, off)
+	if len(pp.due) > 0 {
+		released, err = r.release(ctx, p, pp.due, rep)
+		for off := range pp.due {
+			if !released[off] {
+				rep.Rows[pp.rows[off]].Action = "kept: live on a fresh look"
 			}
+			delete(pp.seen, off)
 		}
 		if err != nil {
 			return fmt.Errorf("release stale entries of pool %s: %w", p.Name, err)
 		}
 	}
-	// Record first sightings, and forget entries no longer stale; a pass that
-	// changes nothing writes nothing.
+	return r.recordSightings(ctx, pp, rep)
+}
+
+// poolPass is a pass's look at one pool's stale entries.
+type poolPass struct {
+	p *shim.Pool
+	// old are the sightings the pool recorded, seen this pass's.
+	old, seen sightings
+	// due are the entries seen stale twice, over the grace apart.
+	due map[string]shim.IPAllocation
+	// rows index the report's row of each stale entry by offset.
+	rows map[string]int
+	// ages are how long each entry has been seen stale.
+	ages map[string]time.Duration
+}
+
+// sight judges p's stale entries against the sightings it recorded: each
+// is due once seen twice, Grace apart, under the same holder; each gets its
+// row in rep.
+func (r *Reconciler) sight(p *shim.Pool, verdicts []Verdict, now time.Time, rep *Report) *poolPass {
+	pp := &poolPass{p: p, old: decodeSightings(p.Annotations[StaleSinceAnnotation]), seen: sightings{},
+		due: map[string]shim.IPAllocation{}, rows: map[string]int{}, ages: map[string]time.Duration{}}
+	for _, v := range verdicts {
+		if !v.Stale() {
+			continue
+		}
+		s, ok := pp.old[v.Offset]
+		if !ok || s.holder != holderOf(v.ContainerID) {
+			// Recorded to the second, rounded up: never a grace shorter than Grace.
+			s = sighting{holder: holderOf(v.ContainerID), since: ceilSecond(now)}
+		} else if age := now.Sub(s.since); age > 0 {
+			pp.ages[v.Offset] = age
+		}
+		pp.seen[v.Offset] = s
+		row := Row{Kind: "allocation", Pool: p.Name, IP: v.IP.String(), PodRef: v.PodRef, Container: v.ContainerID, IfName: v.IfName, Reason: v.Reason, Since: s.since}
+		if ok && s == pp.old[v.Offset] && now.Sub(s.since) >= r.Grace {
+			pp.due[v.Offset] = v.IPAllocation
+			row.Action = "release"
+		} else if r.Grace <= 0 {
+			pp.due[v.Offset] = v.IPAllocation
+			row.Action = "release"
+		} else {
+			row.Action = "wait " + (r.Grace - now.Sub(s.since)).Round(time.Second).String()
+		}
+		pp.rows[v.Offset] = len(rep.Rows)
+		rep.Rows = append(rep.Rows, row)
+	}
+	return pp
+}
+
+// dryRun says what the pass would release, and records nothing.
+func (pp *poolPass) dryRun(rep *Report) {
+	for off, s := range pp.seen {
+		if _, recorded := pp.old[off]; !recorded || pp.old[off] != s {
+			rep.Rows[pp.rows[off]].Since = time.Time{} // a dry run records nothing
+		}
+	}
+	for off := range pp.due {
+		rep.Rows[pp.rows[off]].Action = "would release"
+	}
+}
+
+// stats are the pool's figures once the pass is done with it.
+func (pp *poolPass) stats(verdicts []Verdict, released map[string]bool, nads *NADs) PoolStats {
+	left := make([]Verdict, 0, len(verdicts))
+	stats := PoolStats{Pool: pp.p.Name, Range: pp.p.Spec.Range, Orphaned: nads.Orphaned(pp.p)}
+	for _, v := range verdicts {
+		if released[v.Offset] {
+			continue
+		}
+		left = append(left, v)
+		if v.Stale() {
+			stats.Stale++
+			stats.OldestStale = max(stats.OldestStale, pp.ages[v.Offset])
+		}
+	}
+	stats.Allocated = len(left)
+	stats.Usage = nads.Usage(pp.p, left)
+	return stats
+}
+
+// recordSightings records first sightings and forgets entries no longer
+// stale; a pass that changes nothing writes nothing.
+func (r *Reconciler) recordSightings(ctx context.Context, pp *poolPass, rep *Report) error {
 	var unsighted []string // offsets past the annotation's budget, as last written
 	want := func(cur *shim.Pool) string {
 		keep := sightings{}
-		for off, s := range seen {
+		for off, s := range pp.seen {
 			if a, ok := cur.Spec.Allocations[off]; ok && holderOf(a.ContainerID) == s.holder {
 				keep[off] = s
 			}
@@ -233,16 +262,16 @@ func (r *Reconciler) reconcilePool(ctx context.Context, p *shim.Pool, world Worl
 	// pass recorded have started their grace.
 	label := func() {
 		for _, off := range unsighted {
-			if i, ok := rows[off]; ok {
+			if i, ok := pp.rows[off]; ok {
 				rep.Rows[i].Action = "wait: sighted once the stale entries recorded before are released"
 			}
 		}
 	}
-	if len(due) == 0 && want(p) == p.Annotations[StaleSinceAnnotation] {
+	if len(pp.due) == 0 && want(pp.p) == pp.p.Annotations[StaleSinceAnnotation] {
 		label()
 		return nil
 	}
-	err = r.Store.SetPoolAnnotation(ctx, p.Name, StaleSinceAnnotation, want)
+	err := r.Store.SetPoolAnnotation(ctx, pp.p.Name, StaleSinceAnnotation, want)
 	label()
 	return err
 }
