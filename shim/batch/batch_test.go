@@ -21,6 +21,9 @@ func TestQueue(t *testing.T) {
 		return round, rest
 	}
 	none := func(w []int) (round, rest []int) { return nil, append([]int(nil), w...) }
+	last := func(w []int) (round, rest []int) {
+		return []int{w[len(w)-1]}, append([]int(nil), w[:len(w)-1]...)
+	}
 	for _, tt := range []struct {
 		name   string
 		push   []int
@@ -31,6 +34,7 @@ func TestQueue(t *testing.T) {
 		{"all that waits, in one round", []int{1, 2, 3}, nil, [][]int{{1, 2, 3}}},
 		{"what pick chooses, the rest in later rounds", []int{1, 2, 3, 4}, evens, [][]int{{2, 4}, {1}, {3}}},
 		{"a pick of nothing gets the first", []int{5, 6}, none, [][]int{{5}, {6}}},
+		{"a pick of one gets that one", []int{1, 2, 3}, last, [][]int{{3}, {2}, {1}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var q batch.Queue[int]
