@@ -136,6 +136,8 @@ func (o Options) withDefaults() Options {
 type Result struct {
 	Findings []Finding
 	Figures  []Figures
+	// Networks are the NADs whose IPAM is whereabouts, judged.
+	Networks []string
 	// Errors are what could not be judged (a pool whose entries do not
 	// parse, NADs unknown); the rest was.
 	Errors []error
@@ -161,6 +163,10 @@ func Judge(s Snapshot, o Options) Result {
 	heads, figs := x.headroom(s.Nodes, o)
 	out.Findings = append(out.Findings, heads...)
 	out.Figures = figs
+	for ref := range x.nets {
+		out.Networks = append(out.Networks, ref)
+	}
+	sort.Strings(out.Networks)
 	sortFindings(out.Findings)
 	return out
 }
