@@ -210,6 +210,12 @@ func TestJudge(t *testing.T) {
 			pods[1].status["default/mig"] = []string{"10.0.60.1"}
 			return pods
 		}, want: []string{"PodPoolMismatch default/mig 10.0.60.1 " + imB}},
+		{name: "false alarm: a network whose pools are in another namespace", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs = append(s.NADs, nad("default/elsewhere", "10.0.70.0/24", map[string]any{"network_name": "elsewhere"}))
+			pods[1].asks = append(pods[1].asks, "default/elsewhere")
+			pods[1].status["default/elsewhere"] = []string{"10.0.70.4"}
+			return pods
+		}},
 		{name: "an entry without its reservation", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			s.Reservations = s.Reservations[:1]
 			return pods

@@ -143,8 +143,8 @@ func (x *index) mismatched(o Options) []Finding {
 		containers := map[string]string{} // container -> an address it holds on the status
 		for _, a := range st {
 			nw := x.nets[a.nad]
-			if nw == nil {
-				continue
+			if nw == nil || !x.anyPool(nw) {
+				continue // not whereabouts, or its pools are in another namespace: not judged
 			}
 			mine := x.entriesIn(ref, nw.pools)
 			for _, ip := range a.ips {
@@ -182,6 +182,17 @@ func (x *index) mismatched(o Options) []Finding {
 		}
 	}
 	return out
+}
+
+// anyPool says whether the snapshot holds a pool of nw: a NAD whose
+// kubeconfig keeps its pools in another namespace is not judged here.
+func (x *index) anyPool(nw *network) bool {
+	for _, p := range nw.pools {
+		if _, ok := x.ranges[p]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // entriesIn are a pod's entries in the given pools.
