@@ -49,7 +49,7 @@ func component(p *corev1.Pod) string {
 func (x *index) headroom(nodes int, o Options) ([]Finding, []Figures) {
 	type count struct{ ims, sms, bims int }
 	counts := map[string]*count{}
-	for _, p := range x.pods {
+	for ref, p := range x.pods {
 		if p.Namespace != o.LonghornNamespace || !live(p) {
 			continue
 		}
@@ -57,7 +57,7 @@ func (x *index) headroom(nodes int, o Options) ([]Finding, []Figures) {
 		if c == "" {
 			continue
 		}
-		for _, r := range dedupeRequests(requestsOf(p)) {
+		for _, r := range dedupeRequests(x.requests[ref]) {
 			if x.nets[r] == nil {
 				continue
 			}
@@ -104,22 +104,24 @@ func (x *index) headroom(nodes int, o Options) ([]Finding, []Figures) {
 // free counts what whereabouts may still hand out of a network's pools (a
 // pool not made yet: its whole range), as reconcile measures it.
 func (x *index) free(nw *network) int64 {
+	if x.verdicts == nil {
+		x.byName = make(map[string]*shim.Pool, len(x.pools))
+		for _, p := range x.pools {
+			x.byName[p.Name] = p
+		}
+		x.verdicts = map[string][]reconcile.Verdict{}
+		for _, e := range x.entries {
+			x.verdicts[e.Pool] = append(x.verdicts[e.Pool], reconcile.Verdict{Allocation: e.Allocation})
+		}
+	}
 	total := new(big.Int)
-	byPool := map[string]*shim.Pool{}
-	for _, p := range x.pools {
-		byPool[p.Name] = p
-	}
-	verdicts := map[string][]reconcile.Verdict{}
-	for _, e := range x.entries {
-		verdicts[e.Pool] = append(verdicts[e.Pool], reconcile.Verdict{Allocation: e.Allocation})
-	}
 	for i, name := range nw.pools {
-		p := byPool[name]
+		p := x.byName[name]
 		if p == nil {
 			p = &shim.Pool{}
 			p.Name, p.Spec.Range = name, nw.ranges[i]
 		}
-		total.Add(total, x.nads.Usage(p, verdicts[name]).Free)
+		total.Add(total, x.nads.Usage(p, x.verdicts[name]).Free)
 	}
 	if !total.IsInt64() {
 		return math.MaxInt64

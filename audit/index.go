@@ -43,10 +43,16 @@ type index struct {
 	nads      *reconcile.NADs
 	pools     []*shim.Pool
 	ranges    map[string]string // pool name -> range
-	entries   []entry
-	byPod     map[string][]entry // podref -> entries
-	pods      map[string]*corev1.Pod
-	orips     map[string]*shim.Reservation // by name
+	// byName and verdicts (each pool's entries, live) are made once, for headroom.
+	byName   map[string]*shim.Pool
+	verdicts map[string][]reconcile.Verdict
+	entries  []entry
+	byPod    map[string][]entry // podref -> entries
+	pods     map[string]*corev1.Pod
+	// status and requests are each pod's annotations, read once.
+	status   map[string][]attachment
+	requests map[string][]request
+	orips    map[string]*shim.Reservation // by name
 	// domains that hold at least one reservation: where none does, the
 	// reservations are off (a flat file's enable_overlapping_ranges).
 	reservedDomains map[string]bool
@@ -72,8 +78,17 @@ func newIndex(s Snapshot) (*index, []error) {
 			x.poolNets[p] = append(x.poolNets[p], nw)
 		}
 	}
+	x.status = make(map[string][]attachment, len(s.Pods))
+	x.requests = make(map[string][]request, len(s.Pods))
 	for _, p := range s.Pods {
-		x.pods[p.Namespace+"/"+p.Name] = p
+		ref := p.Namespace + "/" + p.Name
+		x.pods[ref] = p
+		if st, ok := statusOf(p); ok {
+			x.status[ref] = st
+		}
+		if rs := requestsOf(p); len(rs) > 0 {
+			x.requests[ref] = rs
+		}
 	}
 	for i := range s.Pools {
 		p := &s.Pools[i]

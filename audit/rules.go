@@ -37,7 +37,7 @@ func (x *index) shared(o Options) []Finding {
 		if !running(p) {
 			continue
 		}
-		st, _ := statusOf(p)
+		st := x.status[ref]
 		for _, a := range st {
 			nw := x.nets[a.nad]
 			if nw == nil {
@@ -101,8 +101,8 @@ func (x *index) missing(Options) []Finding {
 		if !running(p) {
 			continue
 		}
-		st, _ := statusOf(p)
-		for _, r := range requestsOf(p) {
+		st := x.status[ref]
+		for _, r := range x.requests[ref] {
 			nw := x.nets[r.nad]
 			if nw == nil || attached(st, r) {
 				continue
@@ -139,7 +139,7 @@ func (x *index) mismatched(o Options) []Finding {
 		if !running(p) {
 			continue
 		}
-		st, _ := statusOf(p)
+		st := x.status[ref]
 		containers := map[string]string{} // container -> an address it holds on the status
 		for _, a := range st {
 			nw := x.nets[a.nad]
