@@ -5,11 +5,12 @@
 //	harvester-ipam-reconciler [flags]           one pass (a CronJob), or with --interval a loop (a Deployment)
 //	harvester-ipam-reconciler inspect [flags]   per pool: range, size, allocated, stale, free; pools no NAD names
 //	harvester-ipam-reconciler inspect --need N  the same, and exit 3 when a pool cannot fit N more addresses
+//	harvester-ipam-reconciler inspect --audit   the same, and exit 4 when an audit finding is open (docs/audit.md)
 //	harvester-ipam-reconciler standby           nothing until stopped: the chart's diagnostics container
 //
 // Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
 // inspection could not finish; 2 bad flags; 3 (inspect --need) some pool
-// cannot fit N more addresses now. This file is its flags; what it does is
+// cannot fit N more addresses now; 4 (inspect --audit) an audit finding is open. This file is its flags; what it does is
 // in shim/reconcile/cli.
 package main
 
@@ -45,16 +46,28 @@ Usage:
   harvester-ipam-reconciler inspect [--need N]
       per pool: range, size (with the NAD's excludes), allocated, stale,
       free, the NAD that names it; every stale entry with its pod and why;
-      the pools no NAD names. Writes nothing. With --need N, also whether
-      every pool fits N more addresses now (a preflight before an upgrade).
+      the pools no NAD names; what the audit sees at one look (docs/audit.md).
+      Writes nothing. With --need N, also whether every pool fits N more
+      addresses now (a preflight before an upgrade). With --audit, looks
+      twice --audit-wait apart (30s) and prints the findings open: two pods
+      on one address, a pod without its address, pod and pool disagreeing,
+      entries and reservations disagreeing, too little headroom.
   harvester-ipam-reconciler standby
       nothing, until stopped: the chart's diagnostics container, where an
       operator's kubectl exec runs the reconciler under its own limits.
 
-Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
-inspection could not finish (a pass that left entries unhandled too); 2 bad
-flags or arguments; 3 (inspect --need) some pool cannot fit N more addresses
-now, each named with what a pass would free.
+Exit status: 0 done (inspect --need: every pool fits; inspect --audit: no
+finding open); 1 the pass or the inspection could not finish (a pass that
+left entries unhandled too); 2 bad flags or arguments; 3 (inspect --need)
+some pool cannot fit N more addresses now, each named with what a pass would
+free; 4 (inspect --audit) some audit finding is open, each printed with the
+command to run next (with --need too: 3 first).
+
+The audit (docs/audit.md) reports and writes nothing but Events: with
+--interval it watches pods, pools, reservations and NADs and re-judges on
+each change (an Event and harvester_ipam_audit_findings within its grace and
+a few seconds); a single pass audits after it with --audit-wait D (the
+chart's CronJob: 35s), looking twice D apart.
 
 In the chart's pods it logs in as its service account; elsewhere give
 --kubeconfig. Run from the DaemonSet's pod in any install:
@@ -67,6 +80,9 @@ Flags:
 // addresses: distinct from 1 (could not inspect) and from 2, which the flag
 // package exits with on bad flags, so a preflight script can tell them apart.
 const exitCannotFit = 3
+
+// exitAuditOpen is inspect --audit's status when a finding is open.
+const exitAuditOpen = 4
 
 func main() {
 	args := os.Args[1:]
@@ -88,6 +104,9 @@ func main() {
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", ":9420", "where loop mode serves Prometheus metrics at /metrics; empty serves none")
 	fs.BoolVar(&o.DeleteOrphanedPools, "delete-orphaned-pools", false, "delete a pool that no NAD names and that holds no live entry, once seen so for --grace (never while the NADs cannot be read)")
 	fs.Int64Var(&o.Need, "need", 0, "inspect: exit 3, naming each pool, when a pool cannot fit this many more addresses now")
+	fs.BoolVar(&o.Audit, "audit", false, "inspect: look twice, --audit-wait apart, print the open audit findings and exit 4 when any is open")
+	fs.DurationVar(&o.AuditWait, "audit-wait", 0, "a single pass: audit after it, looking twice this far apart (0: no audit); inspect --audit: 30s when unset")
+	fs.DurationVar(&o.AuditGrace, "audit-grace", 0, "how long an audit finding must last before it is reported, every kind but Headroom (0: 30s; Headroom: 10m)")
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), usage, Version)
@@ -115,7 +134,7 @@ func main() {
 		var passFlags []string
 		fs.Visit(func(f *flag.Flag) {
 			switch f.Name {
-			case "grace", "dry-run", "interval", "delete-orphaned-pools", "metrics-addr":
+			case "grace", "dry-run", "interval", "delete-orphaned-pools", "metrics-addr", "audit-grace":
 				passFlags = append(passFlags, "--"+f.Name)
 			}
 		})
@@ -126,6 +145,10 @@ func main() {
 	}
 	if o.Need < 0 || (o.Need > 0 && !inspect) {
 		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: --need takes a count above 0, with inspect")
+		os.Exit(2)
+	}
+	if o.Audit && !inspect || o.AuditWait < 0 || o.AuditGrace < 0 {
+		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: --audit goes with inspect (a pass audits with --audit-wait); --audit-wait and --audit-grace take a duration of 0 or more")
 		os.Exit(2)
 	}
 
@@ -140,6 +163,8 @@ func main() {
 	switch {
 	case errors.Is(err, cli.ErrCannotFit):
 		os.Exit(exitCannotFit)
+	case errors.Is(err, cli.ErrAuditOpen):
+		os.Exit(exitAuditOpen)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler:", err)
 		os.Exit(1)

@@ -25,6 +25,7 @@ var reconcilerMetrics = map[string]bool{
 	"harvester_ipam_reconciler_passes_total":                   true,
 	"harvester_ipam_reconciler_last_success_timestamp_seconds": true,
 	"harvester_ipam_reconciler_pass_duration_seconds":          true,
+	"harvester_ipam_audit_findings":                            true, "harvester_ipam_audit_free": true, "harvester_ipam_audit_need": true,
 }
 
 var metricName = regexp.MustCompile(`\bharvester_ipam_[a-z_]+`)
@@ -214,9 +215,13 @@ func checkMonitoring(t *testing.T, objs []unstructured.Unstructured) {
 			assert.NotEmpty(t, ann["description"])
 		}
 		assert.Equal(t, map[string]string{
-			"HarvesterIPAMPoolNearlyFull":          "harvester_ipam_pool_free < 5",
-			"HarvesterIPAMStaleNotReleased":        "harvester_ipam_pool_stale_oldest_seconds > 3600",
-			"HarvesterIPAMReconcilerNotSucceeding": "time() - harvester_ipam_reconciler_last_success_timestamp_seconds > 1800",
+			"HarvesterIPAMPoolNearlyFull":           "harvester_ipam_pool_free < 5",
+			"HarvesterIPAMStaleNotReleased":         "harvester_ipam_pool_stale_oldest_seconds > 3600",
+			"HarvesterIPAMReconcilerNotSucceeding":  "time() - harvester_ipam_reconciler_last_success_timestamp_seconds > 1800",
+			"HarvesterIPAMPodWithoutStorageNetwork": `harvester_ipam_audit_findings{kind="MissingAddress"} > 0`,
+			"HarvesterIPAMAddressShared":            `harvester_ipam_audit_findings{kind="SharedAddress"} > 0`,
+			"HarvesterIPAMPodPoolMismatch":          `harvester_ipam_audit_findings{kind=~"PodPoolMismatch|EntryReservationMismatch"} > 0`,
+			"HarvesterIPAMHeadroomLow":              `harvester_ipam_audit_findings{kind="Headroom"} > 0`,
 		}, alerts)
 	}
 

@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/audit/watch"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
@@ -36,6 +38,15 @@ type Options struct {
 	MetricsAddr         string // "": none
 	DeleteOrphanedPools bool
 	Need                int64 // Inspect: the addresses each pool must fit; 0 does not check
+	// Audit: Inspect looks twice, AuditWait apart, and fails with
+	// ErrAuditOpen when a finding is open (docs/audit.md).
+	Audit bool
+	// AuditWait: a single pass audits after it, looking twice this far
+	// apart (0: no audit); Inspect with Audit: 30 s when 0.
+	AuditWait time.Duration
+	// AuditGrace: how long a finding must last before it is reported, every
+	// kind but Headroom (0: the audit's own).
+	AuditGrace time.Duration
 
 	Stdout, Stderr io.Writer // nil: os.Stdout, os.Stderr
 }
@@ -53,13 +64,22 @@ func (o *Options) defaults() {
 // addresses now (each named in what it printed).
 var ErrCannotFit = errors.New("a pool cannot fit the addresses needed")
 
+// ErrAuditOpen is Inspect's error with Audit when an audit finding is open
+// (each printed with the command to run next).
+var ErrAuditOpen = errors.New("an audit finding is open")
+
 // Inspect prints, per pool, its range, size, allocated, stale and free
-// addresses and the NAD that names it, and the pools no NAD names; with
-// Need, whether every pool fits that many more. It writes nothing.
+// addresses and the NAD that names it, and the pools no NAD names, and what
+// the audit sees at one look; with Need, whether every pool fits that many
+// more; with Audit, the findings open over two looks. It writes nothing.
+// ErrCannotFit comes before ErrAuditOpen.
 func Inspect(ctx context.Context, o Options) error {
 	o.defaults()
+	if o.Audit && o.AuditWait == 0 {
+		o.AuditWait = 30 * time.Second
+	}
 	var requests atomic.Int64
-	r, err := newReconciler(ctx, o, &requests, false)
+	r, rc, err := newReconciler(ctx, o, &requests, false)
 	if err != nil {
 		return err
 	}
@@ -68,12 +88,25 @@ func Inspect(ctx context.Context, o Options) error {
 		return err
 	}
 	reconcile.WriteInspect(o.Stdout, in)
+	if err := watch.Seen(ctx, rc, r, o.Stdout); err != nil {
+		return err
+	}
+	var open []audit.Open
+	if o.Audit {
+		fmt.Fprintln(o.Stdout)
+		if open, err = watch.Once(ctx, rc, r, watch.Config{Grace: o.AuditGrace}, o.AuditWait, false, o.Stdout); err != nil {
+			return err
+		}
+	}
 	if o.Need > 0 {
 		short := in.CannotFit(o.Need)
 		reconcile.WriteNeed(o.Stdout, o.Need, short)
 		if len(short) > 0 {
 			return ErrCannotFit
 		}
+	}
+	if len(open) > 0 {
+		return ErrAuditOpen
 	}
 	return nil
 }
@@ -85,17 +118,26 @@ func Inspect(ctx context.Context, o Options) error {
 func Run(ctx context.Context, o Options) error {
 	o.defaults()
 	var requests atomic.Int64
-	r, err := newReconciler(ctx, o, &requests, o.Interval > 0)
+	r, rc, err := newReconciler(ctx, o, &requests, o.Interval > 0)
 	if err != nil {
 		return err
 	}
 	if o.Interval > 0 {
-		if err := loop(ctx, r, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
+		if err := loop(ctx, r, rc, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
 			return err
 		}
 		return nil
 	}
-	return pass(ctx, r, o, &requests, nil)
+	if err := pass(ctx, r, o, &requests, nil); err != nil {
+		return err
+	}
+	if o.AuditWait > 0 {
+		// The audit reports; its failure is logged, not the pass's.
+		if _, err := watch.Once(ctx, rc, r, watch.Config{Grace: o.AuditGrace, Log: o.Stderr}, o.AuditWait, !o.DryRun, o.Stdout); err != nil {
+			fmt.Fprintln(o.Stderr, "harvester-ipam-reconciler:", err)
+		}
+	}
+	return nil
 }
 
 // Standby does nothing until ctx ends: it holds the chart's diagnostics
@@ -108,9 +150,9 @@ func Standby(ctx context.Context) {
 	<-ctx.Done()
 }
 
-// newReconciler connects to the cluster; a loop (watch) reads pods and nodes
+// newReconciler connects to the cluster; a loop (cached) reads pods and nodes
 // from informers, a single pass lists them.
-func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, watch bool) (*reconcile.Reconciler, error) {
+func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, cached bool) (*reconcile.Reconciler, *rest.Config, error) {
 	var rc *rest.Config
 	var err error
 	if o.Kubeconfig != "" {
@@ -119,7 +161,7 @@ func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, watch
 		rc, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig: %w", err)
+		return nil, nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	rc.UserAgent = "harvester-ipam-reconciler"
 	rc.QPS, rc.Burst = 50, 100
@@ -132,27 +174,27 @@ func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, watch
 	})
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	api, err := shim.NewKubeAPI(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cluster := reconcile.NewKubeCluster(kube, dyn, 10*time.Second, 500)
-	if watch {
+	if cached {
 		if cluster, err = reconcile.NewCachedCluster(ctx, kube, dyn, 10*time.Second, 500, 2*time.Minute); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	return &reconcile.Reconciler{
 		Store:   shim.New(api, o.Namespace, shim.Options{Identity: "harvester-ipam-reconciler/" + hostname()}),
 		Cluster: cluster,
 		Grace:   o.Grace, DryRun: o.DryRun, DeleteOrphanedPools: o.DeleteOrphanedPools,
-	}, nil
+	}, rc, nil
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)
@@ -188,8 +230,15 @@ func pass(ctx context.Context, r *reconcile.Reconciler, o Options, requests *ato
 	return nil
 }
 
-func loop(ctx context.Context, r *reconcile.Reconciler, o Options, requests *atomic.Int64) error {
+func loop(ctx context.Context, r *reconcile.Reconciler, rc *rest.Config, o Options, requests *atomic.Int64) error {
 	m := newMetrics(o.Namespace)
+	// The audit watches on its own; without it (its informers refused) the
+	// reconciler still releases, and the log says why.
+	audits := watch.NewCollector()
+	m.reg.MustRegister(audits)
+	if err := watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr}, o.Interval, audits); err != nil {
+		fmt.Fprintln(o.Stderr, "harvester-ipam-reconciler: the audit does not run:", err)
+	}
 	if o.MetricsAddr != "" {
 		srv := &http.Server{Addr: o.MetricsAddr, Handler: m.handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {

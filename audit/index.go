@@ -1,0 +1,273 @@
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/shim/reconcile"
+)
+
+// NetworksAnnotation is where a pod asks Multus for its networks.
+const NetworksAnnotation = "k8s.v1.cni.cncf.io/networks"
+
+// network is one NAD whose IPAM is whereabouts.
+type network struct {
+	ref    string // namespace/name
+	name   string // network_name: where whereabouts reserves its addresses
+	pools  []string
+	ranges []string // each pool's range
+	// reserves is false when the NAD turns whereabouts' reservations off
+	// (enable_overlapping_ranges: false): no entry has one.
+	reserves bool
+}
+
+// entry is a pool entry with the network its reservations are under.
+type entry struct {
+	shim.Allocation
+	domain string // the reservation network (names.PoolPrefix)
+}
+
+// index is a snapshot, read once for every rule.
+type index struct {
+	nets      map[string]*network   // by NAD ref
+	poolNets  map[string][]*network // pool name -> NADs naming it
+	nadsKnown bool
+	nads      *reconcile.NADs
+	pools     []*shim.Pool
+	ranges    map[string]string // pool name -> range
+	// byName and verdicts (each pool's entries, live) are made once, for headroom.
+	byName   map[string]*shim.Pool
+	verdicts map[string][]reconcile.Verdict
+	entries  []entry
+	byPod    map[string][]entry // podref -> entries
+	pods     map[string]*corev1.Pod
+	// status and requests are each pod's annotations, read once.
+	status   map[string][]attachment
+	requests map[string][]request
+	orips    map[string]*shim.Reservation // by name
+	// domains that hold at least one reservation: where none does, the
+	// reservations are off (a flat file's enable_overlapping_ranges).
+	reservedDomains map[string]bool
+}
+
+func newIndex(s Snapshot) (*index, []error) {
+	x := &index{nets: map[string]*network{}, poolNets: map[string][]*network{}, byPod: map[string][]entry{},
+		pods: make(map[string]*corev1.Pod, len(s.Pods)), orips: make(map[string]*shim.Reservation, len(s.Reservations)),
+		reservedDomains: map[string]bool{}, ranges: make(map[string]string, len(s.Pools))}
+	var errs []error
+	x.nads = reconcile.IndexNADs(s.NADs, s.NADsErr)
+	x.nadsKnown = s.NADsErr == nil
+	if s.NADsErr != nil {
+		errs = append(errs, fmt.Errorf("NADs not read: only pools and reservations judged: %w", s.NADsErr))
+	}
+	for _, n := range s.NADs {
+		nw := readNAD(n)
+		if nw == nil {
+			continue
+		}
+		x.nets[nw.ref] = nw
+		for _, p := range nw.pools {
+			x.poolNets[p] = append(x.poolNets[p], nw)
+		}
+	}
+	x.status = make(map[string][]attachment, len(s.Pods))
+	x.requests = make(map[string][]request, len(s.Pods))
+	for _, p := range s.Pods {
+		ref := p.Namespace + "/" + p.Name
+		x.pods[ref] = p
+		if st, ok := statusOf(p); ok {
+			x.status[ref] = st
+		}
+		if rs := requestsOf(p); len(rs) > 0 {
+			x.requests[ref] = rs
+		}
+	}
+	for i := range s.Pools {
+		p := &s.Pools[i]
+		x.pools = append(x.pools, p)
+		x.ranges[p.Name] = p.Spec.Range
+		as, err := shim.Allocations(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		domain := reconcile.NetworkName(p)
+		for _, a := range as {
+			e := entry{Allocation: a, domain: domain}
+			x.entries = append(x.entries, e)
+			x.byPod[a.PodRef] = append(x.byPod[a.PodRef], e)
+		}
+	}
+	for i := range s.Reservations {
+		o := &s.Reservations[i]
+		x.orips[o.Name] = o
+	}
+	for _, e := range x.entries {
+		if x.orips[names.Reservation(e.IP, e.domain)] != nil {
+			x.reservedDomains[e.domain] = true
+		}
+	}
+	return x, errs
+}
+
+// readNAD reads a NAD's first whereabouts IPAM; nil when it has none or
+// cannot be read (reconcile.IndexNADs says so for the pools).
+func readNAD(n reconcile.NAD) *network {
+	ipams, err := conf.NetworkIPAMs([]byte(n.Config))
+	if err != nil || len(ipams) == 0 || ipams[0].NodeSliceSize != "" {
+		return nil
+	}
+	nw := &network{ref: n.Namespace + "/" + n.Name, name: ipams[0].NetworkName, reserves: reservesOf(n.Config)}
+	for _, r := range ipams[0].Ranges {
+		nw.pools = append(nw.pools, r.Pool)
+		nw.ranges = append(nw.ranges, r.Range)
+	}
+	return nw
+}
+
+// reservesOf reads enable_overlapping_ranges (whereabouts' default: true)
+// of a config's ipam, a plugin's or a conflist's.
+func reservesOf(config string) bool {
+	var top struct {
+		IPAM    map[string]json.RawMessage   `json:"ipam"`
+		Plugins []map[string]json.RawMessage `json:"plugins"`
+	}
+	if json.Unmarshal([]byte(config), &top) != nil {
+		return true
+	}
+	ipams := []map[string]json.RawMessage{top.IPAM}
+	for _, p := range top.Plugins {
+		var ipam map[string]json.RawMessage
+		if json.Unmarshal(p["ipam"], &ipam) == nil {
+			ipams = append(ipams, ipam)
+		}
+	}
+	for _, ipam := range ipams {
+		if raw, ok := ipam["enable_overlapping_ranges"]; ok && strings.TrimSpace(string(raw)) == "false" {
+			return false
+		}
+	}
+	return true
+}
+
+// networkOf is the network a pool's findings are labelled with: the first
+// NAD naming it, or NoNAD.
+func (x *index) networkOf(pool string) string {
+	nets := x.poolNets[pool]
+	if len(nets) == 0 {
+		return NoNAD
+	}
+	refs := make([]string, len(nets))
+	for i, n := range nets {
+		refs[i] = n.ref
+	}
+	sort.Strings(refs)
+	return refs[0]
+}
+
+// live is a pod whose addresses count: it exists, is not being deleted, and
+// has not terminated.
+func live(p *corev1.Pod) bool {
+	if p == nil || p.DeletionTimestamp != nil {
+		return false
+	}
+	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// running is a live pod whose sandbox Multus has finished with.
+func running(p *corev1.Pod) bool {
+	return live(p) && p.Status.Phase == corev1.PodRunning && !p.Spec.HostNetwork
+}
+
+// attachment is one network of a pod's network-status.
+type attachment struct {
+	nad   string // namespace/name
+	iface string
+	ips   []string
+}
+
+// statusOf reads a pod's network-status; ok is false when it is missing or
+// unreadable.
+func statusOf(p *corev1.Pod) ([]attachment, bool) {
+	raw, ok := p.Annotations[reconcile.NetworkStatusAnnotation]
+	if !ok || raw == "" {
+		return nil, false
+	}
+	var st []struct {
+		Name      string   `json:"name"`
+		Interface string   `json:"interface"`
+		IPs       []string `json:"ips"`
+	}
+	if json.Unmarshal([]byte(raw), &st) != nil {
+		return nil, false
+	}
+	out := make([]attachment, 0, len(st))
+	for _, s := range st {
+		a := attachment{nad: qualify(s.Name, p.Namespace), iface: s.Interface}
+		for _, ip := range s.IPs {
+			if parsed := net.ParseIP(strings.TrimSpace(ip)); parsed != nil {
+				a.ips = append(a.ips, parsed.String())
+			}
+		}
+		out = append(out, a)
+	}
+	return out, true
+}
+
+// request is one network a pod's networks annotation asks for.
+type request struct {
+	nad   string
+	iface string
+}
+
+// requestsOf reads a pod's networks annotation: a JSON list of
+// {namespace, name, interface}, or Multus' short form "ns/name@if, name".
+func requestsOf(p *corev1.Pod) []request {
+	raw := strings.TrimSpace(p.Annotations[NetworksAnnotation])
+	if raw == "" {
+		return nil
+	}
+	var out []request
+	if strings.HasPrefix(raw, "[") {
+		var sel []struct {
+			Namespace string `json:"namespace"`
+			Name      string `json:"name"`
+			Interface string `json:"interface"`
+		}
+		if json.Unmarshal([]byte(raw), &sel) != nil {
+			return nil
+		}
+		for _, s := range sel {
+			ns := s.Namespace
+			if ns == "" {
+				ns = p.Namespace
+			}
+			out = append(out, request{nad: ns + "/" + s.Name, iface: s.Interface})
+		}
+		return out
+	}
+	for _, item := range strings.Split(raw, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, iface, _ := strings.Cut(item, "@")
+		out = append(out, request{nad: qualify(name, p.Namespace), iface: iface})
+	}
+	return out
+}
+
+func qualify(name, namespace string) string {
+	if strings.Contains(name, "/") {
+		return name
+	}
+	return namespace + "/" + name
+}

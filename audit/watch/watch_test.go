@@ -1,0 +1,211 @@
+package watch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/shim/reconcile"
+)
+
+// fixed is a Source whose snapshot a test changes.
+type fixed struct {
+	mu sync.Mutex
+	s  audit.Snapshot
+}
+
+func (f *fixed) Snapshot(context.Context) (audit.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.s, nil
+}
+
+func (f *fixed) set(s audit.Snapshot) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.s = s
+}
+
+// world is one instance manager on the storage network; withStatus says
+// whether its network-status has its address.
+func world(withStatus bool) audit.Snapshot {
+	cfg := `{"cniVersion":"0.3.1","type":"bridge","ipam":{"type":"whereabouts","range":"10.0.50.0/24"}}`
+	p := shim.Pool{}
+	p.Name, p.Namespace, p.Spec.Range = "10.0.50.0-24", "kube-system", "10.0.50.0/24"
+	p.Spec.Allocations = map[string]shim.IPAllocation{"1": {PodRef: "longhorn-system/instance-manager-a", ContainerID: "c1", IfName: "lhnet1"}}
+	o := shim.Reservation{}
+	o.Name, o.Namespace, o.Spec.PodRef = "10.0.50.1", "kube-system", "longhorn-system/instance-manager-a"
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: "instance-manager-a", UID: "u1",
+		Annotations: map[string]string{audit.NetworksAnnotation: `[{"namespace":"harvester-system","name":"storagenetwork","interface":"lhnet1"}]`}}}
+	pod.Status.Phase = corev1.PodRunning
+	st := []map[string]any{{"name": "k8s-pod-network", "interface": "eth0", "ips": []string{"10.52.0.9"}}}
+	if withStatus {
+		st = append(st, map[string]any{"name": "harvester-system/storagenetwork", "interface": "lhnet1", "ips": []string{"10.0.50.1"}})
+	}
+	b, _ := json.Marshal(st)
+	pod.Annotations[reconcile.NetworkStatusAnnotation] = string(b)
+	return audit.Snapshot{NADs: []reconcile.NAD{{Namespace: "harvester-system", Name: "storagenetwork", Config: cfg}},
+		PoolNamespace: "kube-system", Pools: []shim.Pool{p}, Reservations: []shim.Reservation{o}, Pods: []*corev1.Pod{pod}, Nodes: 1}
+}
+
+// TestRunReportsAMissingAddressWithinTheGrace: the watch re-judges on a
+// change and when a finding is due, so a pod that comes up without its
+// storage network has its Event and metric within the grace and a moment,
+// and a healthy world has neither.
+func TestRunReportsAMissingAddressWithinTheGrace(t *testing.T) {
+	grace := 300 * time.Millisecond
+	src := &fixed{s: world(true)}
+	kube := fake.NewClientset()
+	m := NewCollector()
+	var log bytes.Buffer
+	var logMu sync.Mutex
+	a := &Auditor{Source: src, Tracker: audit.NewTracker(map[audit.Kind]time.Duration{audit.MissingAddress: grace}),
+		Kube: kube, Metrics: m, Log: &lockedWriter{w: &log, mu: &logMu}}
+	changed := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { a.Run(ctx, changed, time.Hour, 10*time.Millisecond); close(done) }()
+
+	events := func() []corev1.Event {
+		l, err := kube.CoreV1().Events("longhorn-system").List(context.Background(), metav1.ListOptions{})
+		require.NoError(t, err)
+		return l.Items
+	}
+	time.Sleep(3 * grace)
+	assert.Empty(t, events(), "healthy: no Event")
+	assert.Equal(t, 0.0, testutil.ToFloat64(gauge(t, m, "MissingAddress")), "healthy: a zero series")
+
+	src.set(world(false))
+	start := time.Now()
+	changed <- struct{}{}
+	require.Eventually(t, func() bool { return len(events()) == 1 }, 5*time.Second, 10*time.Millisecond)
+	took := time.Since(start)
+	assert.GreaterOrEqual(t, took, grace, "not before the grace")
+	assert.Less(t, took, grace+time.Second, "within the grace and a moment, with no change after the first")
+	ev := events()[0]
+	assert.Equal(t, "StorageNetworkAddressMissing", ev.Reason)
+	assert.Equal(t, corev1.EventTypeWarning, ev.Type)
+	assert.Equal(t, "instance-manager-a", ev.InvolvedObject.Name)
+	assert.Contains(t, ev.Message, "Next: kubectl -n longhorn-system delete pod instance-manager-a")
+	assert.Equal(t, 1.0, testutil.ToFloat64(gauge(t, m, "MissingAddress")))
+
+	src.set(world(true))
+	changed <- struct{}{}
+	require.Eventually(t, func() bool { return testutil.ToFloat64(gauge(t, m, "MissingAddress")) == 0 }, 5*time.Second, 10*time.Millisecond)
+	assert.Len(t, events(), 1, "one Event per opening")
+	cancel()
+	<-done
+	logMu.Lock()
+	defer logMu.Unlock()
+	assert.Contains(t, log.String(), "audit: open: MissingAddress harvester-system/storagenetwork")
+	assert.Contains(t, log.String(), "audit: resolved: MissingAddress")
+}
+
+// gauge is the findings series of kind on the storage network, alone in a
+// registry.
+func gauge(t *testing.T, m *Collector, kind string) prometheus.Collector {
+	t.Helper()
+	return &one{c: m, kind: kind}
+}
+
+// one is the single series of a Collector with kind and the storage network.
+type one struct {
+	c    *Collector
+	kind string
+}
+
+func (o *one) Describe(ch chan<- *prometheus.Desc) { ch <- findingsDesc }
+func (o *one) Collect(ch chan<- prometheus.Metric) {
+	all := make(chan prometheus.Metric, 100)
+	o.c.Collect(all)
+	close(all)
+	for m := range all {
+		if strings.Contains(m.Desc().String(), "harvester_ipam_audit_findings") && metricHas(m, o.kind, "harvester-system/storagenetwork") {
+			ch <- m
+		}
+	}
+}
+
+func metricHas(m prometheus.Metric, values ...string) bool {
+	pb := &dto.Metric{}
+	if err := m.Write(pb); err != nil {
+		return false
+	}
+	have := map[string]bool{}
+	for _, l := range pb.Label {
+		have[l.GetValue()] = true
+	}
+	for _, v := range values {
+		if !have[v] {
+			return false
+		}
+	}
+	return true
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// TestCollectorSeries: every kind of every judged network has a series,
+// and each network Longhorn uses its free and need.
+func TestCollectorSeries(t *testing.T) {
+	m := NewCollector()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	n, err := testutil.GatherAndCount(reg)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing before the first look")
+	m.set([]audit.Open{{Finding: audit.Finding{Kind: audit.SharedAddress, Network: "a/b"}}},
+		[]audit.Figures{{Network: "a/b", Free: 3, Need: 4}}, []string{"a/b", "c/d"})
+	n, err = testutil.GatherAndCount(reg, "harvester_ipam_audit_findings")
+	require.NoError(t, err)
+	assert.Equal(t, 2*len(audit.Kinds), n)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP harvester_ipam_audit_need Addresses the network's Longhorn pods need at once: max(nodes, instance managers) + share managers + backing-image managers using it (docs/audit.md).
+# TYPE harvester_ipam_audit_need gauge
+harvester_ipam_audit_need{network="a/b"} 4
+`), "harvester_ipam_audit_need"))
+}
+
+// TestTwice: a single run's two looks open only what both
+// saw past its grace.
+func TestTwice(t *testing.T) {
+	src := &fixed{s: world(false)}
+	a := &Auditor{Source: src, Tracker: audit.NewTracker(map[audit.Kind]time.Duration{audit.MissingAddress: 50 * time.Millisecond})}
+	c, _, err := a.Twice(context.Background(), 60*time.Millisecond)
+	require.NoError(t, err)
+	require.Len(t, c.Open, 1)
+	assert.Equal(t, audit.MissingAddress, c.Open[0].Kind)
+	var out bytes.Buffer
+	WriteOpen(&out, c.Open, time.Now())
+	assert.Contains(t, out.String(), "next: kubectl -n longhorn-system delete pod instance-manager-a")
+
+	a.Tracker = audit.NewTracker(map[audit.Kind]time.Duration{audit.MissingAddress: time.Hour})
+	c, _, err = a.Twice(context.Background(), time.Millisecond)
+	require.NoError(t, err)
+	assert.Empty(t, c.Open, "within its grace: not open")
+}
