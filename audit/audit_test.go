@@ -220,6 +220,26 @@ func TestJudge(t *testing.T) {
 			s.Reservations = s.Reservations[:1]
 			return pods
 		}, want: []string{"EntryReservationMismatch " + storage + " 10.0.50.2 " + imB}},
+		// Found by the simulation (testcni/sim, seed 57 on v0.7.0): a pod
+		// whose ADD failed after its reclaim deleted an earlier sandbox's
+		// reservation, not yet its entry, waits Pending for its next
+		// sandbox: that entry is a leak, the next ADD's or the
+		// reconciler's, and the pod holds no address yet.
+		{name: "false alarm: a Pending pod's entry without its reservation (no holder yet)", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			pods[1].phase, pods[1].status = corev1.PodPending, nil
+			s.Reservations = s.Reservations[:1]
+			return pods
+		}},
+		{name: "false alarm: a Pending pod's entry at an address a Running pod holds in an overlapping pool", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs = append(s.NADs, nad("default/small", "10.0.50.0/28", nil))
+			s.Pools = append(s.Pools, pool("10.0.50.0-28", "10.0.50.0/28", "1="+imC+"#cc"))
+			return append(pods, podSpec{ref: imC, phase: corev1.PodPending, created: 5})
+		}},
+		{name: "false alarm: a reservation of another pod at a Pending pod's entry", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			pods[1].phase, pods[1].status = corev1.PodPending, nil
+			s.Reservations[1] = orip("10.0.50.2", lh+"/other")
+			return pods
+		}},
 		{name: "false alarm: no reservation anywhere in the network (turned off in the flat file)", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			s.Reservations = nil
 			return pods
