@@ -210,7 +210,7 @@ func (w *world) stormOf(n *node, k int, spread time.Duration) {
 				continue
 			}
 			w.tr.add("pod %s deleted", p.ref())
-			p.exists = false
+			p.exists, p.deletedGracefully = false, true
 			w.podDeleted(p)
 			if sb := p.current; sb != nil && (sb.state == sbLive || sb.state == sbCreating) {
 				w.kill(sb, "pod deleted", true)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/harvester/harvester-ipam/audit"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
 	"github.com/harvester/harvester-ipam/shim/names"
@@ -56,8 +57,20 @@ type Options struct {
 	// the Lease itself, and no rollout (the seeds found before play their
 	// stories so).
 	AgentGroups bool
+	// Audit runs the audit (package audit) beside the world and holds its
+	// verdicts to the model's ground truth at every look (auditcheck.go):
+	// no finding opened that the world does not bear out, none missed past
+	// its grace.
+	Audit bool
 	// Dir holds the nodes' checkpoints ("" is a temporary dir).
 	Dir string
+	// auditJudge replaces audit.Judge: the audit's checker's test.
+	auditJudge func(audit.Snapshot, audit.Options) audit.Result
+	// auditTolerates leaves checkLive's breaks of live attachments (a
+	// freed entry or reservation, an address held twice) to the audit: no
+	// violation that stops the schedule, a fact it must report. The
+	// audit's checker's test.
+	auditTolerates bool
 	// sabotage frees live entries behind everyone's back: the checker's test.
 	sabotage bool
 	// livenessOfPlain checks the liveness after ADD of the pod on
@@ -76,7 +89,7 @@ type Options struct {
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
 	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true, Leftovers: true,
-		Agents: true, AgentCrashRate: 0.02, AgentGroups: true}
+		Agents: true, AgentCrashRate: 0.02, AgentGroups: true, Audit: true}
 }
 
 // Result is one schedule's outcome.
@@ -122,6 +135,13 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	}
 	res = Result{Seed: seed, Steps: o.Steps, Stats: w.stats}
 	s.check = w.checkLive
+	if o.auditTolerates {
+		s.check = func() []string { return tolerated(w.checkLive()) }
+	}
+	if o.Audit {
+		au := newAuditor(w)
+		s.look, s.lookAt = au.look, au.nextLook
+	}
 	if s.chance(0.5) {
 		s.usePCT(1+s.pick(3), 2000)
 	}
@@ -247,7 +267,7 @@ func (w *world) startAgents() {
 
 func (w *world) newPod(name, node string) *pod {
 	w.uids++
-	p := &pod{ns: "longhorn-system", name: name, uid: w.uids, node: node, exists: true}
+	p := &pod{ns: "longhorn-system", name: name, uid: w.uids, node: node, exists: true, created: w.s.now}
 	if old, ok := w.pods[p.ref()]; ok {
 		p.nets = map[string]*network{}
 		for ifn, n := range old.nets {

@@ -81,8 +81,17 @@ type pod struct {
 	// starting: the kubelet's pod worker is making a sandbox of the pod. It
 	// makes one at a time: never two sandboxes of one pod at once.
 	starting bool
-	// status are the addresses of Multus' network-status, by interface.
-	status map[string]string
+	// status are the addresses of Multus' network-status, by interface;
+	// statusOf is the sandbox whose ADD wrote it (its networks are the
+	// status' NADs).
+	status   map[string]string
+	statusOf *sandbox
+	// created is when the pod object was made; deletedGracefully: it was
+	// deleted (not force-deleted), and the API shows it being deleted, a
+	// deletionTimestamp on it, while its sandbox is stopped (the audit's
+	// snapshot; see auditPods).
+	created           time.Time
+	deletedGracefully bool
 }
 
 func (p *pod) ref() string { return p.ns + "/" + p.name }

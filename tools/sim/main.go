@@ -145,7 +145,7 @@ func main() {
 	// back and why), the liveness checks, the kills.
 	var keys []string
 	for k := range stats {
-		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "lease") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") {
+		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "lease") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") || strings.HasPrefix(k, "audit") {
 			keys = append(keys, k)
 		}
 	}
