@@ -56,6 +56,10 @@ type index struct {
 	// domains that hold at least one reservation: where none does, the
 	// reservations are off (a flat file's enable_overlapping_ranges).
 	reservedDomains map[string]bool
+	// leaks are the entries the reconciler judges stale (pool|offset): an
+	// earlier sandbox's beside the one on the network-status, a gone or
+	// terminated pod's. They are its to release, and no holder's.
+	leaks map[string]bool
 }
 
 func newIndex(s Snapshot) (*index, []error) {
@@ -115,7 +119,36 @@ func newIndex(s Snapshot) (*index, []error) {
 			x.reservedDomains[e.domain] = true
 		}
 	}
+	x.leaks = leaksOf(s.Pools, x.pods)
 	return x, errs
+}
+
+// leaksOf are the entries the reconciler would judge stale, by pool|offset
+// (reconcile.Classify, the nodes unknown: none is judged by its node).
+func leaksOf(pools []shim.Pool, pods map[string]*corev1.Pod) map[string]bool {
+	out := map[string]bool{}
+	w := reconcile.World{Pods: pods}
+	sb := reconcile.SandboxesOf(pools)
+	for i := range pools {
+		vs, err := reconcile.Classify(&pools[i], w, sb)
+		if err != nil {
+			continue
+		}
+		for _, v := range vs {
+			if v.Stale() {
+				out[pools[i].Name+"|"+v.Offset] = true
+			}
+		}
+	}
+	return out
+}
+
+// holds says whether an entry is an address its pod holds: the pod is
+// Running (one not Running yet holds none: its entry is an ADD in flight,
+// or an earlier sandbox's that its next ADD releases) and the entry is no
+// leak (docs/audit.md: never a holder).
+func (x *index) holds(e entry) bool {
+	return running(x.pods[e.PodRef]) && !x.leaks[e.Pool+"|"+e.Offset]
 }
 
 // readNAD reads a NAD's first whereabouts IPAM; nil when it has none or

@@ -28,11 +28,8 @@ func (x *index) shared(o Options) []Finding {
 		}
 		claims[k][pod] = append(claims[k][pod], c)
 	}
-	// A pod not Running yet holds no address: its entry is an ADD in flight,
-	// or an earlier sandbox's its next ADD releases (docs/audit.md: never
-	// a holder).
 	for _, e := range x.entries {
-		if running(x.pods[e.PodRef]) {
+		if x.holds(e) {
 			add(e.domain, e.IP.String(), e.PodRef, claim{network: x.networkOf(e.Pool), pool: e.Pool})
 		}
 	}
@@ -247,10 +244,9 @@ func (x *index) networkOfAddress(pod, ip string) string {
 	return NoNAD
 }
 
-// reservations finds the entries of Running pods without their
-// reservation, and reservations held by another pod than the entry of a
-// Running pod at their address. A pod not Running yet holds no address
-// (see shared).
+// reservations finds the entries that hold an address (index.holds) without
+// their reservation, and reservations held by another pod than the entry
+// that holds their address.
 func (x *index) reservations(o Options) []Finding {
 	held := map[string][]entry{} // reservation name -> entries at its address
 	var out []Finding
@@ -264,7 +260,7 @@ func (x *index) reservations(o Options) []Finding {
 				reserved = true
 			}
 		}
-		if reserved || !running(x.pods[e.PodRef]) || !x.reserves(e) {
+		if reserved || !x.holds(e) || !x.reserves(e) {
 			continue
 		}
 		name := names.Reservation(e.IP, e.domain)
@@ -282,7 +278,7 @@ func (x *index) reservations(o Options) []Finding {
 		match := false
 		for _, e := range es {
 			match = match || e.PodRef == orip.Spec.PodRef
-			if running(x.pods[e.PodRef]) {
+			if x.holds(e) {
 				holders = append(holders, e.PodRef)
 			}
 		}
