@@ -2,9 +2,11 @@ package sim
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // The audit's checker (Options.Audit): the audit (package audit) looks at
@@ -23,12 +25,14 @@ import (
 // Headroom is a figure, not an inconsistency of the addresses: an opened
 // one is counted, not judged.
 //
-// A look happens after every step that changed what the audit or the ground
-// truth reads (the world's fingerprint), and when a pending finding or a
-// fact is due though nothing changed (the scheduler stops its clock there:
-// sched.lookAt). It reads the world outside any actor and draws nothing
-// from the schedule's random source: every story is the same with it and
-// without, and the regression seeds play as they did.
+// A look happens as the Deployment's watch mode looks (audit/watch
+// Auditor.Run): a second (lookSettle) after a change of what the audit or
+// the ground truth reads (the world's fingerprint, taken after every step),
+// so that a burst of changes is one look; and when a pending finding or a
+// fact is due though nothing changed. The scheduler stops its clock for
+// either (sched.lookAt). A look reads the world outside any actor and
+// draws nothing from the schedule's random source: every story is the same
+// with it and without, and the regression seeds play as they did.
 
 // auditor is the checker of one schedule.
 type auditor struct {
@@ -40,10 +44,19 @@ type auditor struct {
 	facts  map[string]*fact
 	sig    uint64
 	looked bool
-	// due is when a look must happen though nothing changed: a pending
-	// finding's or a fact's grace ends.
-	due time.Time
+	// pending is when the look after a change is (zero: none); due is when
+	// a look must happen though nothing changed: a pending finding's or a
+	// fact's grace ends.
+	pending, due time.Time
+	// nads are the NADs as last read, for the networks as they were then
+	// (nadsOf).
+	nads   []reconcile.NAD
+	nadsOf string
 }
+
+// lookSettle is how long after a change the look is: the watch mode's
+// settle (audit/watch setup).
+const lookSettle = time.Second
 
 func newAuditor(w *world) *auditor {
 	au := &auditor{w: w, tracker: audit.NewTracker(nil), judge: audit.Judge, facts: map[string]*fact{}}
@@ -55,20 +68,30 @@ func newAuditor(w *world) *auditor {
 
 // nextLook is when the scheduler must stop its clock for a look (zero:
 // none is due).
-func (au *auditor) nextLook() time.Time { return au.due }
+func (au *auditor) nextLook() time.Time {
+	if au.pending.IsZero() || !au.due.IsZero() && au.due.Before(au.pending) {
+		return au.due
+	}
+	return au.pending
+}
 
 // look judges the world once, if it changed or a look is due, and returns
 // what the audit got wrong.
 func (au *auditor) look() []string {
 	w := au.w
 	now := w.s.now
-	sig := w.fingerprint()
-	if au.looked && sig == au.sig && (au.due.IsZero() || now.Before(au.due)) {
+	if sig := w.fingerprint(); !au.looked || sig != au.sig {
+		au.looked, au.sig = true, sig
+		if au.pending.IsZero() {
+			au.pending = now.Add(lookSettle)
+		}
+	}
+	if !reached(now, au.pending) && !reached(now, au.due) {
 		return nil
 	}
-	au.looked, au.sig = true, sig
+	au.pending = time.Time{}
 	w.stats["audit: looks"]++
-	snap := w.snapshot()
+	snap := w.snapshot(au.nadsNow())
 	ch := au.tracker.Observe(now, au.judge(snap, audit.Options{}).Findings)
 	facts := w.facts(snap)
 	for k, f := range facts {
@@ -105,6 +128,21 @@ func (au *auditor) look() []string {
 			f, f.since.Format("15:04:05.000"), now.Sub(f.since), au.tracker.Grace(f.kind), f.what))
 	}
 	return bad
+}
+
+// reached says whether a time set is now or past.
+func reached(now, t time.Time) bool { return !t.IsZero() && !now.Before(t) }
+
+// nadsNow are the NADs, read again only when a network changed.
+func (au *auditor) nadsNow() []reconcile.NAD {
+	var b strings.Builder
+	for _, n := range au.w.nets {
+		fmt.Fprintf(&b, "%s=%v,", n.name, n.deleted)
+	}
+	if b.String() != au.nadsOf || au.nads == nil {
+		au.nads, au.nadsOf = au.w.auditNADs(), b.String()
+	}
+	return au.nads
 }
 
 // opened judges a finding the Tracker opened at this look.
@@ -197,12 +235,14 @@ func contains(s []string, v string) bool {
 func (w *world) fingerprint() uint64 {
 	h := uint64(14695981039346656037)
 	mix := func(v uint64) { h = (h ^ v) * 1099511628211 }
-	mixs := func(s string) {
+	str := func(s string) uint64 {
+		g := uint64(14695981039346656037)
 		for i := 0; i < len(s); i++ {
-			mix(uint64(s[i]))
+			g = (g ^ uint64(s[i])) * 1099511628211
 		}
-		mix(0xff)
+		return g
 	}
+	mixs := func(s string) { mix(str(s)) }
 	mix(uint64(w.rev))
 	for _, n := range w.nets {
 		mix(b2u(n.deleted))
@@ -219,11 +259,12 @@ func (w *world) fingerprint() uint64 {
 		if p.statusOf != nil {
 			mixs(p.statusOf.id)
 		}
-		for _, ifn := range sortedKeys(p.nets) {
-			mixs(ifn)
-			mixs(p.nets[ifn].name)
-			mixs(p.status[ifn])
+		// The interfaces in any order: a sum of each one's.
+		var sum uint64
+		for ifn, n := range p.nets {
+			sum += str(ifn) ^ str(n.name)*31 ^ str(p.status[ifn])*961
 		}
+		mix(sum)
 	}
 	for _, sb := range w.sbs {
 		mix(uint64(sb.state) | b2u(sb.netns)<<3)

@@ -22,9 +22,10 @@ import (
 // nadNamespace is where the simulated NADs are (as Harvester's are).
 const nadNamespace = "harvester-system"
 
-// snapshot is one look's read of the world.
-func (w *world) snapshot() audit.Snapshot {
-	s := audit.Snapshot{NADs: w.auditNADs(), PoolNamespace: poolNS, Pods: w.auditPods(), Nodes: w.liveNodes()}
+// snapshot is one look's read of the world, the NADs as auditNADs reads
+// them.
+func (w *world) snapshot(nads []reconcile.NAD) audit.Snapshot {
+	s := audit.Snapshot{NADs: nads, PoolNamespace: poolNS, Pods: w.auditPods(), Nodes: w.liveNodes()}
 	w.api.View(poolNS, func(pools []*shim.Pool, res map[string]*shim.Reservation) {
 		// Shallow copies: the audit only reads, and nothing writes while
 		// the checker runs (between two steps).

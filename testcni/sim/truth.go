@@ -41,8 +41,10 @@ import (
 // checker's tests): a freed live entry or reservation, two live
 // attachments on one address, each a fact the audit must report.
 //
-// What the audit cannot see is no fact: an attachment of a pod the API no
-// longer shows (force-deleted while its sandbox is stopped); a live entry
+// What the audit cannot see is no fact: an attachment of a pod not shown
+// Running (force-deleted while its sandbox is stopped; being stopped
+// before its next sandbox: a pod not Running holds no address in the
+// audit's eyes, and its entries may be an ADD in flight); a live entry
 // freed whose address the network-status does not name; two attachments
 // of one pod on one address (the audit judges pods); an entry that names
 // an earlier sandbox of a pod with one network (the API does not say which
@@ -102,9 +104,6 @@ func (w *world) inUse() []*attachment {
 	return out
 }
 
-// shown says whether the API shows p as a live pod: it exists.
-func (w *world) shown(p *pod) bool { return p.exists && w.pods[p.ref()] == p }
-
 // statusNames says whether att's pod is Running and its network-status
 // names att's address, on a NAD that exists.
 func (w *world) statusNames(att *attachment) bool {
@@ -128,13 +127,13 @@ func (w *world) facts(s audit.Snapshot) map[string]*fact {
 	return out
 }
 
-// sharedFacts: two pods' attachments in use on one address of one
+// sharedFacts: two Running pods' attachments in use on one address of one
 // reservation network, each claim shown by the API (its entry, naming its
-// pod, or its Running pod's network-status).
+// pod, or its pod's network-status).
 func (w *world) sharedFacts(v *apiView, add func(*fact)) {
 	groups := map[string][]*attachment{}
 	for _, att := range w.inUse() {
-		if w.shown(att.sb.pod) {
+		if w.runningPod(att.sb.pod) {
 			k := att.net.netName + "|" + att.ip.String()
 			groups[k] = append(groups[k], att)
 		}
@@ -218,7 +217,7 @@ func (w *world) reservationFacts(v *apiView, add func(*fact)) {
 		p := att.sb.pod
 		ip := att.ip.String()
 		e, ok := v.entries[att.net.pool()+"|"+ip]
-		if !w.shown(p) || !ok || e.PodRef != p.ref() {
+		if !w.runningPod(p) || !ok || e.PodRef != p.ref() {
 			continue
 		}
 		var o *shim.Reservation
