@@ -18,9 +18,10 @@ import (
 //     inconsistencies the model knows the world has at that moment (a
 //     fact); one that is not is a violation naming the finding;
 //   - no miss: a fact present at every look since it arose must be among
-//     the open findings at every look from its grace on (the Tracker needs
-//     a second look, and the checker looks when it is due: so within the
-//     grace and one look); one that is not is a violation naming the fact.
+//     the open findings at every look from its grace on, once two looks
+//     saw it (the Tracker's rule; the checker looks when it is due: so
+//     within the grace and one look); one that is not is a violation
+//     naming the fact.
 //
 // Headroom is a figure, not an inconsistency of the addresses: an opened
 // one is counted, not judged.
@@ -95,8 +96,9 @@ func (au *auditor) look() []string {
 	ch := au.tracker.Observe(now, au.judge(snap, audit.Options{}).Findings)
 	facts := w.facts(snap)
 	for k, f := range facts {
+		f.looks = 1
 		if old := au.facts[k]; old != nil {
-			f.since, f.reported = old.since, old.reported
+			f.since, f.reported, f.looks = old.since, old.reported, old.looks+1
 			continue
 		}
 		f.since = now
@@ -108,9 +110,17 @@ func (au *auditor) look() []string {
 		bad = append(bad, au.opened(o, facts)...)
 	}
 	au.due = ch.NextDue
+	if reached(now, au.due) {
+		// Seen once, already past its grace: the next look opens it, as
+		// the watch mode's comes (a settle later).
+		au.due = now.Add(lookSettle)
+	}
 	for _, k := range sortedKeys(facts) {
 		f := facts[k]
 		due := f.since.Add(au.tracker.Grace(f.kind))
+		if f.looks < 2 && !now.Before(due) {
+			due = now.Add(lookSettle) // the Tracker's second look
+		}
 		if now.Before(due) {
 			if au.due.IsZero() || due.Before(au.due) {
 				au.due = due
@@ -186,8 +196,10 @@ type fact struct {
 	// again, as the audit's does.
 	key  string
 	what string
-	// since is its first sighting; reported: an open finding matched it.
+	// since is its first sighting, looks how many looks saw it since;
+	// reported: an open finding matched it.
 	since    time.Time
+	looks    int
 	reported bool
 }
 
