@@ -85,3 +85,34 @@ func TestTheAuditReportsAFreedLiveEntry(t *testing.T) {
 		stats["audit: inconsistencies reported within the grace: "+string(audit.EntryReservationMismatch)],
 		stats["audit: inconsistencies reported within the grace: "+string(audit.SharedAddress)])
 }
+
+// The audit's false alarms the checker found, each failing on the audit
+// before its fix (audit's TestJudge has a row of each): an entry no Running
+// pod holds (a Pending pod's earlier sandbox's, its reservation deleted by
+// a reclaim cut short), and entries the reconciler judges leaks (earlier
+// sandboxes' of a pod running on a replaced network, v0.7.0's leftovers)
+// reported as missing their reservations.
+func TestAuditRegressionSeeds(t *testing.T) {
+	for _, tt := range []struct {
+		what string
+		seed uint64
+		wb   string
+	}{
+		{"a Pending pod's earlier sandbox's entry without its reservation", 57, fake.V070},
+		{"a Running pod's earlier sandbox's entry, a network replaced since", 174, fake.V070},
+		{"leftovers of v0.7.0 beside a pod on the replaced network", 304, fake.V080},
+	} {
+		t.Run(tt.what, func(t *testing.T) {
+			res, err := Run(tt.seed, DefaultOptions(tt.wb))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Violations) > 0 {
+				t.Fatalf("seed %d: %v\n%s\n%s", tt.seed, res.Violations, res.Trace, res.State)
+			}
+			if res.Stats["audit: looks"] == 0 {
+				t.Fatal("the audit never looked")
+			}
+		})
+	}
+}
