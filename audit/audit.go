@@ -28,7 +28,7 @@ import (
 type Kind string
 
 const (
-	// SharedAddress: two live pods hold one address of one network (their
+	// SharedAddress: two Running pods hold one address of one network (their
 	// pool entries or network-status name it), across overlapping pools too.
 	SharedAddress Kind = "SharedAddress"
 	// MissingAddress: a Running pod asks for the network in its networks

@@ -220,6 +220,49 @@ func TestJudge(t *testing.T) {
 			s.Reservations = s.Reservations[:1]
 			return pods
 		}, want: []string{"EntryReservationMismatch " + storage + " 10.0.50.2 " + imB}},
+		// Found by the simulation (testcni/sim, seed 57 on v0.7.0): a pod
+		// whose ADD failed after its reclaim deleted an earlier sandbox's
+		// reservation, not yet its entry, waits Pending for its next
+		// sandbox: that entry is a leak, the next ADD's or the
+		// reconciler's, and the pod holds no address yet.
+		{name: "false alarm: a Pending pod's entry without its reservation (no holder yet)", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			pods[1].phase, pods[1].status = corev1.PodPending, nil
+			s.Reservations = s.Reservations[:1]
+			return pods
+		}},
+		{name: "false alarm: a Pending pod's entry at an address a Running pod holds in an overlapping pool", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs = append(s.NADs, nad("default/small", "10.0.50.0/28", nil))
+			s.Pools = append(s.Pools, pool("10.0.50.0-28", "10.0.50.0/28", "1="+imC+"#cc"))
+			return append(pods, podSpec{ref: imC, phase: corev1.PodPending, created: 5})
+		}},
+		{name: "false alarm: a reservation of another pod at a Pending pod's entry", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			pods[1].phase, pods[1].status = corev1.PodPending, nil
+			s.Reservations[1] = orip("10.0.50.2", lh+"/other")
+			return pods
+		}},
+		// Found by the simulation (seed 174 on v0.7.0): an earlier
+		// sandbox's entry, written by an ADD whose response was lost, its
+		// reservation never made, beside a Running pod whose network-status
+		// names another address: a leak the reconciler releases (not on
+		// the status), not an address the pod holds.
+		{name: "false alarm: a Running pod's earlier sandbox's entry without its reservation (a leak: the reconciler's)", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.Pools[0].Spec.Allocations["9"] = shim.IPAllocation{PodRef: imB, ContainerID: "old"}
+			return pods
+		}},
+		{name: "false alarm: a Running pod's earlier sandbox's entry at an address another pod holds in an overlapping pool", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs = append(s.NADs, nad("default/small", "10.0.50.0/28", nil))
+			s.Pools = append(s.Pools, pool("10.0.50.0-28", "10.0.50.0/28", "1="+imB+"#old"))
+			return pods
+		}},
+		{name: "false alarm: a reservation of another pod at a Running pod's earlier sandbox's entry", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.Pools[0].Spec.Allocations["9"] = shim.IPAllocation{PodRef: imB, ContainerID: "old"}
+			s.Reservations = append(s.Reservations, orip("10.0.50.9", lh+"/other"))
+			return pods
+		}},
+		{name: "an entry of the sandbox on the network-status, on an interface the status leaves out, without its reservation", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.Pools[0].Spec.Allocations["9"] = shim.IPAllocation{PodRef: imB, ContainerID: "cb", IfName: "lhnet2"}
+			return pods
+		}, want: []string{"EntryReservationMismatch " + storage + " 10.0.50.9 " + imB}},
 		{name: "false alarm: no reservation anywhere in the network (turned off in the flat file)", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			s.Reservations = nil
 			return pods

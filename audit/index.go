@@ -56,6 +56,10 @@ type index struct {
 	// domains that hold at least one reservation: where none does, the
 	// reservations are off (a flat file's enable_overlapping_ranges).
 	reservedDomains map[string]bool
+	// onStatus are the addresses of each pod's network-status, and
+	// sandboxes the addresses of each container's entries, for leak.
+	onStatus  map[string]map[string]bool
+	sandboxes map[string][]string
 }
 
 func newIndex(s Snapshot) (*index, []error) {
@@ -115,7 +119,48 @@ func newIndex(s Snapshot) (*index, []error) {
 			x.reservedDomains[e.domain] = true
 		}
 	}
+	x.onStatus = make(map[string]map[string]bool, len(x.status))
+	for ref, st := range x.status {
+		ips := map[string]bool{}
+		for _, a := range st {
+			for _, ip := range a.ips {
+				ips[ip] = true
+			}
+		}
+		x.onStatus[ref] = ips
+	}
+	x.sandboxes = map[string][]string{}
+	for _, e := range x.entries {
+		if e.ContainerID != "" {
+			x.sandboxes[e.ContainerID] = append(x.sandboxes[e.ContainerID], e.IP.String())
+		}
+	}
 	return x, errs
+}
+
+// holds says whether an entry is an address its pod holds: the pod is
+// Running (one not Running yet holds none: its entry is an ADD in flight,
+// or an earlier sandbox's that its next ADD releases) and the entry is no
+// leak (docs/audit.md: never a holder).
+func (x *index) holds(e entry) bool {
+	return running(x.pods[e.PodRef]) && !x.leak(e)
+}
+
+// leak says whether the reconciler judges a Running pod's entry stale
+// (reconcile.Classify's rules, NotOnStatus and Superseded): the pod has a
+// network-status, which names neither the entry's address nor any other
+// of its container's. An earlier sandbox's, the reconciler's to release.
+func (x *index) leak(e entry) bool {
+	ips, known := x.onStatus[e.PodRef]
+	if !known || ips[e.IP.String()] {
+		return false
+	}
+	for _, ip := range x.sandboxes[e.ContainerID] {
+		if ips[ip] {
+			return false
+		}
+	}
+	return true
 }
 
 // readNAD reads a NAD's first whereabouts IPAM; nil when it has none or

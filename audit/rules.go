@@ -16,7 +16,7 @@ type claim struct {
 	pool    string // "" for a network-status claim
 }
 
-// shared finds two live pods on one address of one network: whereabouts'
+// shared finds two Running pods on one address of one network: whereabouts'
 // reservation network (network_name) is the network, so overlapping pools
 // of one network_name are one.
 func (x *index) shared(o Options) []Finding {
@@ -29,7 +29,7 @@ func (x *index) shared(o Options) []Finding {
 		claims[k][pod] = append(claims[k][pod], c)
 	}
 	for _, e := range x.entries {
-		if live(x.pods[e.PodRef]) {
+		if x.holds(e) {
 			add(e.domain, e.IP.String(), e.PodRef, claim{network: x.networkOf(e.Pool), pool: e.Pool})
 		}
 	}
@@ -244,8 +244,9 @@ func (x *index) networkOfAddress(pod, ip string) string {
 	return NoNAD
 }
 
-// reservations finds the entries of live pods without their reservation,
-// and reservations held by another pod than the entry at their address.
+// reservations finds the entries that hold an address (index.holds) without
+// their reservation, and reservations held by another pod than the entry
+// that holds their address.
 func (x *index) reservations(o Options) []Finding {
 	held := map[string][]entry{} // reservation name -> entries at its address
 	var out []Finding
@@ -259,7 +260,7 @@ func (x *index) reservations(o Options) []Finding {
 				reserved = true
 			}
 		}
-		if reserved || !live(x.pods[e.PodRef]) || !x.reserves(e) {
+		if reserved || !x.holds(e) || !x.reserves(e) {
 			continue
 		}
 		name := names.Reservation(e.IP, e.domain)
@@ -277,7 +278,7 @@ func (x *index) reservations(o Options) []Finding {
 		match := false
 		for _, e := range es {
 			match = match || e.PodRef == orip.Spec.PodRef
-			if live(x.pods[e.PodRef]) {
+			if x.holds(e) {
 				holders = append(holders, e.PodRef)
 			}
 		}

@@ -222,7 +222,7 @@ func (w *world) startSandbox(a *actor, p *pod) {
 	// when it cannot). Now and then it names only some of the interfaces (a
 	// network attached later, a status written by an older Multus): the
 	// reconciler must not judge the others by it.
-	p.status = map[string]string{}
+	p.status, p.statusOf = map[string]string{}, sb
 	for i, att := range sb.atts {
 		if i > 0 && !w.quiet && w.s.chance(0.2) {
 			continue

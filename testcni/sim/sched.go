@@ -53,6 +53,10 @@ type sched struct {
 	// dirty says that something the invariants read changed since the last
 	// check: a write to the API server, or a sandbox changing state.
 	dirty bool
+	// look, when set, runs after every step and whenever the clock passes
+	// lookAt (zero: never): the audit's checker. It returns what is wrong.
+	look   func() []string
+	lookAt func() time.Time
 }
 
 type actor struct {
@@ -262,6 +266,14 @@ func (s *sched) run(until time.Time) bool {
 			return true
 		}
 		if len(runnable) == 0 {
+			if due := s.lookDue(next, until); !due.IsZero() {
+				// A look is due before anyone wakes: the clock stops there.
+				s.now = due
+				if !s.looks() {
+					return false
+				}
+				continue
+			}
 			if next.IsZero() {
 				s.violations = append(s.violations, fmt.Sprintf("deadlock: %s wait for what no one will do", strings.Join(blocked, ", ")))
 				return false
@@ -290,10 +302,34 @@ func (s *sched) run(until time.Time) bool {
 				return false
 			}
 		}
-		if len(s.violations) > 0 {
+		if !s.looks() || len(s.violations) > 0 {
 			return false
 		}
 	}
+}
+
+// looks runs look, if set; false when it found something wrong.
+func (s *sched) looks() bool {
+	if s.look == nil {
+		return true
+	}
+	if bad := s.look(); len(bad) > 0 {
+		s.violations = append(s.violations, bad...)
+		return false
+	}
+	return true
+}
+
+// lookDue is when a look is due, if before next (and until): zero if none.
+func (s *sched) lookDue(next, until time.Time) time.Time {
+	if s.lookAt == nil {
+		return time.Time{}
+	}
+	due := s.lookAt()
+	if due.IsZero() || next.IsZero() || !due.After(s.now) || !due.Before(next) || !until.IsZero() && due.After(until) {
+		return time.Time{}
+	}
+	return due
 }
 
 // choose is the next actor to run.

@@ -8,18 +8,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
 	"github.com/harvester/harvester-ipam/shim/names"
-	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // poolNS is the simulated whereabouts namespace.
@@ -85,8 +81,17 @@ type pod struct {
 	// starting: the kubelet's pod worker is making a sandbox of the pod. It
 	// makes one at a time: never two sandboxes of one pod at once.
 	starting bool
-	// status are the addresses of Multus' network-status, by interface.
-	status map[string]string
+	// status are the addresses of Multus' network-status, by interface;
+	// statusOf is the sandbox whose ADD wrote it (its networks are the
+	// status' NADs).
+	status   map[string]string
+	statusOf *sandbox
+	// created is when the pod object was made; deletedGracefully: it was
+	// deleted (not force-deleted), and the API shows it being deleted, a
+	// deletionTimestamp on it, while its sandbox is stopped (the audit's
+	// snapshot; see auditPods).
+	created           time.Time
+	deletedGracefully bool
 }
 
 func (p *pod) ref() string { return p.ns + "/" + p.name }
@@ -449,109 +454,6 @@ func cancelled(ctx context.Context) bool {
 // see faults (the plugin, whereabouts, the reconciler), not for the world.
 func isProcess(a *actor) bool {
 	return !strings.HasPrefix(a.name, "director") && !strings.HasPrefix(a.name, "check")
-}
-
-// ---- the reconciler's view of the cluster (reconcile.Cluster)
-
-type cluster struct{ w *world }
-
-func (c cluster) yield() error {
-	a := c.w.s.cur
-	if a.killed {
-		return errKilled
-	}
-	a.at = c.w.s.now.Add(time.Millisecond)
-	a.yield()
-	if a.killed {
-		panic(goExit{})
-	}
-	if !c.w.quiet && c.w.s.now.Before(c.w.faultsUntil) && c.w.s.chance(0.2) {
-		return apierrors.NewServiceUnavailable("etcdserver: request timed out")
-	}
-	return nil
-}
-
-func (c cluster) podObject(p *pod) *corev1.Pod {
-	o := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: p.name, UID: "u"}, Spec: corev1.PodSpec{NodeName: p.node}}
-	o.Status.Phase = corev1.PodPending
-	if p.phase == podRunning {
-		o.Status.Phase = corev1.PodRunning
-	}
-	if p.status != nil {
-		var st []map[string]any
-		st = append(st, map[string]any{"name": "cluster-network", "ips": []string{"10.52.0.1"}, "default": true})
-		for _, ifn := range sortedKeys(p.status) {
-			st = append(st, map[string]any{"name": "harvester-system/" + p.nets[ifn].name, "interface": ifn, "ips": []string{p.status[ifn]}})
-		}
-		b, _ := json.Marshal(st)
-		o.Annotations = map[string]string{"k8s.v1.cni.cncf.io/network-status": string(b)}
-	}
-	return o
-}
-
-func (c cluster) Pods(_ context.Context, ns string, want func(name string) bool) ([]corev1.Pod, error) {
-	if err := c.yield(); err != nil {
-		return nil, err
-	}
-	var out []corev1.Pod
-	for _, ref := range sortedKeys(c.w.pods) {
-		if p := c.w.pods[ref]; p.exists && p.ns == ns && (want == nil || want(p.name)) {
-			out = append(out, *c.podObject(p))
-		}
-	}
-	return out, nil
-}
-
-func (c cluster) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
-	if err := c.yield(); err != nil {
-		return nil, err
-	}
-	if p, ok := c.w.pods[ns+"/"+name]; ok && p.exists {
-		return c.podObject(p), nil
-	}
-	return nil, nil
-}
-
-func (c cluster) Nodes(context.Context) ([]string, error) {
-	if err := c.yield(); err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, n := range c.w.nodes {
-		if n.exists {
-			out = append(out, n.name)
-		}
-	}
-	sort.Strings(out)
-	return out, nil
-}
-
-func (c cluster) Node(_ context.Context, name string) (bool, error) {
-	if err := c.yield(); err != nil {
-		return false, err
-	}
-	for _, n := range c.w.nodes {
-		if n.name == name {
-			return n.exists, nil
-		}
-	}
-	return false, nil
-}
-
-func (c cluster) Event(context.Context, *corev1.Event) error { return nil }
-
-// NADs are the networks whose NAD exists.
-func (c cluster) NADs(context.Context) ([]reconcile.NAD, error) {
-	if err := c.yield(); err != nil {
-		return nil, err
-	}
-	var out []reconcile.NAD
-	for _, n := range c.w.nets {
-		if !n.deleted {
-			out = append(out, reconcile.NAD{Namespace: "harvester-system", Name: n.name, Config: string(n.config(c.w))})
-		}
-	}
-	return out, nil
 }
 
 // options are a simulated process's store options: the simulated clock and

@@ -41,6 +41,7 @@ func main() {
 	leftovers := flag.Bool("leftovers", true, "start with entries whereabouts v0.7.0 left in the storage pool (false: replay seeds found before they were modelled)")
 	podController := flag.Bool("pod-controller", true, "run whereabouts' pod controller on pod deletions (false: replay seeds found before it was modelled)")
 	agents := flag.Bool("agents", true, "run harvester-ipam's node agent on the first node, and on the second in half the schedules (false: replay seeds found before it was modelled)")
+	withAudit := flag.Bool("audit", true, "run the audit beside the world and hold its verdicts to the model's ground truth (false: the schedules alone, a little faster)")
 	agentGroups := flag.Bool("agent-groups", true, "run the agents' requests under one shim.Group each, as their main does, and roll the agents out (false: replay seeds found before they were modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
@@ -61,6 +62,7 @@ func main() {
 		o.Leftovers = *leftovers
 		o.Agents = *agents
 		o.AgentGroups = *agentGroups
+		o.Audit = *withAudit
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -107,7 +109,7 @@ func main() {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start), "-seeds", fmt.Sprint(*seeds),
 				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
-				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents), "-agent-groups="+fmt.Sprint(*agentGroups))
+				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents), "-agent-groups="+fmt.Sprint(*agentGroups), "-audit="+fmt.Sprint(*withAudit))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome
@@ -142,10 +144,11 @@ func main() {
 		}
 	}
 	// What the schedules did: the node agents' verbs (served, lost, fallen
-	// back and why), the liveness checks, the kills.
+	// back and why), the liveness checks, the kills, the audit's findings
+	// (opened, true or false) and the inconsistencies it had to report.
 	var keys []string
 	for k := range stats {
-		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "lease") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") {
+		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "lease") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") || strings.HasPrefix(k, "audit") {
 			keys = append(keys, k)
 		}
 	}
