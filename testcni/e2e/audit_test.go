@@ -70,6 +70,12 @@ func TestAuditReportsWhatBreaks(t *testing.T) {
 	series := fmt.Sprintf(`harvester_ipam_audit_findings{kind="%%s",network="%s"} `, network)
 	require.Eventually(t, func() bool { return strings.Contains(metrics(), fmt.Sprintf(series, audit.MissingAddress)+"1\n") },
 		10*time.Second, 200*time.Millisecond, "the metric says so")
+	// What fails the lifecycle tests (auditQuiet) sees it, each way.
+	got := strings.Join((&auditQuiet{c: e.R, metrics: metrics, log: stderr, eventsOf: map[string]bool{}}).reported(t), "\n")
+	for _, want := range []string{"audit: open: MissingAddress " + network, "Event StorageNetworkAddressMissing on Pod " + missing.Ref(),
+		"metric: 1 open MissingAddress finding(s) on network " + network} {
+		assert.Contains(t, got, want, "auditQuiet reports it")
+	}
 	for _, k := range []audit.Kind{audit.SharedAddress, audit.PodPoolMismatch, audit.EntryReservationMismatch, audit.Headroom} {
 		assert.Contains(t, metrics(), fmt.Sprintf(series, k)+"0\n", "healthy pods, past the grace: no %s", k)
 	}
