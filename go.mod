@@ -9,6 +9,7 @@ require (
 	github.com/k8snetworkplumbingwg/whereabouts v0.9.4
 	github.com/prometheus/client_golang v1.20.5
 	github.com/prometheus/client_model v0.6.1
+	github.com/prometheus/common v0.55.0
 	github.com/stretchr/testify v1.10.0
 	golang.org/x/sys v0.40.0
 	google.golang.org/grpc v1.72.1
@@ -47,7 +48,6 @@ require (
 	github.com/onsi/ginkgo/v2 v2.28.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.0 // indirect
-	github.com/prometheus/common v0.55.0 // indirect
 	github.com/prometheus/procfs v0.15.1 // indirect
 	github.com/spf13/pflag v1.0.6 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect

@@ -21,7 +21,7 @@ var toolNames = []string{"etcd", "kube-apiserver", "kubelet", "kube-controller-m
 	"ip-control-loop-v0.9.4", "ip-control-loop-v0.9.3", "ip-control-loop-v0.8.0", "ip-control-loop-v0.7.0",
 	"whereabouts-reconciler-v0.9.4", "whereabouts-script-v0.9.4", "whereabouts-script-v0.9.3", "whereabouts-script-v0.8.0", "whereabouts-script-v0.7.0",
 	"whereabouts-crds-v0.9.4", "whereabouts-crds-v0.9.3", "whereabouts-crds-v0.8.0", "whereabouts-crds-v0.7.0",
-	"multus", "helm", "monitoring-crds", "webhook", "webhook-crds",
+	"multus", "helm", "monitoring-crds", "promtool", "webhook", "webhook-crds",
 	"kubectl", "crane", "helm-controller", "harvester-crds"}
 
 // toolFiles are files a tool dir must hold: whereabouts v0.9's images carry

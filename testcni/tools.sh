@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|gremlins]
+#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -27,6 +27,12 @@ HARVESTER_SUM=h1:SlC7YQyheSXIeoc/ys/eYZ00HRXJsocHxMUEoXHI+fw=
 # gremlins runs the mutation tests (make mutate); not a rig tool, so `all` skips it.
 GREMLINS_VERSION=v0.5.0
 PROMETHEUS_OPERATOR_VERSION=v0.76.2
+# Prometheus' promtool runs the chart's alerts through Prometheus' own rule
+# engine (promtool test rules). Module v0.316.0 is Prometheus 3.16.0; built
+# without the service discoveries (remove_all_sd), which promtool's rule tests
+# never use: about 3 minutes cold on 2 cores, 54 MB.
+PROMETHEUS_VERSION=v0.316.0
+PROMETHEUS_RELEASE=3.16.0
 # The checksum database does not know whereabouts v0.9.3 (Harvester's current
 # chart ships it): its module hash is pinned here and checked on download.
 WHEREABOUTS_V093_SUM=h1:DbI2Xyst/FTZONuZ/O5EjHw/DaddrzSW2g/jmMXxWdQ=
@@ -350,6 +356,20 @@ monitoring_crds() {
   log "copied the monitoring.coreos.com CRDs of prometheus-operator $PROMETHEUS_OPERATOR_VERSION to $out"
 }
 
+# build_promtool: Prometheus' promtool, whose `test rules` evaluates the
+# chart's PrometheusRule with Prometheus' rule engine.
+build_promtool() {
+  local out="promtool-$PROMETHEUS_VERSION"; have "$out" && return 0
+  log "building promtool $PROMETHEUS_RELEASE (module $PROMETHEUS_VERSION; about 3 minutes cold)"
+  local d; d=$(newmod "$out")
+  (cd "$d" && go get "github.com/prometheus/prometheus@$PROMETHEUS_VERSION")
+  (cd "$d" && go build -trimpath -tags remove_all_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_RELEASE" \
+    -o "$BIN/.$out.tmp" github.com/prometheus/prometheus/cmd/promtool)
+  mv -f "$BIN/.$out.tmp" "$BIN/$out"
+  log "built $BIN/$out"
+}
+
 # helm renders and lints install/chart in the tests, as a user would.
 build_helm() {
   local out="helm-$HELM_VERSION"; have "$out" && return 0
@@ -435,6 +455,7 @@ paths() {
   echo "helm-controller=$BIN/helm-controller-$HELM_CONTROLLER_VERSION"
   echo "harvester-crds=$BIN/harvester-$HARVESTER_VERSION-crds"
   echo "monitoring-crds=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-crds"
+  echo "promtool=$BIN/promtool-$PROMETHEUS_VERSION"
 }
 
 case "${1:-all}" in
@@ -454,6 +475,7 @@ case "${1:-all}" in
   crane) build_crane ;;
   helm-controller) build_helm_controller ;;
   harvester-crds) harvester_crds ;;
+  promtool) build_promtool ;;
   all)
     # Two lanes side by side: one go build alone leaves a core idle while it
     # downloads and links. The Kubernetes binaries, about half the work, have
@@ -464,11 +486,11 @@ case "${1:-all}" in
       for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_scripts "$v"; whereabouts_crds "$v"; done
       build_multus; monitoring_crds; build_webhook
       # The add-on's and the registry's tools, in the lane that ends first.
-      build_crane; build_helm_controller; harvester_crds) & rest=$!
+      build_crane; build_helm_controller; harvester_crds; build_promtool) & rest=$!
     ok=0
     wait "$rest" || ok=$?
     wait "$big" || ok=$?
     exit "$ok"
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|gremlins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]" >&2; exit 2 ;;
 esac

@@ -210,6 +210,16 @@ func (w *WhereaboutsParts) Log(part string) string {
 	return string(b)
 }
 
+// Pid is a part's process ID (0: no such part), for what it costs (its
+// /proc/PID/stat and status).
+func (w *WhereaboutsParts) Pid(part string) int {
+	p := w.procs[part]
+	if p == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Running says whether a part is still running.
 func (w *WhereaboutsParts) Running(part string) bool {
 	p := w.procs[part]

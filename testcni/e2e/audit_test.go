@@ -28,8 +28,10 @@ import (
 // left it) is reported (Event, metric) within 60 s; two pods given one
 // address by hand (a pool entry edited) are reported; and the healthy pods'
 // lifecycle beside them (ADDs, a DEL, a pod deleted, a new one) reports
-// nothing, ever. One whereabouts version, the exec path: the audit reads
-// what any path writes.
+// nothing, ever. Each scrape of the reconciler's /metrics, through the
+// chart's PrometheusRule in Prometheus' rule engine, fires the alerts of
+// what is open and no other. One whereabouts version, the exec path: the
+// audit reads what any path writes.
 func TestAuditReportsWhatBreaks(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testcni.V093)
@@ -47,6 +49,8 @@ func TestAuditReportsWhatBreaks(t *testing.T) {
 
 	metrics, stderr := startAuditingReconciler(t, e)
 	start := time.Now()
+	// What the reconciler exports at each point, for the chart's alerts.
+	scrapes := []alertTest{{name: "nothing open yet", series: auditSeries(t, metrics())}}
 
 	// Healthy pods: each ADD, then its pod Running with the address on its
 	// network-status, as Multus writes it.
@@ -66,9 +70,16 @@ func TestAuditReportsWhatBreaks(t *testing.T) {
 	series := fmt.Sprintf(`harvester_ipam_audit_findings{kind="%%s",network="%s"} `, network)
 	require.Eventually(t, func() bool { return strings.Contains(metrics(), fmt.Sprintf(series, audit.MissingAddress)+"1\n") },
 		10*time.Second, 200*time.Millisecond, "the metric says so")
+	// What fails the lifecycle tests (auditQuiet) sees it, each way.
+	got := strings.Join((&auditQuiet{c: e.R, metrics: metrics, log: stderr, eventsOf: map[string]bool{}}).reported(t), "\n")
+	for _, want := range []string{"audit: open: MissingAddress " + network, "Event StorageNetworkAddressMissing on Pod " + missing.Ref(),
+		"metric: 1 open MissingAddress finding(s) on network " + network} {
+		assert.Contains(t, got, want, "auditQuiet reports it")
+	}
 	for _, k := range []audit.Kind{audit.SharedAddress, audit.PodPoolMismatch, audit.EntryReservationMismatch, audit.Headroom} {
 		assert.Contains(t, metrics(), fmt.Sprintf(series, k)+"0\n", "healthy pods, past the grace: no %s", k)
 	}
+	scrapes = append(scrapes, alertTest{name: "a pod without its address", series: auditSeries(t, metrics())})
 
 	// The lifecycle goes on: b's DEL and its pod deleted, a new pod d.
 	require.NoError(t, sb.Del(c))
@@ -95,6 +106,15 @@ func TestAuditReportsWhatBreaks(t *testing.T) {
 	assert.Contains(t, ev.Message, a.Ref())
 	require.Eventually(t, func() bool { return strings.Contains(metrics(), fmt.Sprintf(series, audit.SharedAddress)+"1\n") },
 		10*time.Second, 200*time.Millisecond)
+	scrapes = append(scrapes, alertTest{name: "and two pods on one address", series: auditSeries(t, metrics())})
+	// The alerts fire as rancher-monitoring's Prometheus would run the
+	// chart's rules on these scrapes: none on the first, the pod without
+	// its address's, then the shared address's too.
+	for _, s := range scrapes[1:] {
+		assert.Equal(t, 1.0, findingOf(s.series, audit.MissingAddress, network), "scrape %q", s.name)
+	}
+	assert.Equal(t, 1.0, findingOf(scrapes[2].series, audit.SharedAddress, network))
+	assertAuditAlerts(t, renderRules(t), scrapes...)
 
 	// Nothing was ever said of b, of its DEL or its deletion, nor of d
 	// before the edit.
@@ -117,13 +137,22 @@ func TestAuditReportsWhatBreaks(t *testing.T) {
 // pools; it returns what its /metrics says now, and its log.
 func startAuditingReconciler(t *testing.T, e *env) (metrics func() string, log func() string) {
 	t.Helper()
+	return startWatchingReconciler(t, e.Kubeconfig, e.PoolNamespace, "--grace", "1h")
+}
+
+// startWatchingReconciler runs the reconciler in Deployment mode (loop and
+// watch, --interval 1m) against the cluster of kubeconfig, its pools in
+// namespace, with extra flags; it returns what its /metrics says now, and
+// its log.
+func startWatchingReconciler(t *testing.T, kubeconfig, namespace string, extra ...string) (metrics func() string, log func() string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 	var out syncBuffer
-	cmd := exec.CommandContext(ctx(t), rig.ReconcilerBinary(), "--kubeconfig", e.Kubeconfig, "--namespace", e.PoolNamespace,
-		"--interval", "1m", "--grace", "1h", "--metrics-addr", addr)
+	args := append([]string{"--kubeconfig", kubeconfig, "--namespace", namespace, "--interval", "1m", "--metrics-addr", addr}, extra...)
+	cmd := exec.CommandContext(ctx(t), rig.ReconcilerBinary(), args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })

@@ -338,10 +338,20 @@ func (k *kubeletNode) settled(t *testing.T, name, aside, when string) {
 // order: helm install, whereabouts' pod restarted and upgraded, helm
 // upgrade, the kubelet restarted, a clean shutdown and boot, helm
 // uninstall. Each step is a subtest; a failed one leaves the node as it
-// was, and the next runs.
+// was, and the next runs. The audit watches throughout, as the chart's
+// Deployment mode runs it: a step fails on any finding it reports.
 func TestKubelet(t *testing.T) {
 	t.Parallel()
 	k := newKubeletNode(t, "kubelet", testcni.V093, true)
+	// The audit watches the whole life (issue 38: a healthy cluster reports
+	// nothing, ever); each step fails on a finding it saw.
+	aq := watchAudit(t, k.c, "kube-system")
+	run := func(name string, step func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			defer aq.quiet(t, name)
+			step(t)
+		})
+	}
 	longhorn := k.pods(t, "instance-manager", 3)
 	live, err := k.nd.WaitPodsReady(ctx(t), longhorn, time.Time{}, 3*time.Minute)
 	require.NoError(t, err)
@@ -349,7 +359,7 @@ func TestKubelet(t *testing.T) {
 	require.Len(t, alone, 3, "before the chart, whereabouts alone serves the storage network")
 	k.holdsOne(t, live)
 
-	t.Run("HelmInstall", func(t *testing.T) {
+	run("HelmInstall", func(t *testing.T) {
 		start := time.Now()
 		out, err := k.helm(t, chartArgs("install", chartTag1)...)
 		require.NoError(t, err, out)
@@ -385,7 +395,7 @@ func TestKubelet(t *testing.T) {
 	// A storm: the node's pods all start at once (a Harvester cluster back
 	// from a power loss). The chart's node agent serves every ADD, no sandbox
 	// fails its ADD, and each pod holds one address of its own.
-	t.Run("StormOfPodsAtOnce", func(t *testing.T) {
+	run("StormOfPodsAtOnce", func(t *testing.T) {
 		const n = 20
 		start := time.Now()
 		pods := make([]testcni.Pod, n)
@@ -429,7 +439,7 @@ func TestKubelet(t *testing.T) {
 	// middle of a storm. Nothing the operator runs notices: every pod
 	// starts, no sandbox fails its ADD, every live pod holds exactly one
 	// entry and its reservation, and nothing of a deleted pod is left.
-	t.Run("AgentRolledOutAndKilledWhilePodsChurn", func(t *testing.T) {
+	run("AgentRolledOutAndKilledWhilePodsChurn", func(t *testing.T) {
 		const n = 6
 		start := time.Now()
 		churned := k.pods(t, "churn", n)
@@ -512,7 +522,7 @@ func TestKubelet(t *testing.T) {
 		}
 	})
 
-	t.Run("WhereaboutsPodDeletedThenUpgraded", func(t *testing.T) {
+	run("WhereaboutsPodDeletedThenUpgraded", func(t *testing.T) {
 		for _, step := range []struct {
 			what, version string
 			do            func() error
@@ -546,7 +556,7 @@ func TestKubelet(t *testing.T) {
 		}
 	})
 
-	t.Run("HelmUpgradeRollingUpdate", func(t *testing.T) {
+	run("HelmUpgradeRollingUpdate", func(t *testing.T) {
 		mark := k.watch.mark()
 		start := time.Now()
 		// Longhorn pods start all through the rolling update.
@@ -602,7 +612,7 @@ func TestKubelet(t *testing.T) {
 		gone.Wait()
 	})
 
-	t.Run("KubeletRestarted", func(t *testing.T) {
+	run("KubeletRestarted", func(t *testing.T) {
 		mark := k.watch.mark()
 		pools := k.allocs(t)
 		require.NoError(t, k.nd.StopKubelet(ctx(t)))
@@ -616,7 +626,7 @@ func TestKubelet(t *testing.T) {
 		assert.Equal(t, pools, k.allocs(t), "the pool as it was")
 	})
 
-	t.Run("CleanShutdownAndBoot", func(t *testing.T) {
+	run("CleanShutdownAndBoot", func(t *testing.T) {
 		mark := k.watch.mark()
 		killed, err := k.nd.Shutdown(ctx(t), 10*time.Second)
 		require.NoError(t, err)
@@ -646,7 +656,7 @@ func TestKubelet(t *testing.T) {
 		live = next
 	})
 
-	t.Run("HelmUninstall", func(t *testing.T) {
+	run("HelmUninstall", func(t *testing.T) {
 		pools := k.allocs(t)
 		// The installer's log, open before its pod goes (the kubelet removes
 		// it with the pod): what its stop read and did.
@@ -681,6 +691,7 @@ func TestKubelet(t *testing.T) {
 		assert.Equal(t, "missing", aside, "no whereabouts.real left")
 		assert.Equal(t, pools, k.allocs(t), "the pool untouched")
 	})
+	aq.settle(t, "after the last step", testcni.HarvesterNamespace+"/"+k.nad)
 }
 
 // nameWatch samples the file at whereabouts' name every few milliseconds

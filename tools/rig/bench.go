@@ -168,7 +168,12 @@ func bench(ctx context.Context, rig *testcni.Rig) error {
 		}
 	}
 	if run("reconciler") {
-		return b.reconciler(ctx)
+		if err := b.reconciler(ctx); err != nil {
+			return err
+		}
+	}
+	if run("audit") {
+		return b.auditWatch(ctx)
 	}
 	return nil
 }
