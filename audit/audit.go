@@ -42,7 +42,7 @@ const (
 	// EntryReservationMismatch: an entry without its reservation, or a
 	// reservation held by another pod than the entry at its address.
 	EntryReservationMismatch Kind = "EntryReservationMismatch"
-	// Headroom: the network's free addresses are fewer than its Longhorn
+	// Headroom: the network's free addresses are no more than its Longhorn
 	// pods need (Need).
 	Headroom Kind = "Headroom"
 )

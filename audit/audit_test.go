@@ -293,6 +293,15 @@ func TestJudge(t *testing.T) {
 			s.Reservations = append(s.Reservations, orip("10.0.50.3", lh+"/share-manager-v1"))
 			return append(pods, podSpec{ref: lh + "/share-manager-v1", phase: corev1.PodRunning, asks: []string{storage}, status: map[string][]string{storage: {"10.0.50.3"}}})
 		}, want: []string{"Headroom " + storage + "  "}},
+		// The rule: an alert before the next node, not once it is
+		// too late for it.
+		{name: "headroom: exactly what the pods need now, none for the next node", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs[0] = nad(storage, "10.0.50.0/29", nil) // 6 usable, 2 held: 4 free
+			s.Pools[0].Spec.Range = "10.0.50.0/29"
+			s.Pools[0].Name = "10.0.50.0-29"
+			s.Nodes = 4 // need: max(4 nodes, 2 instance managers)
+			return pods
+		}, want: []string{"Headroom " + storage + "  "}},
 		{name: "headroom: enough free", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			s.Nodes = 3
 			return pods

@@ -86,7 +86,9 @@ func (x *index) headroom(nodes int, o Options) ([]Finding, []Figures) {
 		need := int64(max(nodes, c.ims) + c.sms + c.bims)
 		free := x.free(nw)
 		figs = append(figs, Figures{Network: ref, Free: free, Need: need})
-		if free >= need {
+		// A finding once the next node would find no address: free must
+		// hold what the pods need at once and one instance manager more.
+		if free > need {
 			continue
 		}
 		nodesSaid := fmt.Sprintf("%d nodes", nodes)
@@ -94,7 +96,7 @@ func (x *index) headroom(nodes int, o Options) ([]Finding, []Figures) {
 			nodesSaid = "nodes unknown"
 		}
 		out = append(out, Finding{Kind: Headroom, Network: ref, Pool: first(nw.pools), Free: free, Need: need,
-			Message: fmt.Sprintf("network %s has %d free addresses; its Longhorn pods need %d at once (max(%s, %d instance managers) + %d share managers + %d backing-image managers): an upgrade, which starts each new instance manager beside the old, or a new node (one more) may find no address. Release its stale entries (the command below shows them) or widen the range before either.",
+			Message: fmt.Sprintf("network %s has %d free addresses; its Longhorn pods need %d at once (max(%s, %d instance managers) + %d share managers + %d backing-image managers), and a new node one more: an upgrade, which starts each new instance manager beside the old, or the next node may find no address. Release its stale entries (the command below shows them) or widen the range before either.",
 				ref, free, need, nodesSaid, c.ims, c.sms, c.bims),
 			Command: fmt.Sprintf("%s inspect --need %d", o.Diagnose, need)})
 	}
