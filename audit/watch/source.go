@@ -8,6 +8,7 @@ package watch
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -128,8 +129,12 @@ func NewWatchSource(ctx context.Context, rc *rest.Config, kube kubernetes.Interf
 	w.orips = toolscache.NewSharedIndexInformer(lw("overlappingrangeipreservations", func() runtime.Object { return &shim.ReservationList{} }), &shim.Reservation{}, 0, toolscache.Indexers{})
 	w.nads = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0).ForResource(reconcile.NADResource).Informer()
 	poke := toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { w.poke() },
-		UpdateFunc: func(any, any) { w.poke() },
+		AddFunc: func(any) { w.poke() },
+		UpdateFunc: func(old, cur any) {
+			if !unchangedForAudit(old, cur) {
+				w.poke()
+			}
+		},
 		DeleteFunc: func(any) { w.poke() },
 	}
 	for _, inf := range []toolscache.SharedIndexInformer{w.pods, w.pools, w.orips, w.nads} {
@@ -152,6 +157,25 @@ func NewWatchSource(ctx context.Context, rc *rest.Config, kube kubernetes.Interf
 		return nil, fmt.Errorf("audit informers (pods, nodes, ippools, reservations, NADs) not synced after %s", syncTimeout)
 	}
 	return w, nil
+}
+
+// unchangedForAudit says whether an update of a pod changed nothing the
+// audit reads: its trimmed copies (audit.TrimPod) differ in their
+// resourceVersion only. Most of a cluster's pod updates (conditions,
+// container statuses, labels) are such; judging again on each would cost a
+// look a second on a busy cluster for nothing.
+func unchangedForAudit(old, cur any) bool {
+	a, ok := old.(*corev1.Pod)
+	if !ok {
+		return false
+	}
+	b, ok := cur.(*corev1.Pod)
+	if !ok {
+		return false
+	}
+	x, y := *a, *b
+	x.ResourceVersion, y.ResourceVersion = "", ""
+	return reflect.DeepEqual(x, y)
 }
 
 func (w *WatchSource) poke() {

@@ -209,3 +209,39 @@ func TestTwice(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, c.Open, "within its grace: not open")
 }
+
+// A pod update that changes nothing the audit reads (its trimmed copy the
+// same but for the resourceVersion) does not wake the audit; one that
+// changes what it reads does.
+func TestAPodUpdateWakesTheAuditOnlyForWhatItReads(t *testing.T) {
+	base := func() *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "longhorn-system", Name: "im-a", ResourceVersion: "1",
+				Labels:      map[string]string{"longhorn.io/component": "instance-manager", "touch": "1"},
+				Annotations: map[string]string{audit.NetworksAnnotation: "harvester-system/storagenetwork", reconcile.NetworkStatusAnnotation: `[]`}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+		}
+	}
+	now := metav1.Now()
+	for _, tt := range []struct {
+		name   string
+		change func(p *corev1.Pod)
+		wakes  bool
+	}{
+		{"a label the audit does not read", func(p *corev1.Pod) { p.Labels["touch"] = "2" }, false},
+		{"a condition", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }, false},
+		{"the network-status", func(p *corev1.Pod) { p.Annotations[reconcile.NetworkStatusAnnotation] = `[{"name":"x"}]` }, true},
+		{"the networks asked for", func(p *corev1.Pod) { p.Annotations[audit.NetworksAnnotation] = "" }, true},
+		{"the phase", func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }, true},
+		{"being deleted", func(p *corev1.Pod) { p.DeletionTimestamp = &now }, true},
+		{"Longhorn's component", func(p *corev1.Pod) { p.Labels["longhorn.io/component"] = "share-manager" }, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			old, cur := base(), base()
+			tt.change(cur)
+			cur.ResourceVersion = "2"
+			assert.Equal(t, !tt.wakes, unchangedForAudit(audit.TrimPod(old), audit.TrimPod(cur)))
+		})
+	}
+	assert.False(t, unchangedForAudit(&shim.Pool{}, &shim.Pool{}), "only pods are told apart")
+}
