@@ -130,7 +130,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 						continue
 					}
 					role := typed[rbacv1.Role](t, []unstructured.Unstructured{o}, "Role")
-					assert.Equal(t, []string{"get", "list", "update", "patch", "delete"}, role.Rules[0].Verbs, "ippools delete, for the flag only")
+					assert.Equal(t, []string{"get", "list", "watch", "update", "patch", "delete"}, role.Rules[0].Verbs, "ippools delete, for the flag only (watch: the audit's informer)")
 				}
 			},
 		},
@@ -371,6 +371,11 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "watch", core, "pods", ""}, {reconciler, "watch", core, "nodes", ""}, // the loop's informers
 		{reconciler, "get", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"},
 		{reconciler, "list", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
+		// The audit (docs/audit.md): informers of pools, reservations and
+		// NADs, and a Warning Event on the pod of each finding, wherever it runs.
+		{reconciler, "watch", wb, "ippools", "kube-system"}, {reconciler, "watch", wb, "overlappingrangeipreservations", "kube-system"},
+		{reconciler, "watch", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
+		{reconciler, "create", core, "events", "longhorn-system"},
 		// The installer reads and watches its own DaemonSet, its namespace
 		// and its node (does the chart still stand in here?).
 		{installer, "get", "apps", "daemonsets", ns}, {installer, "watch", "apps", "daemonsets", ns},
@@ -403,10 +408,9 @@ func TestChartRBACIsLeastPrivilegeAndEnough(t *testing.T) {
 		{reconciler, "create", wb, "ippools", "kube-system"}, {reconciler, "delete", wb, "ippools", "kube-system"}, // reconciler.deleteOrphanedPools=false
 		{reconciler, "create", wb, "overlappingrangeipreservations", "kube-system"},
 		{reconciler, "update", "k8s.cni.cncf.io", "network-attachment-definitions", "harvester-system"}, // no NAD is ever edited
-		{reconciler, "watch", "k8s.cni.cncf.io", "network-attachment-definitions", ""},
 		{reconciler, "delete", core, "pods", "longhorn-system"}, {reconciler, "update", core, "nodes", ""},
 		{reconciler, "get", core, "secrets", "kube-system"}, {reconciler, "list", core, "secrets", ""},
-		{reconciler, "create", core, "events", "longhorn-system"},
+		{reconciler, "update", core, "events", "longhorn-system"}, {reconciler, "delete", core, "events", "longhorn-system"},
 		{installer, "list", core, "secrets", ns}, {installer, "delete", wb, "ippools", "kube-system"},
 		{installer, "delete", core, "pods", ns},
 		{installer, "list", "apps", "daemonsets", ns}, {installer, "delete", "apps", "daemonsets", ns},
