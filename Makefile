@@ -16,7 +16,7 @@ export CGO_ENABLED := 0
 
 LDFLAGS := -s -w -X main.Version=$(VERSION)
 
-.PHONY: build test unit e2e demo bench deps tools fuzz clean sim image mutate chart-repo
+.PHONY: build test unit e2e demo bench deps tools fuzz clean sim image mutate chart-repo conformance
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/harvester-ipam ./cmd/harvester-ipam
@@ -38,7 +38,19 @@ test: deps build tools
 	rc=0; \
 	HARVESTER_IPAM_E2E_PATHS=$(E2E_PATHS) $(GO) test -count=1 -timeout 40m -parallel 8 -skip '^TestKubelet' ./testcni/e2e || rc=1; \
 	$(GO) test -count=1 -timeout 20m -run '^TestKubelet' ./testcni/e2e || rc=1; \
+	$(MAKE) --no-print-directory conformance || rc=1; \
 	exit $$rc
+
+# whereabouts' own end-to-end suites (e2e/ and e2e/e2e_node_slice of each of
+# CONFORMANCE_VERSIONS, compiled from its module as released), each spec
+# alone, on three clusters side by side: whereabouts alone, harvester-ipam
+# standing in with its node agent off, and the chart as it installs. The
+# table of specs x sides ends the output (and bin/conformance/table.md),
+# then a line a suite; it fails where harvester-ipam fails a spec that
+# whereabouts alone passes.
+CONFORMANCE_VERSIONS ?= v0.9.4 v0.9.3
+conformance: deps tools
+	CONFORMANCE_VERSIONS="$(CONFORMANCE_VERSIONS)" $(GO) test -count=1 -timeout 60m -v -run '^TestWhereaboutsConformance$$' ./testcni/e2e/conformance
 
 # Unit tests only: no rig, no root.
 unit:

@@ -75,20 +75,20 @@ func (ri *rigImages) once(ref string, build func() (Image, error)) (Image, error
 func (r *Rig) WhereaboutsImage(ctx context.Context, version string) (Image, error) {
 	ref := WhereaboutsImageRef(version)
 	return r.images().once(ref, func() (Image, error) {
-		bb := r.Tools["busybox"]
-		applets, err := exec.CommandContext(ctx, bb, "--list").Output()
+		entries, err := r.busyboxEntries(ctx)
 		if err != nil {
-			return Image{}, fmt.Errorf("busybox --list (%s; testcni/tools.sh busybox fetches it): %w", bb, err)
+			return Image{}, err
 		}
-		entries := []imageEntry{
-			{Path: "bin", Dir: true, Mode: 0o755}, {Path: "tmp", Dir: true, Mode: 0o1777},
-			{Path: "bin/busybox", Mode: 0o755, Source: bb},
-			{Path: "whereabouts", Mode: 0o755, Source: r.Tools["whereabouts-"+version]},
-			{Path: "ip-control-loop", Mode: 0o755, Source: r.Tools["ip-control-loop-"+version]},
-		}
-		for _, a := range strings.Fields(string(applets)) {
-			if a != "busybox" {
-				entries = append(entries, imageEntry{Path: "bin/" + a, Link: "busybox"})
+		entries = append(entries,
+			imageEntry{Path: "whereabouts", Mode: 0o755, Source: r.Tools["whereabouts-"+version]},
+			imageEntry{Path: "ip-control-loop", Mode: 0o755, Source: r.Tools["ip-control-loop-"+version]})
+		// Its controllers, where the version has them: from v0.9.4 the
+		// reconciler's Deployment runs /ip-reconciler, and node-slice
+		// networks' controller /node-slice-controller (built with the
+		// version's own end-to-end suite, testcni/tools.sh conformance).
+		for path, tool := range map[string]string{"ip-reconciler": "whereabouts-reconciler-" + version, "node-slice-controller": "node-slice-controller-" + version} {
+			if st, err := os.Stat(r.Tools[tool]); err == nil && st.Mode().IsRegular() {
+				entries = append(entries, imageEntry{Path: path, Mode: 0o755, Source: r.Tools[tool]})
 			}
 		}
 		scripts := r.Tools["whereabouts-script-"+version]
@@ -137,4 +137,42 @@ func (r *Rig) ChartImage(ctx context.Context, tag string) (Image, error) {
 		}
 		return Image{Ref: "docker.io/" + ref, Archive: out}, nil
 	})
+}
+
+// BusyboxImage is an image of the rig's own named ref: a static busybox as
+// /bin/sh, /bin/ash and every other applet, and /tmp. whereabouts' own
+// end-to-end suite runs its pods from quay.io/dougbtv/alpine:latest with
+// `/bin/ash -c "trap : TERM INT; sleep infinity & wait"`, which this image
+// runs as that one does; nothing is ever pulled.
+func (r *Rig) BusyboxImage(ctx context.Context, ref string) (Image, error) {
+	return r.images().once(ref, func() (Image, error) {
+		entries, err := r.busyboxEntries(ctx)
+		if err != nil {
+			return Image{}, err
+		}
+		name := strings.NewReplacer("/", "_", ":", "_").Replace(ref)
+		out := filepath.Join(filepath.Dir(r.bin), "images", name+".oci.tar")
+		err = writeImage(out, ref, entries, []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, nil)
+		return Image{Ref: ref, Archive: out}, err
+	})
+}
+
+// busyboxEntries are an image's /bin of a static busybox (every applet a
+// link to it) and its /tmp.
+func (r *Rig) busyboxEntries(ctx context.Context) ([]imageEntry, error) {
+	bb := r.Tools["busybox"]
+	applets, err := exec.CommandContext(ctx, bb, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("busybox --list (%s; testcni/tools.sh busybox fetches it): %w", bb, err)
+	}
+	entries := []imageEntry{
+		{Path: "bin", Dir: true, Mode: 0o755}, {Path: "tmp", Dir: true, Mode: 0o1777},
+		{Path: "bin/busybox", Mode: 0o755, Source: bb},
+	}
+	for _, a := range strings.Fields(string(applets)) {
+		if a != "busybox" {
+			entries = append(entries, imageEntry{Path: "bin/" + a, Link: "busybox"})
+		}
+	}
+	return entries, nil
 }

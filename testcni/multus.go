@@ -57,7 +57,7 @@ func (r *Rig) InstallNADCRD(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the NAD CRD: %w", err)
 	}
-	crd, err := pickDoc(b, "CustomResourceDefinition", "network-attachment-definitions.k8s.cni.cncf.io")
+	crd, err := PickDoc(b, "CustomResourceDefinition", "network-attachment-definitions.k8s.cni.cncf.io")
 	if err != nil {
 		return fmt.Errorf("%s: %w", manifest, err)
 	}
@@ -92,8 +92,9 @@ func moduleDir(ctx context.Context, modVersion string) (string, error) {
 	return info.Dir, nil
 }
 
-// pickDoc returns the document of a YAML stream with that kind and name.
-func pickDoc(stream []byte, kind, name string) ([]byte, error) {
+// PickDoc returns the document of a YAML stream with that kind and name
+// (the first of that kind when name is "").
+func PickDoc(stream []byte, kind, name string) ([]byte, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
 	for {
 		var obj unstructured.Unstructured
@@ -103,7 +104,7 @@ func pickDoc(stream []byte, kind, name string) ([]byte, error) {
 			}
 			return nil, err
 		}
-		if obj.GetKind() == kind && obj.GetName() == name {
+		if obj.GetKind() == kind && (name == "" || obj.GetName() == name) {
 			return obj.MarshalJSON()
 		}
 	}

@@ -235,7 +235,7 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 			return nil, err
 		}
 	}
-	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"], "loopback": r.Tools["loopback"], "multus": r.Tools["multus"], "harvester-ipam": r.PluginBinary()}
+	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"], "loopback": r.Tools["loopback"], "macvlan": r.Tools["macvlan"], "multus": r.Tools["multus"], "harvester-ipam": r.PluginBinary()}
 	if opt.Kubelet {
 		delete(links, "harvester-ipam") // the chart's pod puts it there, or the installer below
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +21,10 @@ type ClusterOptions struct {
 	Name string
 	// NoWebhook leaves Harvester's network webhook out.
 	NoWebhook bool
+	// Controllers are more of the controller manager's controllers to run
+	// (e.g. "deployment-controller"): whereabouts' own end-to-end suite
+	// scales ReplicaSets and StatefulSets and waits for Deployments.
+	Controllers []string
 }
 
 // clusterControllers are the controller manager's controllers a cluster of
@@ -88,7 +93,7 @@ func (r *Rig) StartCluster(ctx context.Context, opt ClusterOptions) (_ *Rig, err
 	if err := c.machine.serve(net.JoinHostPort(KubernetesServiceIP, "443"), strings.TrimPrefix(c.APIServerURL(), "https://")); err != nil {
 		return nil, err
 	}
-	if err := c.startControllers(ctx); err != nil {
+	if err := c.startControllers(ctx, opt.Controllers); err != nil {
 		return nil, err
 	}
 	if err := c.installCRDs(ctx); err != nil {
@@ -113,7 +118,7 @@ func (r *Rig) StartCluster(ctx context.Context, opt ClusterOptions) (_ *Rig, err
 // startControllers starts kube-controller-manager and kube-scheduler on the
 // cluster's machine, as the admin, and waits until the controller manager
 // has given kube-system its default ServiceAccount and kube-root-ca.crt.
-func (c *Rig) startControllers(ctx context.Context) error {
+func (c *Rig) startControllers(ctx context.Context, more []string) error {
 	sched := filepath.Join(c.Dir, "kube-scheduler.yaml")
 	conf := fmt.Sprintf(`apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -127,7 +132,7 @@ leaderElection:
 	}
 	kcm, err := c.machine.startProc(c.Dir, "kube-controller-manager", c.Tools["kube-controller-manager"], nil,
 		"--kubeconfig="+c.Kubeconfig, "--leader-elect=false", "--secure-port=0",
-		"--controllers="+strings.Join(clusterControllers, ","),
+		"--controllers="+strings.Join(append(slices.Clone(clusterControllers), more...), ","),
 		"--root-ca-file="+c.cluster.caFile, "--v=1")
 	if err != nil {
 		return err

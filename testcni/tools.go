@@ -16,7 +16,7 @@ type Tools map[string]string
 
 // toolNames are the ones every rig needs.
 var toolNames = []string{"etcd", "kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "busybox",
-	"cnitool", "bridge", "host-local", "loopback",
+	"cnitool", "bridge", "host-local", "loopback", "macvlan",
 	"whereabouts-v0.9.4", "whereabouts-v0.9.3", "whereabouts-v0.8.0", "whereabouts-v0.7.0",
 	"ip-control-loop-v0.9.4", "ip-control-loop-v0.9.3", "ip-control-loop-v0.8.0", "ip-control-loop-v0.7.0",
 	"whereabouts-reconciler-v0.9.4", "whereabouts-script-v0.9.4", "whereabouts-script-v0.9.3", "whereabouts-script-v0.8.0", "whereabouts-script-v0.7.0",

@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]
+#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|conformance|conformance-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -39,6 +39,8 @@ WHEREABOUTS_V093_SUM=h1:DbI2Xyst/FTZONuZ/O5EjHw/DaddrzSW2g/jmMXxWdQ=
 # v0.9.4, the next release, likewise.
 WHEREABOUTS_V094_SUM=h1:P45pLCyZ7iXLPBtlczbzSYV+AQCPCa9j7qfULKJ4ARM=
 WHEREABOUTS_VERSIONS="v0.9.4 v0.9.3 v0.8.0 v0.7.0"
+# The versions whose own end-to-end suites `make conformance` runs.
+CONFORMANCE_VERSIONS="v0.9.4 v0.9.3"
 # Harvester's network controller, whose admission webhook judges NADs. The
 # proxy refuses v1.8.2 (Harvester v1.8.2's); v1.8.1's cmd/ and pkg/ are
 # v1.8.2's file for file. The checksum database does not know it either.
@@ -149,7 +151,8 @@ build_cnitool() {
 build_plugins() {
   local p
   # loopback: containerd's CRI plugin sets up each sandbox's lo with it.
-  for p in bridge host-local loopback; do
+  # macvlan: whereabouts' own end-to-end suite attaches its pods with it.
+  for p in bridge host-local loopback macvlan; do
     local out="$p-$PLUGINS_VERSION"; have "$out" && continue
     log "building $p $PLUGINS_VERSION"
     local d; d=$(newmod "$out")
@@ -217,6 +220,48 @@ whereabouts_source() {
     return 1
   fi
   sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info"
+}
+
+# build_conformance V: whereabouts V's own end-to-end suites, compiled as
+# its maintainers run them (`go test` of e2e/ and e2e/e2e_node_slice, their
+# code as released, from the module proxy by version, pinned by hash where
+# the checksum database does not know the version), and the controllers and
+# manifests their specs need beside the DaemonSet: node-slice-controller,
+# and the reconciler's and the node-slice controller's Deployments and
+# whereabouts' own RBAC (doc/crds). Nothing of it is copied into the
+# repository; `make conformance` runs it (testcni/conformance).
+build_conformance() {
+  local v="$1" out="whereabouts-e2e-$1"
+  have "$out" && have "whereabouts-e2e-node-slice-$v" && have "node-slice-controller-$v" \
+    && [[ -s "$BIN/whereabouts-$v-manifests/daemonset-install.yaml" ]] && return 0
+  log "building whereabouts $v's end-to-end suites and node-slice-controller (about 2 minutes cold)"
+  local d; d=$(newmod "$out")
+  printf '\nreplace github.com/gogo/protobuf => github.com/gogo/protobuf v1.3.2\n' >>"$d/go.mod"
+  local mod=github.com/k8snetworkplumbingwg/whereabouts
+  case $v in
+    v0.9.3) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V093_SUM" ;;
+    v0.9.4) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V094_SUM" ;;
+    *) (cd "$d" && go get "$mod@$v") ;;
+  esac
+  # The suites' own test dependencies (ginkgo, gomega), at the versions
+  # whereabouts' go.mod requires.
+  (cd "$d" && GONOSUMDB=$mod go get -t "$mod/e2e" "$mod/e2e/e2e_node_slice" >&2)
+  local p
+  for p in e2e:whereabouts-e2e-$v e2e/e2e_node_slice:whereabouts-e2e-node-slice-$v; do
+    (cd "$d" && GONOSUMDB=$mod go test -c -trimpath -ldflags "-s -w" -o "$BIN/.${p#*:}.tmp" "$mod/${p%%:*}")
+    mv -f "$BIN/.${p#*:}.tmp" "$BIN/${p#*:}"
+    log "built $BIN/${p#*:}"
+  done
+  install_bin "node-slice-controller-$v" "$d" "$mod/cmd/nodeslicecontroller"
+  local dir; dir=$(whereabouts_source "$v" manifests) || return 1
+  rm -rf "$BIN/whereabouts-$v-manifests.tmp" && mkdir -p "$BIN/whereabouts-$v-manifests.tmp"
+  for p in daemonset-install.yaml node-slice-controller.yaml reconciler-deployment.yaml; do
+    [[ -f "$dir/doc/crds/$p" ]] && cp "$dir/doc/crds/$p" "$BIN/whereabouts-$v-manifests.tmp/"
+  done
+  cp "$dir"/doc/crds/whereabouts.cni.cncf.io_*.yaml "$BIN/whereabouts-$v-manifests.tmp/"
+  chmod -R u+w "$BIN/whereabouts-$v-manifests.tmp"
+  rm -rf "$BIN/whereabouts-$v-manifests" && mv "$BIN/whereabouts-$v-manifests.tmp" "$BIN/whereabouts-$v-manifests"
+  log "copied whereabouts $v's manifests to $BIN/whereabouts-$v-manifests"
 }
 
 # whereabouts_scripts V copies whereabouts V's script/ files its image carries
@@ -444,6 +489,13 @@ paths() {
     echo "whereabouts-crds-$v=$BIN/whereabouts-$v-crds"
   done
   echo "whereabouts-reconciler-v0.9.4=$BIN/whereabouts-reconciler-v0.9.4"
+  echo "macvlan=$BIN/macvlan-$PLUGINS_VERSION"
+  for v in $CONFORMANCE_VERSIONS; do
+    echo "whereabouts-e2e-$v=$BIN/whereabouts-e2e-$v"
+    echo "whereabouts-e2e-node-slice-$v=$BIN/whereabouts-e2e-node-slice-$v"
+    echo "node-slice-controller-$v=$BIN/node-slice-controller-$v"
+    echo "whereabouts-manifests-$v=$BIN/whereabouts-$v-manifests"
+  done
   echo "busybox=$BIN/busybox-$BUSYBOX_VERSION"
   echo "webhook=$BIN/harvester-network-webhook-$NETWORK_CONTROLLER_VERSION"
   echo "webhook-crds=$BIN/harvester-network-webhook-$NETWORK_CONTROLLER_VERSION-crds"
@@ -476,6 +528,8 @@ case "${1:-all}" in
   helm-controller) build_helm_controller ;;
   harvester-crds) harvester_crds ;;
   promtool) build_promtool ;;
+  conformance) build_plugins; for v in $CONFORMANCE_VERSIONS; do build_conformance "$v"; done ;;
+  conformance-v*) build_conformance "${1#conformance-}" ;;
   all)
     # Two lanes side by side: one go build alone leaves a core idle while it
     # downloads and links. The Kubernetes binaries, about half the work, have
@@ -486,11 +540,12 @@ case "${1:-all}" in
       for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_scripts "$v"; whereabouts_crds "$v"; done
       build_multus; monitoring_crds; build_webhook
       # The add-on's and the registry's tools, in the lane that ends first.
-      build_crane; build_helm_controller; harvester_crds; build_promtool) & rest=$!
+      build_crane; build_helm_controller; harvester_crds; build_promtool
+      for v in $CONFORMANCE_VERSIONS; do build_conformance "$v"; done) & rest=$!
     ok=0
     wait "$rest" || ok=$?
     wait "$big" || ok=$?
     exit "$ok"
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|conformance|conformance-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]" >&2; exit 2 ;;
 esac

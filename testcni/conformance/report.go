@@ -1,0 +1,129 @@
+package conformance
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Run is one spec's result on one side.
+type Run struct {
+	Suite  Suite
+	Side   Side
+	Result Result
+}
+
+// Report is the specs x sides of every suite run.
+type Report struct {
+	runs []Run
+}
+
+// NewReport gathers runs.
+func NewReport(runs []Run) Report { return Report{runs: runs} }
+
+type suiteKey struct{ version, name string }
+
+// bySuite: suite -> spec text -> side -> result, and each suite's specs in
+// the order first seen.
+func (r Report) bySuite() (map[suiteKey]map[string]map[Side]Result, map[suiteKey][]string, []suiteKey) {
+	res := map[suiteKey]map[string]map[Side]Result{}
+	order := map[suiteKey][]string{}
+	var keys []suiteKey
+	for _, run := range r.runs {
+		k := suiteKey{run.Suite.Version, run.Suite.Name}
+		if res[k] == nil {
+			res[k] = map[string]map[Side]Result{}
+			keys = append(keys, k)
+		}
+		if res[k][run.Result.Spec.Text] == nil {
+			res[k][run.Result.Spec.Text] = map[Side]Result{}
+			order[k] = append(order[k], run.Result.Spec.Text)
+		}
+		res[k][run.Result.Spec.Text][run.Side] = run.Result
+	}
+	sort.SliceStable(keys, func(i, j int) bool {
+		if keys[i].version != keys[j].version {
+			return keys[i].version > keys[j].version
+		}
+		return keys[i].name < keys[j].name
+	})
+	return res, order, keys
+}
+
+// Table is a Markdown table a suite: each spec's outcome on each side, with
+// why it failed.
+func (r Report) Table() string {
+	res, order, keys := r.bySuite()
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "### whereabouts %s %s\n\n| spec | %s | %s | %s |\n|---|---|---|---|\n", k.version, k.name, Sides[0], Sides[1], Sides[2])
+		for _, spec := range order[k] {
+			fmt.Fprintf(&b, "| %s |", strings.TrimPrefix(spec, "Whereabouts "))
+			for _, side := range Sides {
+				got, ok := res[k][spec][side]
+				switch {
+				case !ok:
+					b.WriteString(" not run |")
+				case got.Outcome == Passed:
+					fmt.Fprintf(&b, " passed (%ds) |", int(got.Took.Seconds()))
+				default:
+					fmt.Fprintf(&b, " **failed**: %s |", strings.ReplaceAll(got.Why, "|", "\\|"))
+				}
+			}
+			b.WriteString("\n")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// Lines are the closing lines, one a suite and version:
+// "conformance: whereabouts v0.9.4 e2e: baseline 17/19, exec path 17/19, agent 17/19".
+func (r Report) Lines() []string {
+	res, order, keys := r.bySuite()
+	var out []string
+	for _, k := range keys {
+		var parts []string
+		for _, side := range Sides {
+			passed, ran := 0, 0
+			for _, spec := range order[k] {
+				if got, ok := res[k][spec][side]; ok {
+					ran++
+					if got.Outcome == Passed {
+						passed++
+					}
+				}
+			}
+			if ran > 0 {
+				parts = append(parts, fmt.Sprintf("%s %d/%d", side, passed, len(order[k])))
+			}
+		}
+		out = append(out, fmt.Sprintf("conformance: whereabouts %s %s: %s", k.version, k.name, strings.Join(parts, ", ")))
+	}
+	return out
+}
+
+// Regressions are the specs the baseline passed and a harvester-ipam side
+// did not (not run counts as not passed).
+func (r Report) Regressions() []string {
+	res, order, keys := r.bySuite()
+	var out []string
+	for _, k := range keys {
+		for _, spec := range order[k] {
+			base, ok := res[k][spec][Baseline]
+			if !ok || base.Outcome != Passed {
+				continue
+			}
+			for _, side := range Sides[1:] {
+				got, ok := res[k][spec][side]
+				switch {
+				case !ok:
+					out = append(out, fmt.Sprintf("whereabouts %s %s: %q passed on the baseline and did not run on %s", k.version, k.name, spec, side))
+				case got.Outcome != Passed:
+					out = append(out, fmt.Sprintf("whereabouts %s %s: %q passed on the baseline and failed on %s: %s (its log: %s)", k.version, k.name, spec, side, got.Why, got.Log))
+				}
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,213 @@
+// Package conformance_test runs whereabouts' own end-to-end suites through
+// harvester-ipam: make conformance.
+package conformance_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/harvester/harvester-ipam/testcni"
+	"github.com/harvester/harvester-ipam/testcni/conformance"
+)
+
+var rig *testcni.Rig
+
+func TestMain(m *testing.M) {
+	if err := testcni.Isolate(); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(1)
+	}
+	root, err := os.Getwd()
+	if err == nil {
+		root, err = testcni.ModuleRoot(root)
+	}
+	if err == nil {
+		err = ensureTools(root)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		os.Exit(1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	r, err := testcni.Start(ctx, testcni.Options{NoWebhook: true})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance: the rig did not start:", err)
+		os.Exit(1)
+	}
+	rig = r
+	code := m.Run()
+	rig.Close()
+	os.Exit(code)
+}
+
+// ensureTools builds whereabouts' suites with testcni/tools.sh when the
+// cache lacks them (minutes, once a version).
+func ensureTools(root string) error {
+	script := filepath.Join(root, "testcni", "tools.sh")
+	for _, v := range Versions() {
+		out, err := exec.Command("bash", script, "paths").Output()
+		if err != nil {
+			return fmt.Errorf("%s paths: %w", script, err)
+		}
+		missing := false
+		for _, tool := range []string{"whereabouts-e2e-" + v, "whereabouts-e2e-node-slice-" + v, "node-slice-controller-" + v, "macvlan"} {
+			path := pathOf(string(out), tool)
+			if st, err := os.Stat(path); path == "" || err != nil || !st.Mode().IsRegular() {
+				missing = true
+			}
+		}
+		if !missing {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "conformance: building whereabouts %s's end-to-end suites from the Go module proxy (cached afterwards)\n", v)
+		cmd := exec.Command("bash", script, "conformance-"+v)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s conformance-%s: %w", script, v, err)
+		}
+		cmd = exec.Command("bash", script, "cni-plugins")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s cni-plugins: %w", script, err)
+		}
+	}
+	return nil
+}
+
+func pathOf(paths, tool string) string {
+	for _, l := range strings.Split(paths, "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok && k == tool {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestWhereaboutsConformance runs each version's suites on every side, the
+// sides side by side, each spec alone, and fails where a harvester-ipam side
+// fails a spec the baseline passes.
+func TestWhereaboutsConformance(t *testing.T) {
+	logs := filepath.Join(rig.Root, "bin", "conformance")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var runs []conformance.Run
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parallel())
+	for _, v := range Versions() {
+		suites := []conformance.Suite{
+			{Name: "e2e", Version: v, Binary: rig.Tools["whereabouts-e2e-"+v]},
+			{Name: "e2e_node_slice", Version: v, Binary: rig.Tools["whereabouts-e2e-node-slice-"+v]},
+		}
+		for _, side := range conformance.Sides {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				got := runSide(t, v, side, suites, logs)
+				mu.Lock()
+				runs = append(runs, got...)
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	rep := conformance.NewReport(runs)
+	table := rep.Table()
+	if err := os.WriteFile(filepath.Join(logs, "table.md"), []byte(table), 0o644); err != nil {
+		t.Error(err)
+	}
+	fmt.Println(table)
+	for _, l := range rep.Lines() {
+		fmt.Println(l)
+	}
+	for _, r := range rep.Regressions() {
+		t.Errorf("%s", r)
+	}
+}
+
+// runSide brings one side's cluster up and runs every suite's specs on it
+// in turn.
+func runSide(t *testing.T, v string, side conformance.Side, suites []conformance.Suite, logs string) []conformance.Run {
+	ctx := context.Background()
+	name := fmt.Sprintf("wb%s-%s", strings.ReplaceAll(strings.TrimPrefix(v, "v"), ".", ""), strings.ReplaceAll(string(side), " ", ""))
+	start := time.Now()
+	c, err := conformance.Up(ctx, rig, name, side, v)
+	if err != nil {
+		t.Errorf("%s on %s: the cluster: %v", v, side, err)
+		return failedAll(ctx, suites, side, err)
+	}
+	defer c.Node.Close()
+	t.Logf("%s: cluster up in %s", name, time.Since(start).Round(time.Second))
+	var out []conformance.Run
+	for _, s := range suites {
+		specs, err := s.Specs(ctx)
+		if err != nil {
+			t.Errorf("%v", err)
+			continue
+		}
+		dir := filepath.Join(logs, name, s.Name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Error(err)
+			continue
+		}
+		for _, sp := range specs {
+			r := s.Run(ctx, sp, c.Env(), dir, 25*time.Minute)
+			if r.Outcome == conformance.Passed && side != conformance.Baseline {
+				// A harvester-ipam side that lost whereabouts' name would be
+				// whereabouts alone passing.
+				if in, err := c.StandsIn(); !in {
+					r.Outcome, r.Why = conformance.Failed, fmt.Sprintf("harvester-ipam no longer at whereabouts' name after it (%v)", err)
+				}
+			}
+			t.Logf("%s %s %s: %s in %s %s", name, s.Name, sp.Text, r.Outcome, r.Took.Round(time.Second), r.Why)
+			out = append(out, conformance.Run{Suite: s, Side: side, Result: r})
+		}
+	}
+	if side != conformance.Baseline {
+		cp, agent := c.Served()
+		t.Logf("%s: harvester-ipam's checkpoints left on the node: %d; verbs its node agent served: %d", name, cp, agent)
+	}
+	return out
+}
+
+// failedAll is every spec of suites failed on side for one reason.
+func failedAll(ctx context.Context, suites []conformance.Suite, side conformance.Side, why error) []conformance.Run {
+	var out []conformance.Run
+	for _, s := range suites {
+		specs, _ := s.Specs(ctx)
+		for _, sp := range specs {
+			first, _, _ := strings.Cut(why.Error(), "\n")
+			out = append(out, conformance.Run{Suite: s, Side: side, Result: conformance.Result{Spec: sp, Outcome: conformance.Failed, Why: "no cluster: " + first}})
+		}
+	}
+	return out
+}
+
+// Versions are whereabouts' versions whose suites run (CONFORMANCE_VERSIONS,
+// space-separated, else v0.9.4 and v0.9.3).
+func Versions() []string {
+	if v := strings.Fields(os.Getenv("CONFORMANCE_VERSIONS")); len(v) > 0 {
+		return v
+	}
+	return []string{testcni.V094, testcni.V093}
+}
+
+// parallel is how many sides run at once (CONFORMANCE_PARALLEL, else 3).
+func parallel() int {
+	var n int
+	if _, err := fmt.Sscan(os.Getenv("CONFORMANCE_PARALLEL"), &n); err == nil && n > 0 {
+		return n
+	}
+	return 3
+}
