@@ -17,10 +17,6 @@ import (
 	"github.com/harvester/harvester-ipam/plugin/delegate"
 )
 
-// specVersions are the CNI versions the plugin answers (its skel's
-// PluginSupports): a config of another one is the plugin's to refuse.
-var specVersions = map[string]bool{"0.3.1": true, "0.4.0": true, "1.0.0": true, "1.1.0": true}
-
 // ipamKeys are the ipam fields whereabouts reads (pkg/types IPAMConfig,
 // v0.7.0 to v0.9.4), spelled as it documents them, and harvester-ipam's
 // own. The agent declines a config with any other: a field it does not know
@@ -165,7 +161,8 @@ func (s *Server) admitConfig(j *Job) *declined {
 // not see.
 func (s *Server) admitLoaded(j *Job, cfg *conf.Config) *declined {
 	req := j.req
-	if !specVersions[cfg.CNIVersion] {
+	// A config of a version the plugin does not answer is its skel's to refuse.
+	if !slices.Contains(conf.SpecVersions().SupportedVersions(), cfg.CNIVersion) {
 		return decline("version", "cniVersion %q", cfg.CNIVersion)
 	}
 	if cfg.NodeSliceSize != "" {

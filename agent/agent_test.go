@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -317,7 +318,7 @@ func TestTheAgentDeclinesWhatItDoesNotServe(t *testing.T) {
 		{"a config without a range", wire.Del, nil, func(r *rig) []byte {
 			return []byte(`{"cniVersion":"0.3.1","name":"sn","ipam":{"type":"whereabouts","configuration_path":"` + r.flat + `"}}`)
 		}, nil, "config", "config names no range"},
-		{"a CNI version the plugin does not answer", wire.Add, nil, func(r *rig) []byte { return r.config("0.2.0", "") }, nil, "version", `cniVersion "0.2.0"`},
+		{"a CNI version the plugin does not answer", wire.Add, nil, func(r *rig) []byte { return r.config("9.9.9", "") }, nil, "version", `cniVersion "9.9.9"`},
 		{"no pod in CNI_ARGS", wire.Add, func(r *rig) map[string]string {
 			e := env("c1", "lhnet1")
 			e[wire.EnvArgs] = "IgnoreUnknown=true"
@@ -547,6 +548,24 @@ func TestAStopDeclinesTheQueuedAtOnce(t *testing.T) {
 // frame in version 1 and no receipt (which it would take for a malformed
 // acknowledgement); beyond the slots, it is declined at once, since it
 // waits only 100 ms from before its connect.
+// A config of any CNI version whereabouts answers is served, and answered in
+// its version, as whereabouts would (its own end-to-end suite's NADs say
+// 0.3.0; a 0.2.0 result has an ip4 object, not a list of ips).
+func TestEveryCNIVersionWhereaboutsAnswersIsServed(t *testing.T) {
+	for i, v := range []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			r := newRig(t)
+			res := r.do(wire.Add, env(fmt.Sprintf("c%d", i), "lhnet1"), r.config(v, ""))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Nil(t, res.Answer.Error)
+			var out map[string]any
+			require.NoError(t, json.Unmarshal(res.Answer.Stdout, &out), "%s", res.Answer.Stdout)
+			assert.Equal(t, v, out["cniVersion"], "answered in the config's version: %s", res.Answer.Stdout)
+			assert.Contains(t, string(res.Answer.Stdout), "192.168.50.2/24")
+		})
+	}
+}
+
 func TestAnOlderPluginIsServedInItsVersion(t *testing.T) {
 	r := newRig(t)
 	r.srv.slots = make(chan struct{}, 1)

@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
 	wbconfig "github.com/k8snetworkplumbingwg/whereabouts/pkg/config"
 	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
@@ -73,6 +74,14 @@ type Config struct {
 	// allocations in per-node pools, which harvester-ipam does not manage.
 	NodeSliceSize string
 }
+
+// SpecVersions are the CNI versions harvester-ipam answers: every one
+// whereabouts answers (its cmd/whereabouts.go hands skel version.All), since
+// at whereabouts' name it is handed every config that names whereabouts, in
+// whatever cniVersion the NAD was written (whereabouts' own end-to-end
+// suite writes 0.3.0). The plugin's skel and the node agent's admission
+// both read it.
+func SpecVersions() version.PluginInfo { return version.All }
 
 // RefuseNodeSlices is the check of ADD: with node_slice_size, whereabouts
 // allocates from per-node pools that harvester-ipam neither reclaims nor

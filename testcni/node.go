@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +61,10 @@ type NodeOptions struct {
 	// Images are imported into the node's containerd (beside the sandbox
 	// image) whenever its root lacks them: nothing is ever pulled.
 	Images []Image
+	// Mirrors are registry mirrors of the node's containerd: a registry's
+	// host (quay.io) -> a Mirror's Endpoint, where an image that is pulled
+	// anyway (a latest tag) is pulled from.
+	Mirrors map[string]string
 }
 
 // Node is a Kubernetes node without its kubelet: containerd (and runc, and
@@ -391,6 +397,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     conf_dir = %q
     max_conf_num = 1
 `, nd.Root, nd.Socket, filepath.Join(nd.Dir, "containerd-opt"), SandboxImage, mustLook("runc"), binDir, confDir)
+	hosts := slices.Sorted(maps.Keys(nd.opt.Mirrors))
+	for _, host := range hosts {
+		conf += fmt.Sprintf("  [plugins.\"io.containerd.grpc.v1.cri\".registry.mirrors.%q]\n    endpoint = [%q]\n", host, nd.opt.Mirrors[host])
+	}
 	return writeFile(filepath.Join(nd.Dir, "config.toml"), []byte(conf))
 }
 

@@ -1,11 +1,13 @@
 package testcni
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os/exec"
 	"strings"
 	"sync"
 )
@@ -75,4 +77,43 @@ func (r *Rig) StartPrivateRegistry(port int, user, password string) (*PrivateReg
 	}
 	p.Host = "localhost:" + fmt.Sprint(port+1)
 	return p, func() { stopProxy(); stopCrane() }, nil
+}
+
+// Mirror is a registry of the rig's own that a cluster's nodes pull a
+// remote registry's images from (containerd's registry mirror, as an
+// air-gapped cluster has): crane's registry on the machine. A pod whose
+// image is tagged latest is pulled at every start (imagePullPolicy Always);
+// with the mirror that pull resolves here, and nothing leaves the machine.
+type Mirror struct {
+	// Endpoint is the mirror's URL, for NodeOptions.Mirrors.
+	Endpoint string
+	host     string
+	rig      *Rig
+}
+
+// StartMirror starts crane's registry on the machine at <machine>:<port>.
+func (r *Rig) StartMirror(port int) (*Mirror, func(), error) {
+	if r.machine == nil {
+		return nil, nil, fmt.Errorf("not a cluster of the rig's own: no machine")
+	}
+	host := net.JoinHostPort(r.machine.IP, fmt.Sprint(port))
+	stop, err := r.StartOnMachine("mirror", r.Tools["crane"], "registry", "serve", "--address", host)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Mirror{Endpoint: "http://" + host, host: host, rig: r}, stop, nil
+}
+
+// Push puts img in the mirror under its ref's repository and tag (the
+// registry's host left out, as a mirror serves it).
+func (m *Mirror) Push(ctx context.Context, img Image) error {
+	repo := img.Ref
+	if first, rest, ok := strings.Cut(repo, "/"); ok && strings.ContainsAny(first, ".:") {
+		repo = rest
+	}
+	out, err := exec.CommandContext(ctx, m.rig.Tools["crane"], "push", "--insecure", img.Archive, m.host+"/"+repo).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("push %s to the mirror %s: %w: %s", img.Ref, m.host, err, out)
+	}
+	return nil
 }

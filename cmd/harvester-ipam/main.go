@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/harvester/harvester-ipam/agent/client"
+	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/install/standin"
 	"github.com/harvester/harvester-ipam/plugin"
 )
@@ -58,7 +58,7 @@ func main() {
 	// Each verb goes to the node agent first, when one serves this node.
 	p.Agent = client.New()
 	skel.PluginMainFuncs(p.Funcs(),
-		version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"),
+		conf.SpecVersions(),
 		"harvester-ipam "+Version+": reclaims a pod's stale whereabouts allocations, then delegates")
 }
 

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/version"
 )
 
 // The runtime execs the plugin for every sandbox: what it links, it pays for
@@ -105,5 +109,42 @@ func TestVersionNamesBothBinaries(t *testing.T) {
 	_, stderr = run()
 	if !strings.Contains(stderr, "standing in for whereabouts: allocations go to the real whereabouts at "+bin+".real") {
 		t.Errorf("with the real binary aside, stderr: %q", stderr)
+	}
+}
+
+// At whereabouts' name, the plugin is handed every config that names
+// whereabouts, in whatever cniVersion it was written: it must answer every
+// version whereabouts answers (whereabouts' cmd/whereabouts.go passes
+// version.All to skel), or the runtime's ADD fails where whereabouts' would
+// not. Found by whereabouts' own end-to-end suite, whose NADs say 0.3.0:
+// "incompatible CNI versions; config is "0.3.0"".
+func TestAnswersEveryCNIVersionWhereaboutsAnswers(t *testing.T) {
+	bin := buildPlugin(t, t.TempDir(), "harvester-ipam", "v9.8.7")
+	for _, v := range version.All.SupportedVersions() {
+		t.Run(v, func(t *testing.T) {
+			cmd := exec.Command(bin)
+			cmd.Env = []string{"CNI_COMMAND=VERSION"}
+			cmd.Stdin = strings.NewReader(`{"cniVersion":"` + v + `"}`)
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("VERSION: %v %s", err, out)
+			}
+			var info struct {
+				SupportedVersions []string `json:"supportedVersions"`
+			}
+			if err := json.Unmarshal(out, &info); err != nil || !slices.Contains(info.SupportedVersions, v) {
+				t.Errorf("VERSION says %s (%v): want %s among them, as whereabouts answers it", out, err, v)
+			}
+			// An ADD of that version gets past skel's version check: it
+			// fails later, for want of a pod and a delegate, not with
+			// "incompatible CNI versions".
+			cmd = exec.Command(bin)
+			cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=abc", "CNI_NETNS=/proc/self/ns/net", "CNI_IFNAME=net1", "CNI_PATH=" + t.TempDir()}
+			cmd.Stdin = strings.NewReader(`{"cniVersion":"` + v + `","name":"wa-nad","type":"macvlan","ipam":{"type":"whereabouts","range":"10.10.0.0/16"}}`)
+			out, _ = cmd.Output()
+			if strings.Contains(string(out), "incompatible CNI versions") {
+				t.Errorf("ADD of a cniVersion %s config: %s", v, out)
+			}
+		})
 	}
 }

@@ -314,7 +314,8 @@ func (d *Delegate) FindInPath(plugin string, _ []string) (string, error) {
 }
 
 func (d *Delegate) Decode([]byte) (version.PluginInfo, error) {
-	return version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0"), nil
+	// whereabouts answers every version (version.All), as the plugin does.
+	return version.All, nil
 }
 
 func (d *Delegate) ExecPlugin(ctx context.Context, path string, stdin []byte, environ []string) ([]byte, error) {

@@ -127,3 +127,32 @@ func (r Report) Regressions() []string {
 	}
 	return out
 }
+
+// OnTheBaseline are the specs known to fail on the baseline in this rig,
+// with the reason found: the rig's, not the product's. A baseline failure
+// not listed here fails the run, and so does a listed spec that passes on
+// the baseline (the list is kept true). The key is "version suite spec".
+var OnTheBaseline = map[string]string{}
+
+// Unexplained are the baseline's failures OnTheBaseline does not list, and
+// the listed specs the baseline passed.
+func (r Report) Unexplained() []string {
+	res, order, keys := r.bySuite()
+	var out []string
+	for _, k := range keys {
+		for _, spec := range order[k] {
+			base, ok := res[k][spec][Baseline]
+			if !ok {
+				continue
+			}
+			why, listed := OnTheBaseline[k.version+" "+k.name+" "+spec]
+			switch {
+			case base.Outcome != Passed && !listed:
+				out = append(out, fmt.Sprintf("whereabouts %s %s: %q failed on the baseline, and no reason is listed for it: %s (its log: %s)", k.version, k.name, spec, base.Why, base.Log))
+			case base.Outcome == Passed && listed:
+				out = append(out, fmt.Sprintf("whereabouts %s %s: %q passed on the baseline, but is listed as failing there (%s)", k.version, k.name, spec, why))
+			}
+		}
+	}
+	return out
+}

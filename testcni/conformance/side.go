@@ -41,6 +41,9 @@ const TestImage = "quay.io/dougbtv/alpine:latest"
 // built from this tree.
 const chartTag = "v0.0.0-conformance"
 
+// mirrorPort is where the machine's mirror of quay.io listens.
+const mirrorPort = 5000
+
 // controllers are the controller manager's controllers whereabouts' suites
 // need beyond the rig's: they scale ReplicaSets and StatefulSets and wait
 // for the reconciler's and the node-slice controller's Deployments; the
@@ -115,7 +118,21 @@ func Up(ctx context.Context, rig *testcni.Rig, name string, side Side, version s
 	if err := c.applyFile(ctx, manifests, "whereabouts.cni.cncf.io_nodeslicepools.yaml", nil); err != nil {
 		return nil, err
 	}
-	if c.Node, err = rc.StartNode(ctx, rc.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: imgs}); err != nil {
+	// The suite's pods run a latest tag, which the kubelet pulls at every
+	// start: from a mirror of quay.io on the machine.
+	mirror, _, err := rc.StartMirror(mirrorPort)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	for _, img := range imgs {
+		if img.Ref == TestImage {
+			if err := mirror.Push(ctx, img); err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	}
+	mirrors := map[string]string{strings.SplitN(TestImage, "/", 2)[0]: mirror.Endpoint}
+	if c.Node, err = rc.StartNode(ctx, rc.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: imgs, Mirrors: mirrors}); err != nil {
 		return nil, fmt.Errorf("%s: start its node: %w", name, err)
 	}
 	if err := rc.DeployHarvesterWhereabouts(ctx, version); err != nil {

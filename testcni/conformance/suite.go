@@ -132,7 +132,9 @@ func (s Suite) Run(ctx context.Context, spec Spec, env []string, logDir string, 
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	start := time.Now()
-	focus := "^" + regexp.QuoteMeta(spec.Text) + "$"
+	// ginkgo v1 matches a focus against the suite's description, then
+	// "[Top Level]", then the spec's whole text.
+	focus := `\[Top Level\] ` + regexp.QuoteMeta(spec.Text) + "$"
 	cmd := exec.CommandContext(ctx, s.Binary, "-ginkgo.focus="+focus, "-ginkgo.v", "-ginkgo.noColor", "-test.timeout="+limit.String())
 	cmd.Env = append(os.Environ(), env...)
 	cmd.WaitDelay = 10 * time.Second

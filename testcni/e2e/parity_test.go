@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
@@ -85,12 +86,13 @@ const (
 	pathAgent = "agent"
 )
 
-// parityCases generates the cases: each shape at each CNI version, on a
-// range of its own.
+// parityCases generates the cases: each shape at each CNI version
+// whereabouts answers (conf.SpecVersions: 0.1.0 to 1.1.0), on a range of
+// its own.
 func parityCases() []parityCase {
 	var out []parityCase
 	i := 0
-	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+	for _, v := range conf.SpecVersions().SupportedVersions() {
 		for _, shape := range parityShapes {
 			i++
 			c := shape(fmt.Sprintf("10.%d.%d", 200+i/250, i%250), fmt.Sprintf("fd00:%x:%x", 200+i/250, i%250))

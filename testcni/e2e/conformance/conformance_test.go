@@ -134,6 +134,9 @@ func TestWhereaboutsConformance(t *testing.T) {
 	for _, r := range rep.Regressions() {
 		t.Errorf("%s", r)
 	}
+	for _, r := range rep.Unexplained() {
+		t.Errorf("%s", r)
+	}
 }
 
 // runSide brings one side's cluster up and runs every suite's specs on it
@@ -171,6 +174,9 @@ func runSide(t *testing.T, v string, side conformance.Side, suites []conformance
 				}
 			}
 			t.Logf("%s %s %s: %s in %s %s", name, s.Name, sp.Text, r.Outcome, r.Took.Round(time.Second), r.Why)
+			if strings.HasPrefix(r.Why, "the focus ran") {
+				t.Errorf("%s %s: the harness ran no spec or more than one for %q: %s", name, s.Name, sp.Text, r.Why)
+			}
 			out = append(out, conformance.Run{Suite: s, Side: side, Result: r})
 		}
 	}
