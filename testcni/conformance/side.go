@@ -11,6 +11,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -303,3 +304,71 @@ func replicas(d *appsv1.Deployment) int32 {
 	}
 	return *d.Spec.Replicas
 }
+
+// suiteNamespaces are where whereabouts' suites make their objects: its e2e
+// suite in default, its node-slice suite in kube-system.
+var suiteNamespaces = []string{"default", "kube-system"}
+
+// Clean deletes what a spec of whereabouts' suites made and left (a spec
+// that fails before its AfterEach, or whose AfterEach fails, leaves its
+// pods, sets and networks), so that the next spec starts where the suite's
+// own cleanup would have left it: the StatefulSets and ReplicaSets its
+// entities name, the pods its specs label (tier, app=web), every NAD. Its
+// pods go as any pod goes, their DELs run; what they leave in the pools is
+// left, for the next spec to meet: a leak is a finding, not the harness's
+// to clean. It waits until those pods are gone.
+func (c *Cluster) Clean(ctx context.Context) error {
+	kube := c.Rig.Kube
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	now := int64(0)
+	fg := metav1.DeletePropagationForeground
+	del := metav1.DeleteOptions{GracePeriodSeconds: &now, PropagationPolicy: &fg}
+	var errs []error
+	for _, ns := range suiteNamespaces {
+		for _, sts := range []string{"web"} {
+			if err := kube.AppsV1().StatefulSets(ns).Delete(ctx, sts, del); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
+		if err := kube.AppsV1().ReplicaSets(ns).Delete(ctx, "whereabouts-scale-test", del); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+		for _, sel := range suitePods {
+			if err := kube.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &now}, metav1.ListOptions{LabelSelector: sel}); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := c.Rig.Dynamic.Resource(testcni.NADResource).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("clean up after a spec: %v", errs)
+	}
+	var left []string
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		left = left[:0]
+		for _, ns := range suiteNamespaces {
+			for _, sel := range suitePods {
+				pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+				if err != nil {
+					return false, nil
+				}
+				for _, p := range pods.Items {
+					left = append(left, ns+"/"+p.Name)
+				}
+			}
+		}
+		return len(left) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("clean up after a spec: pods %v not gone: %w", left, err)
+	}
+	return nil
+}
+
+// suitePods select the pods whereabouts' suites make: ProvisionPod's and
+// the ReplicaSets' tier label (but tier=node, whereabouts' reconciler's own),
+// the StatefulSets' app=web.
+var suitePods = []string{"tier,tier!=node", "app=web"}

@@ -91,37 +91,25 @@ func pathOf(paths, tool string) string {
 	return ""
 }
 
-// TestWhereaboutsConformance runs each version's suites on every side, the
-// sides side by side, each spec alone, and fails where a harvester-ipam side
-// fails a spec the baseline passes.
+// TestWhereaboutsConformance runs each version's suites on every side and
+// fails where a harvester-ipam side fails a spec the baseline passes. A
+// version's three clusters are up side by side, and run each spec in lock
+// step: the three start it together and the next starts when all three are
+// done and clean, so that every side meets every spec under the same load
+// (a StatefulSet of 40 pods on one side never runs beside another side's
+// single pod, which has 10 s to start). The versions run in turn.
 func TestWhereaboutsConformance(t *testing.T) {
 	logs := filepath.Join(rig.Root, "bin", "conformance")
+	if err := os.RemoveAll(logs); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
 	var runs []conformance.Run
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, parallel())
 	for _, v := range Versions() {
-		suites := []conformance.Suite{
-			{Name: "e2e", Version: v, Binary: rig.Tools["whereabouts-e2e-"+v]},
-			{Name: "e2e_node_slice", Version: v, Binary: rig.Tools["whereabouts-e2e-node-slice-"+v]},
-		}
-		for _, side := range conformance.Sides {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sem <- struct{}{}
-				defer func() { <-sem }()
-				got := runSide(t, v, side, suites, logs)
-				mu.Lock()
-				runs = append(runs, got...)
-				mu.Unlock()
-			}()
-		}
+		runs = append(runs, runVersion(t, v, logs)...)
 	}
-	wg.Wait()
 	rep := conformance.NewReport(runs)
 	table := rep.Table()
 	if err := os.WriteFile(filepath.Join(logs, "table.md"), []byte(table), 0o644); err != nil {
@@ -139,52 +127,102 @@ func TestWhereaboutsConformance(t *testing.T) {
 	}
 }
 
-// runSide brings one side's cluster up and runs every suite's specs on it
-// in turn.
-func runSide(t *testing.T, v string, side conformance.Side, suites []conformance.Suite, logs string) []conformance.Run {
+// runVersion brings version v's three clusters up and runs its suites'
+// specs on them in lock step.
+func runVersion(t *testing.T, v string, logs string) []conformance.Run {
 	ctx := context.Background()
-	name := fmt.Sprintf("wb%s-%s", strings.ReplaceAll(strings.TrimPrefix(v, "v"), ".", ""), strings.ReplaceAll(string(side), " ", ""))
-	start := time.Now()
-	c, err := conformance.Up(ctx, rig, name, side, v)
-	if err != nil {
-		t.Errorf("%s on %s: the cluster: %v", v, side, err)
-		return failedAll(ctx, suites, side, err)
+	suites := []conformance.Suite{
+		{Name: "e2e", Version: v, Binary: rig.Tools["whereabouts-e2e-"+v]},
+		{Name: "e2e_node_slice", Version: v, Binary: rig.Tools["whereabouts-e2e-node-slice-"+v]},
 	}
-	defer c.Node.Close()
-	t.Logf("%s: cluster up in %s", name, time.Since(start).Round(time.Second))
+	clusters := make([]*conformance.Cluster, len(conformance.Sides))
+	errs := make([]error, len(conformance.Sides))
+	var wg sync.WaitGroup
+	for i, side := range conformance.Sides {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			clusters[i], errs[i] = conformance.Up(ctx, rig, clusterName(v, side), side, v)
+			if errs[i] == nil {
+				t.Logf("%s: cluster up in %s", clusterName(v, side), time.Since(start).Round(time.Second))
+			}
+		}()
+	}
+	wg.Wait()
 	var out []conformance.Run
+	for i, side := range conformance.Sides {
+		if errs[i] != nil {
+			t.Errorf("%s on %s: the cluster: %v", v, side, errs[i])
+			out = append(out, failedAll(ctx, suites, side, errs[i])...)
+			continue
+		}
+		defer clusters[i].Node.Close()
+	}
 	for _, s := range suites {
 		specs, err := s.Specs(ctx)
 		if err != nil {
 			t.Errorf("%v", err)
 			continue
 		}
-		dir := filepath.Join(logs, name, s.Name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Error(err)
-			continue
-		}
 		for _, sp := range specs {
-			r := s.Run(ctx, sp, c.Env(), dir, 25*time.Minute)
-			if r.Outcome == conformance.Passed && side != conformance.Baseline {
-				// A harvester-ipam side that lost whereabouts' name would be
-				// whereabouts alone passing.
-				if in, err := c.StandsIn(); !in {
-					r.Outcome, r.Why = conformance.Failed, fmt.Sprintf("harvester-ipam no longer at whereabouts' name after it (%v)", err)
+			results := make([]*conformance.Result, len(conformance.Sides))
+			for i, c := range clusters {
+				if c == nil {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := runSpec(t, c, s, sp, logs)
+					results[i] = &r
+				}()
+			}
+			wg.Wait()
+			for i, r := range results {
+				if r != nil {
+					out = append(out, conformance.Run{Suite: s, Side: conformance.Sides[i], Result: *r})
 				}
 			}
-			t.Logf("%s %s %s: %s in %s %s", name, s.Name, sp.Text, r.Outcome, r.Took.Round(time.Second), r.Why)
-			if strings.HasPrefix(r.Why, "the focus ran") {
-				t.Errorf("%s %s: the harness ran no spec or more than one for %q: %s", name, s.Name, sp.Text, r.Why)
-			}
-			out = append(out, conformance.Run{Suite: s, Side: side, Result: r})
 		}
 	}
-	if side != conformance.Baseline {
-		cp, agent := c.Served()
-		t.Logf("%s: harvester-ipam's checkpoints left on the node: %d; verbs its node agent served: %d", name, cp, agent)
+	for i, c := range clusters {
+		if c != nil && conformance.Sides[i] != conformance.Baseline {
+			cp, agent := c.Served()
+			t.Logf("%s: harvester-ipam's checkpoints left on the node: %d; verbs its node agent served: %d", clusterName(v, conformance.Sides[i]), cp, agent)
+		}
 	}
 	return out
+}
+
+// runSpec runs one spec on one side's cluster, then cleans up after it.
+func runSpec(t *testing.T, c *conformance.Cluster, s conformance.Suite, sp conformance.Spec, logs string) conformance.Result {
+	ctx := context.Background()
+	name := clusterName(c.Version, c.Side)
+	dir := filepath.Join(logs, name, s.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return conformance.Result{Spec: sp, Outcome: conformance.Failed, Why: err.Error()}
+	}
+	r := s.Run(ctx, sp, c.Env(), dir, 25*time.Minute)
+	if r.Outcome == conformance.Passed && c.Side != conformance.Baseline {
+		// A harvester-ipam side that lost whereabouts' name would be
+		// whereabouts alone passing.
+		if in, err := c.StandsIn(); !in {
+			r.Outcome, r.Why = conformance.Failed, fmt.Sprintf("harvester-ipam no longer at whereabouts' name after it (%v)", err)
+		}
+	}
+	t.Logf("%s %s %s: %s in %s %s", name, s.Name, sp.Text, r.Outcome, r.Took.Round(time.Second), r.Why)
+	if strings.HasPrefix(r.Why, "the focus ran") {
+		t.Errorf("%s %s: the harness ran no spec or more than one for %q: %s", name, s.Name, sp.Text, r.Why)
+	}
+	if err := c.Clean(ctx); err != nil {
+		t.Errorf("%s: %v", name, err)
+	}
+	return r
+}
+
+func clusterName(v string, side conformance.Side) string {
+	return fmt.Sprintf("wb%s-%s", strings.ReplaceAll(strings.TrimPrefix(v, "v"), ".", ""), strings.ReplaceAll(string(side), " ", ""))
 }
 
 // failedAll is every spec of suites failed on side for one reason.
@@ -207,13 +245,4 @@ func Versions() []string {
 		return v
 	}
 	return []string{testcni.V094, testcni.V093}
-}
-
-// parallel is how many sides run at once (CONFORMANCE_PARALLEL, else 3).
-func parallel() int {
-	var n int
-	if _, err := fmt.Sscan(os.Getenv("CONFORMANCE_PARALLEL"), &n); err == nil && n > 0 {
-		return n
-	}
-	return 3
 }
