@@ -51,6 +51,31 @@ const mirrorPort = 5000
 // chart's reconciler runs as its CronJob.
 var controllers = []string{"deployment-controller", "replicaset-controller", "statefulset-controller", "cronjob-controller"}
 
+// nodeSliceRBAC grants Harvester's whereabouts ServiceAccount what
+// whereabouts' own ClusterRole (doc/crds/daemonset-install.yaml) grants and
+// Harvester's lacks: its NodeSlicePools. Without it, whereabouts alone
+// fails every ADD of a node_slice_size network on Harvester's RBAC
+// ("nodeslicepools ... is forbidden: User
+// system:serviceaccount:kube-system:harvester-whereabouts"): the rig's, not
+// the product's, so the rig grants it, on every side alike.
+const nodeSliceRBAC = `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: harvester-whereabouts-nodeslicepools
+rules:
+- apiGroups: [whereabouts.cni.cncf.io]
+  resources: [nodeslicepools]
+  verbs: [get, list, watch, create, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: harvester-whereabouts-nodeslicepools
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: harvester-whereabouts-nodeslicepools}
+subjects:
+- {kind: ServiceAccount, name: harvester-whereabouts, namespace: kube-system}
+`
+
 // Cluster is one side's cluster, ready for a suite.
 type Cluster struct {
 	Side    Side
@@ -148,6 +173,9 @@ func Up(ctx context.Context, rig *testcni.Rig, name string, side Side, version s
 	}
 	if err := c.waitName(ctx, sha256.Sum256(wb), "whereabouts "+version); err != nil {
 		return nil, err
+	}
+	if err := rc.Apply(ctx, []byte(nodeSliceRBAC), false); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if err := c.deployControllers(ctx, manifests); err != nil {
 		return nil, err

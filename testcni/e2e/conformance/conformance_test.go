@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -131,9 +132,14 @@ func TestWhereaboutsConformance(t *testing.T) {
 // specs on them in lock step.
 func runVersion(t *testing.T, v string, logs string) []conformance.Run {
 	ctx := context.Background()
-	suites := []conformance.Suite{
+	var suites []conformance.Suite
+	for _, s := range []conformance.Suite{
 		{Name: "e2e", Version: v, Binary: rig.Tools["whereabouts-e2e-"+v]},
 		{Name: "e2e_node_slice", Version: v, Binary: rig.Tools["whereabouts-e2e-node-slice-"+v]},
+	} {
+		if wanted(s.Name) {
+			suites = append(suites, s)
+		}
 	}
 	clusters := make([]*conformance.Cluster, len(conformance.Sides))
 	errs := make([]error, len(conformance.Sides))
@@ -245,4 +251,11 @@ func Versions() []string {
 		return v
 	}
 	return []string{testcni.V094, testcni.V093}
+}
+
+// wanted says whether a suite runs (CONFORMANCE_SUITES, space-separated,
+// else both: e2e and e2e_node_slice).
+func wanted(suite string) bool {
+	want := strings.Fields(os.Getenv("CONFORMANCE_SUITES"))
+	return len(want) == 0 || slices.Contains(want, suite)
 }
