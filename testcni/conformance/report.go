@@ -128,29 +128,30 @@ func (r Report) Regressions() []string {
 	return out
 }
 
-// OnTheBaseline are the specs known to fail on the baseline in this rig,
+// OnTheBaseline are the specs that may fail on the baseline in this rig,
 // with the reason found: the rig's, not the product's. A baseline failure
-// not listed here fails the run, and so does a listed spec that passes on
-// the baseline (the list is kept true). The key is "version suite spec".
-var OnTheBaseline = map[string]string{}
+// not listed here fails the run. The key is "version suite spec".
+var OnTheBaseline = map[string]string{
+	"v0.9.4 e2e Whereabouts functionality Test setup Pod cleanup controller verifies that the pod cleanup controller deletes an orphaned allocation": "" +
+		"whereabouts' DEL frees the first entry of the attachment (pkg/allocate DeallocateIP) and leaves the duplicate the spec planted to its pod " +
+		"controller (ip-control-loop), which the spec gives 3 s after the pod is gone: on the rig's loaded 2-core machine it took longer " +
+		"(harvester-ipam's DEL frees every entry of the attachment, at once)",
+	"v0.9.3 e2e Whereabouts functionality Test setup Pod cleanup controller verifies that the pod cleanup controller deletes an orphaned allocation": "" +
+		"as v0.9.4's: whereabouts' DEL frees one entry, its pod controller the duplicate, given 3 s",
+}
 
-// Unexplained are the baseline's failures OnTheBaseline does not list, and
-// the listed specs the baseline passed.
+// Unexplained are the baseline's failures OnTheBaseline does not list.
 func (r Report) Unexplained() []string {
 	res, order, keys := r.bySuite()
 	var out []string
 	for _, k := range keys {
 		for _, spec := range order[k] {
 			base, ok := res[k][spec][Baseline]
-			if !ok {
+			if !ok || base.Outcome == Passed {
 				continue
 			}
-			why, listed := OnTheBaseline[k.version+" "+k.name+" "+spec]
-			switch {
-			case base.Outcome != Passed && !listed:
+			if why := OnTheBaseline[k.version+" "+k.name+" "+spec]; why == "" {
 				out = append(out, fmt.Sprintf("whereabouts %s %s: %q failed on the baseline, and no reason is listed for it: %s (its log: %s)", k.version, k.name, spec, base.Why, base.Log))
-			case base.Outcome == Passed && listed:
-				out = append(out, fmt.Sprintf("whereabouts %s %s: %q passed on the baseline, but is listed as failing there (%s)", k.version, k.name, spec, why))
 			}
 		}
 	}

@@ -119,3 +119,16 @@ func TestReport(t *testing.T) {
 		t.Errorf("table:\n%s", table)
 	}
 }
+
+func TestUnexplainedBaselineFailures(t *testing.T) {
+	s := Suite{Name: "e2e", Version: "v0.9.4"}
+	listed := "Whereabouts functionality Test setup Pod cleanup controller verifies that the pod cleanup controller deletes an orphaned allocation"
+	res := func(text string, o Outcome) Result { return Result{Spec: Spec{Text: text}, Outcome: o, Why: "why"} }
+	rep := NewReport([]Run{
+		{s, Baseline, res(listed, Failed)}, {s, Baseline, res("Whereabouts other", Failed)}, {s, Baseline, res("Whereabouts fine", Passed)},
+	})
+	got := rep.Unexplained()
+	if len(got) != 1 || !strings.Contains(got[0], `"Whereabouts other" failed on the baseline, and no reason is listed`) {
+		t.Errorf("got %q, want the unlisted failure alone", got)
+	}
+}
