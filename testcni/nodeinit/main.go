@@ -162,7 +162,13 @@ func boot(spec Spec) error {
 		}
 	}
 	// /run/harvester-ipam holds the node agent's socket: each node its own.
-	for _, dir := range []string{"/run/containerd", "/run/netns", "/run/harvester-ipam"} {
+	// The kubelet binds its device-plugin, plugin-registration and
+	// pod-resources sockets under /var/lib/kubelet whatever its --root-dir:
+	// two nodes' kubelets starting at once collided there ("listen unix
+	// /var/lib/kubelet/device-plugins/kubelet.sock: bind: address already
+	// in use"), so each node has its own, gone at every boot as a socket is.
+	for _, dir := range []string{"/run/containerd", "/run/netns", "/run/harvester-ipam",
+		"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/pod-resources"} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
