@@ -128,13 +128,31 @@ func got(fs []Finding) []string {
 	return out
 }
 
-func TestJudge(t *testing.T) {
+// judgeCase is a row of TestJudge: the healthy world changed, and the
+// findings it gives.
+type judgeCase struct {
+	name   string
+	change func(s *Snapshot, pods []podSpec) []podSpec
+	want   []string
+}
+
+// snapshot is the case's world.
+func (c judgeCase) snapshot() Snapshot {
+	s, pods := healthy()
+	if c.change != nil {
+		pods = c.change(&s, pods)
+	}
+	for _, p := range pods {
+		s.Pods = append(s.Pods, p.build())
+	}
+	return s
+}
+
+// judgeCases are TestJudge's rows, which TestJudgeIgnoresListOrder plays
+// shuffled too.
+func judgeCases() []judgeCase {
 	imA, imB, imC := lh+"/instance-manager-a", lh+"/instance-manager-b", lh+"/instance-manager-c"
-	tests := []struct {
-		name   string
-		change func(s *Snapshot, pods []podSpec) []podSpec
-		want   []string
-	}{
+	return []judgeCase{
 		{name: "healthy: nothing", want: nil},
 		{name: "two pods, one address, across overlapping pools of one network", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			s.NADs = append(s.NADs, nad("default/small", "10.0.50.0/28", nil))
@@ -312,16 +330,12 @@ func TestJudge(t *testing.T) {
 			return pods
 		}},
 	}
-	for _, tt := range tests {
+}
+
+func TestJudge(t *testing.T) {
+	for _, tt := range judgeCases() {
 		t.Run(tt.name, func(t *testing.T) {
-			s, pods := healthy()
-			if tt.change != nil {
-				pods = tt.change(&s, pods)
-			}
-			for _, p := range pods {
-				s.Pods = append(s.Pods, p.build())
-			}
-			r := Judge(s, Options{})
+			r := Judge(tt.snapshot(), Options{})
 			assert.Equal(t, tt.want, got(r.Findings))
 			for _, f := range r.Findings {
 				assert.NotEmpty(t, f.Message)
