@@ -181,6 +181,27 @@ func judgeCases() []judgeCase {
 			s.Reservations = append(s.Reservations, orip("blue-10.0.50.1", imC))
 			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{"default/blue"}, status: map[string][]string{"default/blue": {"10.0.50.1"}}, created: 5})
 		}},
+		// whereabouts consults the reservations only where
+		// enable_overlapping_ranges is on: where a NAD turns it off, its
+		// pool hands out an address another pool holds, by design.
+		{name: "false alarm: two NADs with reservations off hand out one address, each from its own pool", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			off := map[string]any{"enable_overlapping_ranges": false}
+			s.NADs = []reconcile.NAD{nad(storage, "10.0.50.0/24", off), nad("default/small", "10.0.50.0/28", off)}
+			s.Reservations = nil
+			s.Pools = append(s.Pools, pool("10.0.50.0-28", "10.0.50.0/28", "1="+imC+"#cc"))
+			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{"default/small"}, status: map[string][]string{"default/small": {"10.0.50.1"}}, created: 5})
+		}},
+		{name: "false alarm: a NAD with reservations off hands out an address a reserving NAD's pool holds", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs = append(s.NADs, nad("default/small", "10.0.50.0/28", map[string]any{"enable_overlapping_ranges": false}))
+			s.Pools = append(s.Pools, pool("10.0.50.0-28", "10.0.50.0/28", "1="+imC+"#cc"))
+			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{"default/small"}, status: map[string][]string{"default/small": {"10.0.50.1"}}, created: 5})
+		}},
+		{name: "two pods' network-status name one address of one pool, its NAD's reservations off", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs[0] = nad(storage, "10.0.50.0/24", map[string]any{"enable_overlapping_ranges": false})
+			s.Reservations = nil
+			s.Pools[0].Spec.Allocations["3"] = shim.IPAllocation{PodRef: imC, ContainerID: "cc"}
+			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{storage}, status: map[string][]string{storage: {"10.0.50.1"}}, created: 5})
+		}, want: []string{"SharedAddress " + storage + " 10.0.50.1 " + imC + "," + imA, "PodPoolMismatch " + storage + " 10.0.50.1 " + imC}},
 		{name: "a Running pod without its network on its network-status (#11639)", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			pods[1].status = map[string][]string{}
 			return pods

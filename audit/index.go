@@ -29,6 +29,17 @@ type network struct {
 	reserves bool
 }
 
+// poolOf is the pool of the NAD whose range holds ip; "" when none does.
+func (nw *network) poolOf(ip string) string {
+	addr := net.ParseIP(ip)
+	for i, r := range nw.ranges {
+		if _, n, err := net.ParseCIDR(r); err == nil && n.Contains(addr) {
+			return nw.pools[i]
+		}
+	}
+	return ""
+}
+
 // entry is a pool entry with the network its reservations are under.
 type entry struct {
 	shim.Allocation
