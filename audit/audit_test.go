@@ -206,6 +206,12 @@ func judgeCases() []judgeCase {
 			pods[1].status = map[string][]string{}
 			return pods
 		}, want: []string{"MissingAddress " + storage + "  " + imB}},
+		// Multus lists the interface, with no address on it: the pod has
+		// no address on the network all the same.
+		{name: "a Running pod whose network-status lists the network's interface with no address", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			pods[1].status = map[string][]string{storage: {}}
+			return pods
+		}, want: []string{"MissingAddress " + storage + "  " + imB}},
 		{name: "a Running pod without any network-status", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			pods[1].status = nil
 			return pods
@@ -411,4 +417,19 @@ func TestTrimPodKeepsWhatTheAuditReads(t *testing.T) {
 	assert.NotContains(t, trimmed.Annotations, "big")
 	assert.Empty(t, trimmed.Spec.Containers)
 	assert.Equal(t, []string{"MissingAddress " + storage + "  " + lh + "/instance-manager-b"}, got(Judge(s, Options{}).Findings))
+}
+
+// An upgrade starts each new instance manager beside the old one: one not
+// Running yet (Pending, its sandbox being made) needs its address too, and
+// counts in the need.
+func TestHeadroomCountsInstanceManagersNotRunningYet(t *testing.T) {
+	s, pods := healthy()
+	s.Nodes = 2
+	pods = append(pods, podSpec{ref: lh + "/instance-manager-new", phase: corev1.PodPending, asks: []string{storage}, created: 9})
+	for _, p := range pods {
+		s.Pods = append(s.Pods, p.build())
+	}
+	r := Judge(s, Options{})
+	require.Len(t, r.Figures, 1)
+	assert.Equal(t, int64(3), r.Figures[0].Need, "max(2 nodes, 3 instance managers, one of them Pending)")
 }
