@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/reconcile"
@@ -65,6 +66,10 @@ type Finding struct {
 	// to run next.
 	Message string
 	Command string
+	// SubjectUID is the UID of the object an Event on the finding goes on
+	// (its first pod, or its pool): kubectl describe selects an object's
+	// Events by its UID. Empty when the snapshot did not hold it.
+	SubjectUID types.UID
 	// Free and Need are Headroom's figures (and, for every network with
 	// Longhorn pods on it, Figures'); zero otherwise.
 	Free, Need int64
@@ -87,6 +92,22 @@ func (f Finding) Subject() (namespace, name string) {
 	}
 	ns, n, _ := strings.Cut(f.Pods[0], "/")
 	return ns, n
+}
+
+// subjectUID is the UID of the object f's Event goes on.
+func (x *index) subjectUID(f Finding) types.UID {
+	if len(f.Pods) > 0 {
+		if p := x.pods[f.Pods[0]]; p != nil {
+			return p.UID
+		}
+		return ""
+	}
+	for _, p := range x.pools {
+		if p.Name == f.Pool {
+			return p.UID
+		}
+	}
+	return ""
 }
 
 // NoNAD is the network of a pool no NAD names.
@@ -163,6 +184,9 @@ func Judge(s Snapshot, o Options) Result {
 	heads, figs := x.headroom(s.Nodes, o)
 	out.Findings = append(out.Findings, heads...)
 	out.Figures = figs
+	for i := range out.Findings {
+		out.Findings[i].SubjectUID = x.subjectUID(out.Findings[i])
+	}
 	for ref := range x.nets {
 		out.Networks = append(out.Networks, ref)
 	}

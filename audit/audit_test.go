@@ -128,13 +128,31 @@ func got(fs []Finding) []string {
 	return out
 }
 
-func TestJudge(t *testing.T) {
+// judgeCase is a row of TestJudge: the healthy world changed, and the
+// findings it gives.
+type judgeCase struct {
+	name   string
+	change func(s *Snapshot, pods []podSpec) []podSpec
+	want   []string
+}
+
+// snapshot is the case's world.
+func (c judgeCase) snapshot() Snapshot {
+	s, pods := healthy()
+	if c.change != nil {
+		pods = c.change(&s, pods)
+	}
+	for _, p := range pods {
+		s.Pods = append(s.Pods, p.build())
+	}
+	return s
+}
+
+// judgeCases are TestJudge's rows, which TestJudgeIgnoresListOrder plays
+// shuffled too.
+func judgeCases() []judgeCase {
 	imA, imB, imC := lh+"/instance-manager-a", lh+"/instance-manager-b", lh+"/instance-manager-c"
-	tests := []struct {
-		name   string
-		change func(s *Snapshot, pods []podSpec) []podSpec
-		want   []string
-	}{
+	return []judgeCase{
 		{name: "healthy: nothing", want: nil},
 		{name: "two pods, one address, across overlapping pools of one network", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			s.NADs = append(s.NADs, nad("default/small", "10.0.50.0/28", nil))
@@ -163,8 +181,35 @@ func TestJudge(t *testing.T) {
 			s.Reservations = append(s.Reservations, orip("blue-10.0.50.1", imC))
 			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{"default/blue"}, status: map[string][]string{"default/blue": {"10.0.50.1"}}, created: 5})
 		}},
+		// whereabouts consults the reservations only where
+		// enable_overlapping_ranges is on: where a NAD turns it off, its
+		// pool hands out an address another pool holds, by design.
+		{name: "false alarm: two NADs with reservations off hand out one address, each from its own pool", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			off := map[string]any{"enable_overlapping_ranges": false}
+			s.NADs = []reconcile.NAD{nad(storage, "10.0.50.0/24", off), nad("default/small", "10.0.50.0/28", off)}
+			s.Reservations = nil
+			s.Pools = append(s.Pools, pool("10.0.50.0-28", "10.0.50.0/28", "1="+imC+"#cc"))
+			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{"default/small"}, status: map[string][]string{"default/small": {"10.0.50.1"}}, created: 5})
+		}},
+		{name: "false alarm: a NAD with reservations off hands out an address a reserving NAD's pool holds", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs = append(s.NADs, nad("default/small", "10.0.50.0/28", map[string]any{"enable_overlapping_ranges": false}))
+			s.Pools = append(s.Pools, pool("10.0.50.0-28", "10.0.50.0/28", "1="+imC+"#cc"))
+			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{"default/small"}, status: map[string][]string{"default/small": {"10.0.50.1"}}, created: 5})
+		}},
+		{name: "two pods' network-status name one address of one pool, its NAD's reservations off", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			s.NADs[0] = nad(storage, "10.0.50.0/24", map[string]any{"enable_overlapping_ranges": false})
+			s.Reservations = nil
+			s.Pools[0].Spec.Allocations["3"] = shim.IPAllocation{PodRef: imC, ContainerID: "cc"}
+			return append(pods, podSpec{ref: imC, phase: corev1.PodRunning, asks: []string{storage}, status: map[string][]string{storage: {"10.0.50.1"}}, created: 5})
+		}, want: []string{"SharedAddress " + storage + " 10.0.50.1 " + imC + "," + imA, "PodPoolMismatch " + storage + " 10.0.50.1 " + imC}},
 		{name: "a Running pod without its network on its network-status (#11639)", change: func(s *Snapshot, pods []podSpec) []podSpec {
 			pods[1].status = map[string][]string{}
+			return pods
+		}, want: []string{"MissingAddress " + storage + "  " + imB}},
+		// Multus lists the interface, with no address on it: the pod has
+		// no address on the network all the same.
+		{name: "a Running pod whose network-status lists the network's interface with no address", change: func(s *Snapshot, pods []podSpec) []podSpec {
+			pods[1].status = map[string][]string{storage: {}}
 			return pods
 		}, want: []string{"MissingAddress " + storage + "  " + imB}},
 		{name: "a Running pod without any network-status", change: func(s *Snapshot, pods []podSpec) []podSpec {
@@ -312,16 +357,12 @@ func TestJudge(t *testing.T) {
 			return pods
 		}},
 	}
-	for _, tt := range tests {
+}
+
+func TestJudge(t *testing.T) {
+	for _, tt := range judgeCases() {
 		t.Run(tt.name, func(t *testing.T) {
-			s, pods := healthy()
-			if tt.change != nil {
-				pods = tt.change(&s, pods)
-			}
-			for _, p := range pods {
-				s.Pods = append(s.Pods, p.build())
-			}
-			r := Judge(s, Options{})
+			r := Judge(tt.snapshot(), Options{})
 			assert.Equal(t, tt.want, got(r.Findings))
 			for _, f := range r.Findings {
 				assert.NotEmpty(t, f.Message)
@@ -376,4 +417,19 @@ func TestTrimPodKeepsWhatTheAuditReads(t *testing.T) {
 	assert.NotContains(t, trimmed.Annotations, "big")
 	assert.Empty(t, trimmed.Spec.Containers)
 	assert.Equal(t, []string{"MissingAddress " + storage + "  " + lh + "/instance-manager-b"}, got(Judge(s, Options{}).Findings))
+}
+
+// An upgrade starts each new instance manager beside the old one: one not
+// Running yet (Pending, its sandbox being made) needs its address too, and
+// counts in the need.
+func TestHeadroomCountsInstanceManagersNotRunningYet(t *testing.T) {
+	s, pods := healthy()
+	s.Nodes = 2
+	pods = append(pods, podSpec{ref: lh + "/instance-manager-new", phase: corev1.PodPending, asks: []string{storage}, created: 9})
+	for _, p := range pods {
+		s.Pods = append(s.Pods, p.build())
+	}
+	r := Judge(s, Options{})
+	require.Len(t, r.Figures, 1)
+	assert.Equal(t, int64(3), r.Figures[0].Need, "max(2 nodes, 3 instance managers, one of them Pending)")
 }

@@ -29,6 +29,17 @@ type network struct {
 	reserves bool
 }
 
+// poolOf is the pool of the NAD whose range holds ip; "" when none does.
+func (nw *network) poolOf(ip string) string {
+	addr := net.ParseIP(ip)
+	for i, r := range nw.ranges {
+		if _, n, err := net.ParseCIDR(r); err == nil && n.Contains(addr) {
+			return nw.pools[i]
+		}
+	}
+	return ""
+}
+
 // entry is a pool entry with the network its reservations are under.
 type entry struct {
 	shim.Allocation
@@ -62,7 +73,45 @@ type index struct {
 	sandboxes map[string][]string
 }
 
+// canonical is s with every list in one order (NADs and pods by namespace
+// and name, pools and reservations by name), in slices of its own: an
+// informer store's List returns them in an order that changes from look to
+// look, and every rule, every finding's key and message, must be a function
+// of the world alone (issue 44).
+func canonical(s Snapshot) Snapshot {
+	s.NADs = append([]reconcile.NAD(nil), s.NADs...)
+	sort.SliceStable(s.NADs, func(i, j int) bool {
+		a, b := s.NADs[i], s.NADs[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		return a.Name < b.Name
+	})
+	pools := make([]int, len(s.Pools))
+	for i := range pools {
+		pools[i] = i
+	}
+	sort.SliceStable(pools, func(i, j int) bool { return s.Pools[pools[i]].Name < s.Pools[pools[j]].Name })
+	sortedPools := make([]shim.Pool, len(s.Pools))
+	for i, k := range pools {
+		sortedPools[i] = s.Pools[k]
+	}
+	s.Pools = sortedPools
+	s.Reservations = append([]shim.Reservation(nil), s.Reservations...)
+	sort.SliceStable(s.Reservations, func(i, j int) bool { return s.Reservations[i].Name < s.Reservations[j].Name })
+	s.Pods = append([]*corev1.Pod(nil), s.Pods...)
+	sort.SliceStable(s.Pods, func(i, j int) bool {
+		a, b := s.Pods[i], s.Pods[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		return a.Name < b.Name
+	})
+	return s
+}
+
 func newIndex(s Snapshot) (*index, []error) {
+	s = canonical(s)
 	x := &index{nets: map[string]*network{}, poolNets: map[string][]*network{}, byPod: map[string][]entry{},
 		pods: make(map[string]*corev1.Pod, len(s.Pods)), orips: make(map[string]*shim.Reservation, len(s.Reservations)),
 		reservedDomains: map[string]bool{}, ranges: make(map[string]string, len(s.Pools))}

@@ -16,9 +16,10 @@ type claim struct {
 	pool    string // "" for a network-status claim
 }
 
-// shared finds two Running pods on one address of one network: whereabouts'
-// reservation network (network_name) is the network, so overlapping pools
-// of one network_name are one.
+// shared finds two Running pods on one address of one collision domain
+// (collisionDomain): whereabouts' reservation network (network_name), so
+// that overlapping pools of one network_name are one, where reservations
+// are on; the pool alone where a NAD turns them off.
 func (x *index) shared(o Options) []Finding {
 	claims := map[string]map[string][]claim{} // domain|ip -> pod -> claims
 	add := func(domain, ip, pod string, c claim) {
@@ -30,7 +31,7 @@ func (x *index) shared(o Options) []Finding {
 	}
 	for _, e := range x.entries {
 		if x.holds(e) {
-			add(e.domain, e.IP.String(), e.PodRef, claim{network: x.networkOf(e.Pool), pool: e.Pool})
+			add(x.collisionDomain(e.Pool, e.domain), e.IP.String(), e.PodRef, claim{network: x.networkOf(e.Pool), pool: e.Pool})
 		}
 	}
 	for ref, p := range x.pods {
@@ -44,7 +45,7 @@ func (x *index) shared(o Options) []Finding {
 				continue
 			}
 			for _, ip := range a.ips {
-				add(nw.name, ip, ref, claim{network: nw.ref})
+				add(x.collisionDomain(nw.poolOf(ip), nw.name), ip, ref, claim{network: nw.ref})
 			}
 		}
 	}
@@ -53,7 +54,7 @@ func (x *index) shared(o Options) []Finding {
 		if len(byPod) < 2 {
 			continue
 		}
-		_, ip, _ := strings.Cut(k, "|")
+		ip := k[strings.LastIndex(k, "|")+1:]
 		pods := make([]string, 0, len(byPod))
 		var pools, statusNets []string
 		for pod, cs := range byPod {
@@ -80,6 +81,33 @@ func (x *index) shared(o Options) []Finding {
 			Command: o.Diagnose + " inspect --audit"})
 	}
 	return out
+}
+
+// collisionDomain is where two pods' claims of one address are two pods on
+// one address. Where whereabouts reserves (enable_overlapping_ranges, its
+// default), its allocator skips an address reserved under the network's
+// network_name, whatever pool holds it: the domain is the network_name,
+// across overlapping pools. Where a NAD naming the pool turns reservations
+// off, the allocator consults the pool alone (whereabouts'
+// IPManagement), and hands out an address another pool holds by design:
+// the domain is that pool. A status claim outside every range of its NAD
+// (pool "") is the NAD's.
+func (x *index) collisionDomain(pool, networkName string) string {
+	if pool == "" || x.poolReserves(pool) {
+		return "network/" + networkName
+	}
+	return "pool/" + pool
+}
+
+// poolReserves says whether whereabouts reserves the pool's addresses:
+// every NAD naming it leaves enable_overlapping_ranges on.
+func (x *index) poolReserves(pool string) bool {
+	for _, nw := range x.poolNets[pool] {
+		if !nw.reserves {
+			return false
+		}
+	}
+	return true
 }
 
 // newestFirst orders pods by creation, the newest first (then by name).
@@ -299,12 +327,7 @@ func (x *index) reservations(o Options) []Finding {
 // reserves says whether an entry's network writes reservations: not when
 // its NAD turns them off, nor where no entry of its network has one.
 func (x *index) reserves(e entry) bool {
-	for _, nw := range x.poolNets[e.Pool] {
-		if !nw.reserves {
-			return false
-		}
-	}
-	return x.reservedDomains[e.domain]
+	return x.poolReserves(e.Pool) && x.reservedDomains[e.domain]
 }
 
 func (x *index) rangeOf(pool string) string { return x.ranges[pool] }

@@ -142,9 +142,11 @@ func (a *Auditor) event(ctx context.Context, poolNamespace string, o audit.Open)
 		return
 	}
 	ns, name := o.Subject()
-	ref := corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ns, Name: name}
+	// kubectl describe shows the Events whose involvedObject has the
+	// object's name, namespace, kind and UID: without the UID, none.
+	ref := corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ns, Name: name, UID: o.SubjectUID}
 	if name == "" {
-		ref = corev1.ObjectReference{APIVersion: "whereabouts.cni.cncf.io/v1alpha1", Kind: "IPPool", Namespace: poolNamespace, Name: o.Pool}
+		ref = corev1.ObjectReference{APIVersion: "whereabouts.cni.cncf.io/v1alpha1", Kind: "IPPool", Namespace: poolNamespace, Name: o.Pool, UID: o.SubjectUID}
 	}
 	now := metav1.NewTime(a.now())
 	msg := fmt.Sprintf("%s Next: %s", o.Message, o.Command)

@@ -245,3 +245,21 @@ func TestAPodUpdateWakesTheAuditOnlyForWhatItReads(t *testing.T) {
 	}
 	assert.False(t, unchangedForAudit(&shim.Pool{}, &shim.Pool{}), "only pods are told apart")
 }
+
+// The findings gauge counts every open finding, not those that opened at
+// this look: a finding open for many looks keeps its alert firing until it
+// resolves.
+func TestTheFindingsGaugeCountsEveryOpenFinding(t *testing.T) {
+	m := NewCollector()
+	src := &fixed{s: world(false)}
+	a := &Auditor{Source: src, Tracker: audit.NewTracker(map[audit.Kind]time.Duration{audit.MissingAddress: 0}), Metrics: m}
+	for i, want := range []float64{0, 1, 1, 1} {
+		c, _, err := a.Look(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, want, testutil.ToFloat64(gauge(t, m, "MissingAddress")), "look %d (%d opened at it)", i, len(c.Opened))
+	}
+	src.set(world(true))
+	_, _, err := a.Look(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 0.0, testutil.ToFloat64(gauge(t, m, "MissingAddress")), "resolved")
+}

@@ -101,6 +101,18 @@ plant 10 'the watcher blind to a write into the file at the name (GNU cp -f)' in
   's#const mask = unix\.IN_CLOSE_WRITE \| #const mask = #' \
   ./install/standin '^TestWatchSeesEveryWrite$'
 
+# The audit (issue 44's "behaviour nothing holds yet"): each one-line bug
+# got past every test and the simulation; each has a test of its own now.
+plant U1 'a network-status listing the interface with no address counts as attached' audit/rules.go \
+  's#\(r\.iface == "" \|\| a\.iface == r\.iface\) \&\& len\(a\.ips\) > 0 \{#(r.iface == "" || a.iface == r.iface) {#' \
+  ./audit '^TestJudge$'
+plant U2 "instance managers not Running yet left out of the headroom's need" audit/headroom.go \
+  's#p\.Namespace != o\.LonghornNamespace \|\| !live\(p\)#p.Namespace != o.LonghornNamespace || !running(p)#' \
+  ./audit '^TestHeadroomCountsInstanceManagersNotRunningYet$'
+plant U3 'the findings gauge set from the findings opened at this look' audit/watch/auditor.go \
+  's#a\.Metrics\.set\(c\.Open, #a.Metrics.set(c.Opened, #' \
+  ./audit/watch '^TestTheFindingsGaugeCountsEveryOpenFinding$'
+
 # The node agent (agent/alloc, the plugin's lost ADD): each bug planted is
 # caught by a unit test and, where it found it on its own, by the
 # simulation's regression seed (testcni/sim, TestRegressionSeeds). A6 and A7
