@@ -1210,3 +1210,58 @@ func mustRead(t *testing.T, path string) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+// A request the agent declines gives its slot back before the decline is
+// written, whatever declined it (its health, its copy, its admission of the
+// config, the allocator), on the socket and through Take: else after
+// MaxInFlight declines the agent would be busy for good, and every verb
+// would go to the plugin's slower way, silently.
+func TestADeclinedRequestGivesItsSlotBack(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reason  string
+		decline func(r *rig) (config []byte, undo func())
+	}{
+		{"unhealthy", "unhealthy", func(r *rig) ([]byte, func()) {
+			r.srv.health.Store(&health{reason: "cannot reach the pools as itself: forbidden"})
+			return r.config("0.3.1", ""), func() { r.srv.health.Store(&health{}) }
+		}},
+		{"its copy behind", "behind", func(r *rig) ([]byte, func()) {
+			r.srv.o.Following = func() error { return errors.New("the watch of kube-system/ippools failed") }
+			return r.config("0.3.1", ""), func() { r.srv.o.Following = nil }
+		}},
+		{"an ipam field it does not know", "field", func(r *rig) ([]byte, func()) {
+			return r.config("0.3.1", `,"ip_family":"v4"`), func() {}
+		}},
+		{"what the allocator declines", "allocator", func(r *rig) ([]byte, func()) {
+			r.alloc.decline = "range_start beyond the range"
+			return r.config("0.3.1", ""), func() { r.alloc.decline = "" }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.srv.slots = make(chan struct{}, 1)
+			r.srv.o.QueueTimeout = 50 * time.Millisecond
+			config, undo := tc.decline(r)
+			for i := 0; i < 3; i++ {
+				res := r.do(wire.Add, env(fmt.Sprint("d", i), "lhnet1"), config)
+				require.Equal(t, client.Fallback, res.Outcome)
+				require.NotContains(t, res.Reason, "busy", "declined %d times before", i)
+			}
+			r.counted(wire.Add, outcomeDeclined, tc.reason, 3)
+			for i := 0; i < 3; i++ {
+				_, free, reason, detail := r.srv.Take(wire.NewRequest(wire.Add, env(fmt.Sprint("t", i), "lhnet1"), config))
+				require.Equal(t, tc.reason, reason, detail)
+				require.Nil(t, free)
+			}
+			undo()
+			j, free, reason, detail := r.srv.Take(wire.NewRequest(wire.Add, env("c2", "lhnet1"), r.config("0.3.1", "")))
+			require.Empty(t, reason, detail)
+			require.NotNil(t, j)
+			free()
+			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+			assert.Equal(t, client.Served, res.Outcome, res.Reason)
+			assert.Zero(t, r.count(wire.Add, outcomeDeclined, "busy"), "no request found the slot taken")
+		})
+	}
+}
