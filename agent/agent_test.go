@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1146,19 +1147,60 @@ func TestTwoAgentsOfANodeHoldTheLeaseUnderNamesOfTheirOwn(t *testing.T) {
 }
 
 // An agent whose copy of the pools may no longer follow the cluster (a watch
-// failed and has not listed again) declines every verb but the probe: the
-// plugin works alone, as it would without the agent.
+// failed, and it has neither listed again nor had a new watch deliver)
+// declines every verb, and says so where an operator and an alert look: its
+// readiness probe is declined with the reason (the kubelet shows it in the
+// pod's Events), harvester_ipam_agent_declining{reason="behind"} is 1, and
+// the log says when it starts and stops. Before, the probe was served: the
+// agent was Ready while the plugin did every verb alone, silently.
 func TestAnAgentWhoseCopyDoesNotFollowDeclines(t *testing.T) {
 	r := newRig(t)
-	behind := errors.New("the watch of kube-system/ippools failed (forbidden) and has not listed again")
-	r.srv.o.Following = func() error { return behind }
+	declining := func(reason string) float64 {
+		mfs, err := r.reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != "harvester_ipam_agent_declining" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "reason" && l.GetValue() == reason {
+						return m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		t.Fatalf("no harvester_ipam_agent_declining{reason=%q}", reason)
+		return 0
+	}
+	for _, reason := range DecliningReasons {
+		assert.Zero(t, declining(reason), "serving: not declining for %s", reason)
+	}
+	behind := errors.New("the watch of kube-system/ippools failed 2m0s ago (forbidden) and has neither listed again nor had a new watch deliver")
+	var follows atomic.Bool
+	r.srv.o.Following = func() error {
+		if follows.Load() {
+			return nil
+		}
+		return behind
+	}
 	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 	assert.Equal(t, client.Fallback, res.Outcome)
 	assert.Equal(t, "node agent declined: its copy of the pools may not follow the cluster: "+behind.Error(), res.Reason)
 	assert.Empty(t, r.pool(), "nothing written")
-	r.srv.o.Following = func() error { return nil }
+	res = r.do(wire.Probe, nil, nil)
+	assert.Equal(t, client.Fallback, res.Outcome, "not ready")
+	assert.Equal(t, "node agent declined: its copy of the pools may not follow the cluster: "+behind.Error(), res.Reason)
+	assert.Equal(t, 1.0, declining("behind"))
+	assert.Zero(t, declining("unhealthy"))
+	assert.Equal(t, 1, strings.Count(r.log.String(), "declining every request: its copy of the pools may not follow the cluster: "+behind.Error()), "logged once")
+
+	follows.Store(true)
+	assert.Equal(t, client.Served, r.do(wire.Probe, nil, nil).Outcome)
+	assert.Zero(t, declining("behind"))
 	res = r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 	assert.Equal(t, client.Served, res.Outcome, res.Reason)
+	assert.Equal(t, 1, strings.Count(r.log.String(), "serving again: its copy of the pools follows the cluster"), "logged once")
 }
 
 // A full range's explanation, when the agent serves the ADD, never lists

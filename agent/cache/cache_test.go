@@ -150,10 +150,10 @@ func TestWatchFillsTheCopyFromInformers(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 10 s")
+			t.Fatal("condition not met in 30 s")
 		}
 		time.Sleep(time.Millisecond)
 	}
