@@ -22,6 +22,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	allocpkg "github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/agent/cache"
@@ -1304,6 +1308,101 @@ func TestADeclinedRequestGivesItsSlotBack(t *testing.T) {
 			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 			assert.Equal(t, client.Served, res.Outcome, res.Reason)
 			assert.Zero(t, r.count(wire.Add, outcomeDeclined, "busy"), "no request found the slot taken")
+		})
+	}
+}
+
+// delivering is an API server whose pool writes the agent's informer then
+// delivers, when deliver says so (its watch on time), or never (its watch
+// behind).
+type delivering struct {
+	shim.API
+	w       *watch.FakeWatcher
+	deliver bool
+}
+
+func (d delivering) PatchPool(ctx context.Context, namespace, name string, patch shim.Patch) (*shim.Pool, error) {
+	p, err := d.API.PatchPool(ctx, namespace, name, patch)
+	if err == nil && d.deliver {
+		d.w.Modify(p.DeepCopy())
+	}
+	return p, err
+}
+
+// The agent creates an address's reservation without whereabouts' Lease
+// only where no other pool can hold the address, and it knows that from its
+// copy only once the copy has shown the allocation's own patch as its
+// informer delivered it: a pool created before the patch is then in the
+// copy. The answer to the agent's own patch says nothing of the pools the
+// watch has not delivered yet; taken as that proof, an overlapping pool
+// missing from the copy is missed, and the reservation is made without the
+// Lease (whereabouts' ADD on another node, under the Lease, then loses it:
+// agent/SAFETY.md, "The reservation's create is the commit point").
+func TestAReservationIsMadeWithoutTheLeaseOnlyOnceTheWatchShowedItsPatch(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		other   bool // a pool whose range overlaps, created after the copy listed, not delivered
+		deliver bool // the informer delivers the allocation's patch
+		lease   bool
+	}{
+		{"an overlapping pool the copy lacks, the patch not delivered: under the Lease", true, false, true},
+		{"no other pool, the patch not delivered: under the Lease", false, false, true},
+		{"no other pool, the patch delivered: without the Lease", false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, fake.NewPool(poolName, "192.168.50.0/24", map[string]alloc{}))
+			objs := cache.New()
+			pw := watch.NewFakeWithChanSize(8, false)
+			lw := func(list func() runtime.Object, w watch.Interface) toolscache.ListerWatcher {
+				return &toolscache.ListWatch{
+					ListFunc:  func(metav1.ListOptions) (runtime.Object, error) { return list(), nil },
+					WatchFunc: func(metav1.ListOptions) (watch.Interface, error) { return w, nil },
+				}
+			}
+			pools := func() runtime.Object {
+				l := &shim.PoolList{ListMeta: metav1.ListMeta{ResourceVersion: r.api.ResourceVersion(fake.Pools, "kube-system", poolName)}}
+				l.Items = append(l.Items, r.api.AllPools("kube-system")...)
+				return l
+			}
+			reservations := func() runtime.Object { return &shim.ReservationList{} }
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			require.NoError(t, objs.Watch(ctx, "kube-system", lw(pools, pw), lw(reservations, watch.NewFake())))
+			if tc.other {
+				r.api.Put(fake.NewPool("192.168.50.0-25", "192.168.50.0/25", nil))
+			}
+			var holders []string
+			r.api.Hook = func(c *fake.Call) error {
+				if c.Verb == "create" && c.Resource == fake.Reservations {
+					holder := ""
+					if l := r.api.Lease("kube-system", "whereabouts"); l != nil && l.Spec.HolderIdentity != nil {
+						holder = *l.Spec.HolderIdentity
+					}
+					holders = append(holders, holder)
+				}
+				return nil
+			}
+			wait := 100 * time.Millisecond
+			if tc.deliver {
+				wait = 10 * time.Second
+			}
+			r.srv.o.API = cache.API{API: delivering{API: r.api, w: pw, deliver: tc.deliver}, Objects: objs}
+			r.srv.o.Allocator = allocpkg.Delegate{Batcher: allocpkg.New(allocpkg.Options{Reserved: objs.Reservation, Pools: objs.Pools,
+				Follows: func(namespace, rv string) bool {
+					ctx, cancel := context.WithTimeout(context.Background(), wait)
+					defer cancel()
+					return objs.WaitFollows(ctx, namespace, rv)
+				}}), Load: conf.Loader{Quiet: true}.Whereabouts}
+
+			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+			require.Len(t, holders, 1, "one reservation created")
+			if tc.lease {
+				assert.NotEmpty(t, holders[0], "created under whereabouts' Lease")
+			} else {
+				assert.Empty(t, holders[0], "created without whereabouts' Lease")
+			}
 		})
 	}
 }

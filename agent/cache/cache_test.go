@@ -507,3 +507,45 @@ func TestTheCopyFollowsAgainOnlyOnceItListsOrANewWatchDelivers(t *testing.T) {
 		})
 	}
 }
+
+// What the agent's own requests answer (a patch, a create, a fresh read) is
+// kept in the copy, but never counts as the watch having delivered it: only
+// the informer's delivery says the copy holds every pool written before.
+func TestTheAnswerToTheAgentsOwnWriteNeverMakesTheCopyFollow(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		do   func(api cache.API) (*shim.Pool, error)
+	}{
+		{"a patch", func(api cache.API) (*shim.Pool, error) {
+			return api.PatchPool(ctx, ns, "10.0.0.0-24", shim.Guarded(api.Objects.Pool(ns, "10.0.0.0-24").ResourceVersion,
+				shim.PatchOp{Op: "add", Path: "/spec/allocations/1", Value: shim.IPAllocation{ContainerID: "c", PodRef: "d/p"}}))
+		}},
+		{"a create", func(api cache.API) (*shim.Pool, error) {
+			return api.CreatePool(ctx, ns, fake.NewPool("10.0.1.0-24", "10.0.1.0/24", nil))
+		}},
+		{"a fresh read", func(api cache.API) (*shim.Pool, error) {
+			return api.GetPool(ctx, ns, "10.0.0.0-25", shim.Fresh)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fake.New()
+			f.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+			listed := f.Pool(ns, "10.0.0.0-24")
+			o := cache.New()
+			o.SawPool(listed)
+			o.WatchedPool(ns, listed.ResourceVersion)
+			o.Listed(ns)
+			require.True(t, o.Follows(ns, listed.ResourceVersion))
+			// Written since the list, by another: not delivered yet.
+			f.Put(fake.NewPool("10.0.0.0-25", "10.0.0.0/25", nil))
+
+			p, err := tc.do(cache.API{API: f, Objects: o})
+			require.NoError(t, err)
+			assert.Same(t, p, o.Pool(ns, p.Name), "the answer is kept")
+			assert.False(t, o.Follows(ns, p.ResourceVersion), "but is not the watch's")
+			o.WatchedPool(ns, p.ResourceVersion)
+			assert.True(t, o.Follows(ns, p.ResourceVersion), "once the watch delivers it")
+		})
+	}
+}
