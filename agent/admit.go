@@ -63,21 +63,51 @@ func decline(reason, format string, a ...any) *declined {
 // ready says why the agent serves no request now (nil: it may): stopping,
 // unhealthy, its copy behind, or a request from its own delegate.
 func (s *Server) ready(req wire.Request) *declined {
+	if d := s.declinesAll(); d != nil {
+		return d
+	}
+	if req.Env[wire.EnvGuard] != "" {
+		return decline("guard", "started as a delegate of harvester-ipam (%s is set)", wire.EnvGuard)
+	}
+	return nil
+}
+
+// declinesAll says why the agent declines every request now, the probe's
+// too (nil: it serves): stopping, unhealthy, or its copy of the pools
+// behind. So its readiness probe fails, saying why, and the metric
+// harvester_ipam_agent_declining names the reason, while the plugin does
+// every verb alone. A change of whether the copy follows is logged.
+func (s *Server) declinesAll() *declined {
 	if s.stopping.Load() {
 		return decline("stopping", "stopping")
 	}
 	if h := s.health.Load(); h.reason != "" {
 		return decline("unhealthy", "%s", h.reason)
 	}
-	if s.o.Following != nil && req.Command != wire.Probe {
-		if err := s.o.Following(); err != nil {
-			return decline("behind", "its copy of the pools may not follow the cluster: %v", err)
+	var behind error
+	if s.o.Following != nil {
+		behind = s.o.Following()
+	}
+	if was := s.behind.Swap(behind != nil); was != (behind != nil) {
+		if behind != nil {
+			s.log.Printf("declining every request: its copy of the pools may not follow the cluster: %v", behind)
+		} else {
+			s.log.Printf("serving again: its copy of the pools follows the cluster")
 		}
 	}
-	if req.Env[wire.EnvGuard] != "" {
-		return decline("guard", "started as a delegate of harvester-ipam (%s is set)", wire.EnvGuard)
+	if behind != nil {
+		return decline("behind", "its copy of the pools may not follow the cluster: %v", behind)
 	}
 	return nil
+}
+
+// decliningFor is the reason the agent declines every request now ("":
+// none), for the metrics.
+func (s *Server) decliningFor() string {
+	if d := s.declinesAll(); d != nil {
+		return d.reason
+	}
+	return ""
 }
 
 // job is req's verb: its arguments and, but for a probe, its environment.

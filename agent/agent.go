@@ -115,7 +115,8 @@ type Options struct {
 	AtStep func(step string)
 	// Following, when set, says why the agent's copy of the pools may no
 	// longer follow the cluster (nil when it does: cache.Objects.Following):
-	// meanwhile every request is declined and the plugin works alone.
+	// meanwhile every request is declined, the probe's too, and the plugin
+	// works alone.
 	Following func() error
 	// NodeConfig is the node's settings file for harvester-ipam's own log
 	// (plugin.Plugin.NodeConfig); "" is conf.DefaultNodeConfig.
@@ -139,9 +140,12 @@ type Server struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 	health   atomic.Pointer[health]
-	seq      atomic.Uint64
-	conns    sync.WaitGroup
-	connsMu  sync.Mutex
+	// behind says the copy did not follow when last looked at (for the
+	// log: a change is logged once).
+	behind  atomic.Bool
+	seq     atomic.Uint64
+	conns   sync.WaitGroup
+	connsMu sync.Mutex
 	// running serialises the verbs of each attachment.
 	running attachments
 }
@@ -190,6 +194,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.running.wait = o.Wait
 	s.health.Store(notChecked)
+	o.Metrics.declines(s.decliningFor)
 	return s, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +23,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
 
 	allocpkg "github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/agent/cache"
@@ -1165,19 +1170,60 @@ func TestTwoAgentsOfANodeHoldTheLeaseUnderNamesOfTheirOwn(t *testing.T) {
 }
 
 // An agent whose copy of the pools may no longer follow the cluster (a watch
-// failed and has not listed again) declines every verb but the probe: the
-// plugin works alone, as it would without the agent.
+// failed, and it has neither listed again nor had a new watch deliver)
+// declines every verb, and says so where an operator and an alert look: its
+// readiness probe is declined with the reason (the kubelet shows it in the
+// pod's Events), harvester_ipam_agent_declining{reason="behind"} is 1, and
+// the log says when it starts and stops. Before, the probe was served: the
+// agent was Ready while the plugin did every verb alone, silently.
 func TestAnAgentWhoseCopyDoesNotFollowDeclines(t *testing.T) {
 	r := newRig(t)
-	behind := errors.New("the watch of kube-system/ippools failed (forbidden) and has not listed again")
-	r.srv.o.Following = func() error { return behind }
+	declining := func(reason string) float64 {
+		mfs, err := r.reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != "harvester_ipam_agent_declining" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "reason" && l.GetValue() == reason {
+						return m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		t.Fatalf("no harvester_ipam_agent_declining{reason=%q}", reason)
+		return 0
+	}
+	for _, reason := range DecliningReasons {
+		assert.Zero(t, declining(reason), "serving: not declining for %s", reason)
+	}
+	behind := errors.New("the watch of kube-system/ippools failed 2m0s ago (forbidden) and has neither listed again nor had a new watch deliver")
+	var follows atomic.Bool
+	r.srv.o.Following = func() error {
+		if follows.Load() {
+			return nil
+		}
+		return behind
+	}
 	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 	assert.Equal(t, client.Fallback, res.Outcome)
 	assert.Equal(t, "node agent declined: its copy of the pools may not follow the cluster: "+behind.Error(), res.Reason)
 	assert.Empty(t, r.pool(), "nothing written")
-	r.srv.o.Following = func() error { return nil }
+	res = r.do(wire.Probe, nil, nil)
+	assert.Equal(t, client.Fallback, res.Outcome, "not ready")
+	assert.Equal(t, "node agent declined: its copy of the pools may not follow the cluster: "+behind.Error(), res.Reason)
+	assert.Equal(t, 1.0, declining("behind"))
+	assert.Zero(t, declining("unhealthy"))
+	assert.Equal(t, 1, strings.Count(r.log.String(), "declining every request: its copy of the pools may not follow the cluster: "+behind.Error()), "logged once")
+
+	follows.Store(true)
+	assert.Equal(t, client.Served, r.do(wire.Probe, nil, nil).Outcome)
+	assert.Zero(t, declining("behind"))
 	res = r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 	assert.Equal(t, client.Served, res.Outcome, res.Reason)
+	assert.Equal(t, 1, strings.Count(r.log.String(), "serving again: its copy of the pools follows the cluster"), "logged once")
 }
 
 // A full range's explanation, when the agent serves the ADD, never lists
@@ -1228,4 +1274,154 @@ func mustRead(t *testing.T, path string) string {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// A request the agent declines gives its slot back before the decline is
+// written, whatever declined it (its health, its copy, its admission of the
+// config, the allocator), on the socket and through Take: else after
+// MaxInFlight declines the agent would be busy for good, and every verb
+// would go to the plugin's slower way, silently.
+func TestADeclinedRequestGivesItsSlotBack(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reason  string
+		decline func(r *rig) (config []byte, undo func())
+	}{
+		{"unhealthy", "unhealthy", func(r *rig) ([]byte, func()) {
+			r.srv.health.Store(&health{reason: "cannot reach the pools as itself: forbidden"})
+			return r.config("0.3.1", ""), func() { r.srv.health.Store(&health{}) }
+		}},
+		{"its copy behind", "behind", func(r *rig) ([]byte, func()) {
+			r.srv.o.Following = func() error { return errors.New("the watch of kube-system/ippools failed") }
+			return r.config("0.3.1", ""), func() { r.srv.o.Following = nil }
+		}},
+		{"an ipam field it does not know", "field", func(r *rig) ([]byte, func()) {
+			return r.config("0.3.1", `,"ip_family":"v4"`), func() {}
+		}},
+		{"what the allocator declines", "allocator", func(r *rig) ([]byte, func()) {
+			r.alloc.decline = "range_start beyond the range"
+			return r.config("0.3.1", ""), func() { r.alloc.decline = "" }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.srv.slots = make(chan struct{}, 1)
+			r.srv.o.QueueTimeout = 50 * time.Millisecond
+			config, undo := tc.decline(r)
+			for i := 0; i < 3; i++ {
+				res := r.do(wire.Add, env(fmt.Sprint("d", i), "lhnet1"), config)
+				require.Equal(t, client.Fallback, res.Outcome)
+				require.NotContains(t, res.Reason, "busy", "declined %d times before", i)
+			}
+			r.counted(wire.Add, outcomeDeclined, tc.reason, 3)
+			for i := 0; i < 3; i++ {
+				_, free, reason, detail := r.srv.Take(wire.NewRequest(wire.Add, env(fmt.Sprint("t", i), "lhnet1"), config))
+				require.Equal(t, tc.reason, reason, detail)
+				require.Nil(t, free)
+			}
+			undo()
+			j, free, reason, detail := r.srv.Take(wire.NewRequest(wire.Add, env("c2", "lhnet1"), r.config("0.3.1", "")))
+			require.Empty(t, reason, detail)
+			require.NotNil(t, j)
+			free()
+			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+			assert.Equal(t, client.Served, res.Outcome, res.Reason)
+			assert.Zero(t, r.count(wire.Add, outcomeDeclined, "busy"), "no request found the slot taken")
+		})
+	}
+}
+
+// delivering is an API server whose pool writes the agent's informer then
+// delivers, when deliver says so (its watch on time), or never (its watch
+// behind).
+type delivering struct {
+	shim.API
+	w       *watch.FakeWatcher
+	deliver bool
+}
+
+func (d delivering) PatchPool(ctx context.Context, namespace, name string, patch shim.Patch) (*shim.Pool, error) {
+	p, err := d.API.PatchPool(ctx, namespace, name, patch)
+	if err == nil && d.deliver {
+		d.w.Modify(p.DeepCopy())
+	}
+	return p, err
+}
+
+// The agent creates an address's reservation without whereabouts' Lease
+// only where no other pool can hold the address, and it knows that from its
+// copy only once the copy has shown the allocation's own patch as its
+// informer delivered it: a pool created before the patch is then in the
+// copy. The answer to the agent's own patch says nothing of the pools the
+// watch has not delivered yet; taken as that proof, an overlapping pool
+// missing from the copy is missed, and the reservation is made without the
+// Lease (whereabouts' ADD on another node, under the Lease, then loses it:
+// agent/SAFETY.md, "The reservation's create is the commit point").
+func TestAReservationIsMadeWithoutTheLeaseOnlyOnceTheWatchShowedItsPatch(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		other   bool // a pool whose range overlaps, created after the copy listed, not delivered
+		deliver bool // the informer delivers the allocation's patch
+		lease   bool
+	}{
+		{"an overlapping pool the copy lacks, the patch not delivered: under the Lease", true, false, true},
+		{"no other pool, the patch not delivered: under the Lease", false, false, true},
+		{"no other pool, the patch delivered: without the Lease", false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, fake.NewPool(poolName, "192.168.50.0/24", map[string]alloc{}))
+			objs := cache.New()
+			pw := watch.NewFakeWithChanSize(8, false)
+			lw := func(list func() runtime.Object, w watch.Interface) toolscache.ListerWatcher {
+				return &toolscache.ListWatch{
+					ListFunc:  func(metav1.ListOptions) (runtime.Object, error) { return list(), nil },
+					WatchFunc: func(metav1.ListOptions) (watch.Interface, error) { return w, nil },
+				}
+			}
+			pools := func() runtime.Object {
+				l := &shim.PoolList{ListMeta: metav1.ListMeta{ResourceVersion: r.api.ResourceVersion(fake.Pools, "kube-system", poolName)}}
+				l.Items = append(l.Items, r.api.AllPools("kube-system")...)
+				return l
+			}
+			reservations := func() runtime.Object { return &shim.ReservationList{} }
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			require.NoError(t, objs.Watch(ctx, "kube-system", lw(pools, pw), lw(reservations, watch.NewFake())))
+			if tc.other {
+				r.api.Put(fake.NewPool("192.168.50.0-25", "192.168.50.0/25", nil))
+			}
+			var holders []string
+			r.api.Hook = func(c *fake.Call) error {
+				if c.Verb == "create" && c.Resource == fake.Reservations {
+					holder := ""
+					if l := r.api.Lease("kube-system", "whereabouts"); l != nil && l.Spec.HolderIdentity != nil {
+						holder = *l.Spec.HolderIdentity
+					}
+					holders = append(holders, holder)
+				}
+				return nil
+			}
+			wait := 100 * time.Millisecond
+			if tc.deliver {
+				wait = 10 * time.Second
+			}
+			r.srv.o.API = cache.API{API: delivering{API: r.api, w: pw, deliver: tc.deliver}, Objects: objs}
+			r.srv.o.Allocator = allocpkg.Delegate{Batcher: allocpkg.New(allocpkg.Options{Reserved: objs.Reservation, Pools: objs.Pools,
+				Follows: func(namespace, rv string) bool {
+					ctx, cancel := context.WithTimeout(context.Background(), wait)
+					defer cancel()
+					return objs.WaitFollows(ctx, namespace, rv)
+				}}), Load: conf.Loader{Quiet: true}.Whereabouts}
+
+			res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+			require.Len(t, holders, 1, "one reservation created")
+			if tc.lease {
+				assert.NotEmpty(t, holders[0], "created under whereabouts' Lease")
+			} else {
+				assert.Empty(t, holders[0], "created without whereabouts' Lease")
+			}
+		})
+	}
 }

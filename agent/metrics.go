@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,9 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	probes   *prometheus.CounterVec
+	// declining is the reason the server declines every request now
+	// ("": none), set by New; nil until then.
+	declining atomic.Pointer[func() string]
 
 	mu    sync.Mutex
 	since map[string]int // outcome [reason] -> count since the last Summary
@@ -57,8 +61,31 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.duration, m.probes)
+		for _, reason := range DecliningReasons {
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name:        "harvester_ipam_agent_declining",
+				Help:        "1 while the node agent declines every request, its readiness probe's too, for this reason (stopping; unhealthy: it cannot reach the pools as itself; behind: its copy of the pools may not follow the cluster), else 0. The plugin then does every verb alone.",
+				ConstLabels: prometheus.Labels{"reason": reason},
+			}, func() float64 {
+				if f := m.declining.Load(); f != nil && (*f)() == reason {
+					return 1
+				}
+				return 0
+			}))
+		}
 	}
 	return m
+}
+
+// DecliningReasons are the reasons the agent declines every request for,
+// each a series of harvester_ipam_agent_declining.
+var DecliningReasons = []string{"stopping", "unhealthy", "behind"}
+
+// declines tells m why the server declines every request now.
+func (m *Metrics) declines(reason func() string) {
+	if m != nil {
+		m.declining.Store(&reason)
+	}
 }
 
 func (m *Metrics) count(command, outcome, reason string) {

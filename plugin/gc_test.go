@@ -130,3 +130,61 @@ func TestGCWhoseDelegateFailsSaysSo(t *testing.T) {
 	assert.Contains(t, err.Error(), "GC left work undone: whereabouts GC: the Lease is held")
 	assert.NotContains(t, r.pool(), "2", "harvester-ipam's own release done")
 }
+
+// GC of one interface of a sandbox whose other interface is live, both on
+// one pool under whereabouts v0.7.0's CRD (which prunes the ifname): the
+// sandbox's entries are told apart only by the addresses each attachment
+// recorded, so GC must read the other attachment's record for this pool, as
+// DEL and a lost ADD's release do. An address both recorded (one chose it on
+// a stale copy and never wrote it; the pool gave it to the other since) is
+// neither's to free: GC leaves it, and the sandbox's last DEL releases it.
+func TestGCLeavesAnAddressTheSandboxsOtherInterfaceRecorded(t *testing.T) {
+	b1 := alloc{ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"}
+	c := alloc{ContainerID: "c", PodRef: "longhorn-system/im-a"}
+	for _, tt := range []struct {
+		name     string
+		pool     map[string]alloc
+		recorded map[string]string // ifname -> the address it recorded
+		want     map[string]alloc
+	}{{
+		name:     "an address both interfaces recorded: left",
+		pool:     map[string]alloc{"2": c, "4": b1},
+		recorded: map[string]string{"lhnet1": "192.168.50.2/24", "lhnet2": "192.168.50.2/24"},
+		want:     map[string]alloc{"2": c, "4": b1},
+	}, {
+		name:     "its own address, the live interface's elsewhere: only its own released",
+		pool:     map[string]alloc{"2": c, "3": c, "4": b1},
+		recorded: map[string]string{"lhnet1": "192.168.50.2/24", "lhnet2": "192.168.50.3/24"},
+		want:     map[string]alloc{"2": c, "4": b1},
+	}} {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := []any{ipamPool(tt.pool), fake.NewReservation("192.168.50.4", "longhorn-system/im-b")}
+			if _, ok := tt.pool["2"]; ok {
+				objs = append(objs, fake.NewReservation("192.168.50.2", "longhorn-system/im-a"))
+			}
+			if _, ok := tt.pool["3"]; ok {
+				objs = append(objs, fake.NewReservation("192.168.50.3", "longhorn-system/im-a"))
+			}
+			r := newRig(t, objs...)
+			r.wb.Version = fake.V070
+			for _, ifn := range []string{"lhnet1", "lhnet2"} {
+				require.NoError(t, checkpoint.Dir(r.cpDir).Write(checkpoint.Record{ContainerID: "c", IfName: ifn, Network: "storagenetwork",
+					PodRef: "longhorn-system/im-a", Kubeconfig: r.kubeconfig(), Namespace: "kube-system",
+					Pools: []checkpoint.Pool{{Name: poolName, Range: "192.168.50.0/24"}}, IPs: []string{tt.recorded[ifn]}}))
+			}
+			cfg := r.config("1.1.0", "")
+			stdin := append(cfg[:len(cfg)-1], []byte(`,"cni.dev/valid-attachments":[{"containerID":"c","ifname":"lhnet1"}]}`)...)
+			require.NoError(t, r.p.GC(args(t, "", "", "", stdin)))
+			assert.Equal(t, tt.want, r.pool())
+			_, held := r.pool()["2"]
+			assert.True(t, held, "the live interface's entry")
+			assert.Contains(t, r.orips(), "192.168.50.2=longhorn-system/im-a", "the live interface's reservation")
+			recs, _ := checkpoint.Dir(r.cpDir).List()
+			var left []string
+			for _, rec := range recs {
+				left = append(left, rec.ContainerID+"/"+rec.IfName)
+			}
+			assert.Equal(t, []string{"c/lhnet1"}, left, "the live interface's record stays; the collected one goes")
+		})
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/harvester/harvester-ipam/shim"
 )
@@ -39,48 +40,135 @@ type Objects struct {
 	// is in the copy. advanced is closed (and replaced) when one grows.
 	watched  map[string]uint64
 	advanced chan struct{}
-	// broken are the informers ("namespace/resource") whose watch failed
-	// and which have not listed since: the copy no longer follows.
-	broken map[string]error
+	// informers are, by informer ("namespace/resource"), how many watches
+	// it opened and, while its copy may not follow, why.
+	informers map[string]*informerState
+	// now is the clock (time.Now; tests set it).
+	now func() time.Time
+}
+
+// informerState is what an informer's watches say of its copy.
+type informerState struct {
+	// watches counts the watches it opened; each is known by its count.
+	watches uint64
+	// broken, when set, is why its copy may not follow the cluster.
+	broken *breakage
+}
+
+// breakage is a failure of an informer's watch or list that nothing has
+// made up for yet.
+type breakage struct {
+	err   error
+	since time.Time
+	// watch is the last watch opened when it failed: only a later one that
+	// delivers proves the copy follows again.
+	watch uint64
 }
 
 // New is an empty copy.
 func New() *Objects {
 	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}, listed: map[string]bool{},
-		watched: map[string]uint64{}, advanced: make(chan struct{}), broken: map[string]error{}}
+		watched: map[string]uint64{}, advanced: make(chan struct{}), informers: map[string]*informerState{}, now: time.Now}
 }
 
 // Following says why the copy may no longer follow the cluster (nil when it
-// does): an informer's watch failed (an API server restarting, a watch
-// refused while its authorizer warms up) and it has not listed since. The
-// agent declines meanwhile; the plugin works alone.
+// does): an informer's list or watch failed (an API server restarting, a
+// watch refused while its authorizer warms up, a 410, a 429) and since then
+// it has neither listed again nor had a new watch deliver. The agent
+// declines meanwhile; the plugin works alone.
+//
+// client-go's reflector comes back from a failure in one of two ways
+// (v0.34.1, tools/cache/reflector.go: Reflector.watch, isWatchErrorRetriable):
+// it lists again (an error in the stream but a 429; a watch refused other
+// than by a 429 or a refused connection; a watch that ended at once), or it
+// watches again from the last resourceVersion it saw, without a list (a 429
+// in the stream or at the watch's start, a refused connection). A watch the
+// API server accepts from that resourceVersion delivers every write since,
+// in order (one that is too old is answered by a 410 first, and the reflector
+// lists): so its first event or bookmark shows that the copy follows again.
+// Until it delivers, the copy does not (a quiet namespace's bookmark comes
+// within about a minute; a write of a pool, the plugin's own included, at
+// once).
 func (o *Objects) Following() error {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
 	var which []string
-	for k := range o.broken {
-		which = append(which, k)
+	for k, st := range o.informers {
+		if st.broken != nil {
+			which = append(which, k)
+		}
 	}
 	if len(which) == 0 {
 		return nil
 	}
 	sort.Strings(which)
-	return fmt.Errorf("the watch of %s failed (%v) and has not listed again", which[0], o.broken[which[0]])
+	b := o.informers[which[0]].broken
+	return fmt.Errorf("the watch of %s failed %s ago (%v) and has neither listed again nor had a new watch deliver",
+		which[0], o.now().Sub(b.since).Round(time.Second), b.err)
 }
 
-// watchBroke records that the informer of resource in namespace lost its
-// watch with err.
-func (o *Objects) watchBroke(namespace, resource string, err error) {
+func (o *Objects) informer(namespace, resource string) *informerState {
+	k := namespace + "/" + resource
+	st := o.informers[k]
+	if st == nil {
+		st = &informerState{}
+		o.informers[k] = st
+	}
+	return st
+}
+
+// watchOpening records that the informer of resource in namespace opens a
+// watch, and returns the watch's number.
+func (o *Objects) watchOpening(namespace, resource string) uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.broken[namespace+"/"+resource] = err
+	st := o.informer(namespace, resource)
+	st.watches++
+	return st.watches
+}
+
+// failed records that the informer of resource in namespace failed with
+// err, its last watch opened being number watch: its copy no longer
+// follows, until it lists or a later watch delivers.
+func (o *Objects) failed(namespace, resource string, watch uint64, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := o.informer(namespace, resource)
+	if st.broken == nil {
+		st.broken = &breakage{since: o.now()}
+	}
+	st.broken.err = err
+	st.broken.watch = max(st.broken.watch, watch)
+}
+
+// delivered records that watch number watch of the informer of resource in
+// namespace delivered an event or a bookmark: a watch opened after the last
+// failure that delivers follows the cluster.
+func (o *Objects) delivered(namespace, resource string, watch uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := o.informer(namespace, resource)
+	if st.broken != nil && watch > st.broken.watch {
+		st.broken = nil
+	}
 }
 
 // relisted records that the informer of resource in namespace listed.
 func (o *Objects) relisted(namespace, resource string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	delete(o.broken, namespace+"/"+resource)
+	o.informer(namespace, resource).broken = nil
+}
+
+// lastWatch is the number of the last watch the informer of resource in
+// namespace opened.
+func (o *Objects) lastWatch(namespace, resource string) uint64 {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	if st := o.informers[namespace+"/"+resource]; st != nil {
+		return st.watches
+	}
+	return 0
 }
 
 // WatchedPool records that an informer delivered a pool of namespace at

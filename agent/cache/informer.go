@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,17 +22,9 @@ import (
 func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservations toolscache.ListerWatcher) error {
 	pi := toolscache.NewSharedIndexInformer(o.following(namespace, "ippools", pools), &shim.Pool{}, 0, toolscache.Indexers{})
 	ri := toolscache.NewSharedIndexInformer(o.following(namespace, "overlappingrangeipreservations", reservations), &shim.Reservation{}, 0, toolscache.Indexers{})
-	for resource, inf := range map[string]toolscache.SharedIndexInformer{"ippools": pi, "overlappingrangeipreservations": ri} {
+	for _, inf := range []toolscache.SharedIndexInformer{pi, ri} {
 		if err := inf.SetTransform(stripManagedFields); err != nil {
 			return fmt.Errorf("informer transform: %w", err)
-		}
-		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *toolscache.Reflector, err error) {
-			if !errors.Is(err, io.EOF) {
-				o.watchBroke(namespace, resource, err)
-			}
-			toolscache.DefaultWatchErrorHandler(ctx, r, err)
-		}); err != nil {
-			return fmt.Errorf("informer watch error handler: %w", err)
 		}
 	}
 	saw := func(obj any) {
@@ -74,34 +65,54 @@ func (o *Objects) Watch(ctx context.Context, namespace string, pools, reservatio
 	return nil
 }
 
-// following is lw whose successful lists tell o that the informer of
-// resource follows again.
+// following is lw whose lists and watches tell o whether the informer of
+// resource follows the cluster (Objects.Following): a list or a watch that
+// fails, or an error in a watch's stream, says it does not; a list, or an
+// event or a bookmark of a watch opened since, that it does again. A watch
+// that merely closes (its timeout) is watched again from its
+// resourceVersion, missing nothing.
 func (o *Objects) following(namespace, resource string, lw toolscache.ListerWatcher) toolscache.ListerWatcher {
 	return &toolscache.ListWatch{
 		ListFunc: func(opts metav1.ListOptions) (runtime.Object, error) {
 			obj, err := lw.List(opts)
-			if err == nil {
-				o.relisted(namespace, resource)
-			}
-			return obj, err
-		},
-		WatchFunc: func(opts metav1.ListOptions) (watch.Interface, error) {
-			w, err := lw.Watch(opts)
 			if err != nil {
+				o.failed(namespace, resource, o.lastWatch(namespace, resource), fmt.Errorf("list: %w", err))
 				return nil, err
 			}
-			// An error in the stream (a 410, the API server going away)
-			// ends the watch, and the reflector lists again: events are
-			// missed meanwhile. A watch that merely closes is resumed at
-			// its resourceVersion, missing nothing.
+			o.relisted(namespace, resource)
+			return obj, nil
+		},
+		WatchFunc: func(opts metav1.ListOptions) (watch.Interface, error) {
+			n := o.watchOpening(namespace, resource)
+			w, err := lw.Watch(opts)
+			if err != nil {
+				// Refused: the reflector watches again later, without a
+				// list when it was a 429 or a refused connection.
+				o.failed(namespace, resource, n, err)
+				return nil, err
+			}
+			// A watch that streams the initial state instead of a list
+			// (client-go's WatchListClient) is a list once its initial
+			// events have ended.
+			streamsList := opts.SendInitialEvents != nil && *opts.SendInitialEvents
 			return watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-				if e.Type == watch.Error {
-					o.watchBroke(namespace, resource, apierrors.FromObject(e.Object))
+				switch {
+				case e.Type == watch.Error:
+					o.failed(namespace, resource, n, apierrors.FromObject(e.Object))
+				case !streamsList:
+					o.delivered(namespace, resource, n)
+				case e.Type == watch.Bookmark && initialEventsEnd(e.Object):
+					o.relisted(namespace, resource)
 				}
 				return e, true
 			}), nil
 		},
 	}
+}
+
+func initialEventsEnd(obj runtime.Object) bool {
+	m, ok := obj.(metav1.Object)
+	return ok && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"
 }
 
 func stripManagedFields(obj any) (any, error) {
