@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -244,4 +245,24 @@ func TestAPodUpdateWakesTheAuditOnlyForWhatItReads(t *testing.T) {
 		})
 	}
 	assert.False(t, unchangedForAudit(&shim.Pool{}, &shim.Pool{}), "only pods are told apart")
+}
+
+// The audit's next commands name the release's own DaemonSet (the chart's
+// --daemonset), in the reconciler's namespace: a release named other than
+// harvester-ipam, or installed as the add-on, gets commands that run.
+func TestNextCommandsNameTheReleasesDaemonSet(t *testing.T) {
+	for _, tt := range []struct {
+		ns        string
+		nsErr     error
+		daemonSet string
+		want      string
+	}{
+		{"harvester-system", nil, "prod-harvester-ipam", "kubectl -n harvester-system exec ds/prod-harvester-ipam -c diagnostics -- harvester-ipam-reconciler"},
+		{"kube-system", nil, "", "kubectl -n kube-system exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler"},
+		{"", os.ErrNotExist, "", audit.DefaultDiagnose},
+	} {
+		if got := diagnose(tt.ns, tt.nsErr, tt.daemonSet).Diagnose; got != tt.want {
+			t.Errorf("diagnose(%q, %v, %q) = %q, want %q", tt.ns, tt.nsErr, tt.daemonSet, got, tt.want)
+		}
+	}
 }
