@@ -382,3 +382,28 @@ func TestChartReconcilerAlertsFireAsRendered(t *testing.T) {
 			fire:   []firing{{name: "HarvesterIPAMReconcilerAbsent", labels: map[string]string{"namespace": ns}, value: 1}}},
 	)
 }
+
+// The audit's next commands name the release's own DaemonSet: the chart
+// gives the reconciler (CronJob and Deployment) --daemonset, and the
+// diagnostics container, where an operator runs inspect --audit by hand,
+// HARVESTER_IPAM_DAEMONSET, whatever the release is named.
+func TestTheAuditNamesTheReleasesDaemonSet(t *testing.T) {
+	root := moduleRoot(t)
+	for _, mode := range []string{"cronjob", "deployment"} {
+		home := t.TempDir()
+		cmd := exec.Command(helm(t, root), "template", "prod", "install/chart/harvester-ipam", "--namespace", "harvester-system", "--set", "reconciler.mode="+mode)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("helm template: %v", err)
+		}
+		s := string(out)
+		if n := strings.Count(s, "- --daemonset=prod-harvester-ipam\n"); n < 2 {
+			t.Errorf("%s: --daemonset=prod-harvester-ipam %d times: want the installer's and the reconciler's", mode, n)
+		}
+		if !regexp.MustCompile(`name: HARVESTER_IPAM_DAEMONSET\n\s+value: prod-harvester-ipam\n`).MatchString(s) {
+			t.Errorf("%s: the diagnostics container has no HARVESTER_IPAM_DAEMONSET=prod-harvester-ipam", mode)
+		}
+	}
+}
