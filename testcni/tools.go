@@ -22,7 +22,7 @@ var toolNames = []string{"etcd", "kube-apiserver", "kubelet", "kube-controller-m
 	"whereabouts-reconciler-v0.9.4", "whereabouts-script-v0.9.4", "whereabouts-script-v0.9.3", "whereabouts-script-v0.8.0", "whereabouts-script-v0.7.0",
 	"whereabouts-crds-v0.9.4", "whereabouts-crds-v0.9.3", "whereabouts-crds-v0.8.0", "whereabouts-crds-v0.7.0",
 	"multus", "helm", "monitoring-crds", "promtool", "webhook", "webhook-crds",
-	"kubectl", "crane", "helm-controller", "harvester-crds"}
+	"kubectl", "crane", "helm-controller", "harvester-crds", "k3s-crds"}
 
 // toolFiles are files a tool dir must hold: whereabouts v0.9's images carry
 // its token-watcher.sh, which their DaemonSet starts beside ip-control-loop.
@@ -30,6 +30,7 @@ var toolFiles = map[string]string{
 	"whereabouts-script-v0.9.4": "token-watcher.sh",
 	"whereabouts-script-v0.9.3": "token-watcher.sh",
 	"harvester-crds":            "harvesterhci.io_addons.yaml",
+	"k3s-crds":                  "k3s.cattle.io_addons.yaml",
 }
 
 // EnsureTools returns the cached tools, building the missing ones first with

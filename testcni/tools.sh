@@ -3,7 +3,7 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]
+#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|k3s-crds|promtool|gremlins]
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
 set -euo pipefail
@@ -24,6 +24,12 @@ HELM_CONTROLLER_VERSION=v0.16.17
 # the checksum database does not know it: its module hash is pinned.
 HARVESTER_VERSION=v1.6.0
 HARVESTER_SUM=h1:SlC7YQyheSXIeoc/ys/eYZ00HRXJsocHxMUEoXHI+fw=
+# k3s' Addon CRD (addons.k3s.cattle.io), which RKE2, and so every Harvester,
+# serves beside Harvester's (addons.harvesterhci.io): kubectl's `addon` may
+# name either. k3s v1.33.7 (pkg/server/context.go) registers the CRDs of
+# github.com/k3s-io/api's pkg/crds, v0.1.4 in its go.mod; pinned by hash.
+K3S_API_VERSION=v0.1.4
+K3S_API_SUM=h1:mnu1pgtEEwplvDHgjeyekbC96wykUWsq0E5ouJoRkM4=
 # gremlins runs the mutation tests (make mutate); not a rig tool, so `all` skips it.
 GREMLINS_VERSION=v0.5.0
 PROMETHEUS_OPERATOR_VERSION=v0.76.2
@@ -418,6 +424,26 @@ harvester_crds() {
   log "copied Harvester $HARVESTER_VERSION's Addon CRD to $out"
 }
 
+# k3s_crds copies k3s' Addon CRD (k3s-io/api's pkg/crds/yaml/generated) into
+# the cache, from its module checked against the pinned hash: the add-on
+# tests install it beside Harvester's, as on a Harvester node.
+k3s_crds() {
+  local out="$BIN/k3s-api-$K3S_API_VERSION-crds"
+  [[ -s "$out/k3s.cattle.io_addons.yaml" ]] && return 0
+  local mod=github.com/k3s-io/api info dir sum
+  info=$(cd "$SRC" && go mod download -json "$mod@$K3S_API_VERSION") || return 1
+  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
+  if [[ "$sum" != "$K3S_API_SUM" ]]; then
+    echo "tools: $mod@$K3S_API_VERSION has module hash '$sum', want $K3S_API_SUM: refusing its CRDs" >&2
+    return 1
+  fi
+  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  cp "$dir/pkg/crds/yaml/generated/k3s.cattle.io_addons.yaml" "$out.tmp/" && chmod -R u+w "$out.tmp"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "copied k3s' Addon CRD (k3s-io/api $K3S_API_VERSION) to $out"
+}
+
 # gremlins plants one bug at a time in the code and runs the unit tests on it (make mutate).
 build_gremlins() {
   local out="gremlins-$GREMLINS_VERSION"; have "$out" && return 0
@@ -454,6 +480,7 @@ paths() {
   echo "crane=$BIN/crane-$CRANE_VERSION"
   echo "helm-controller=$BIN/helm-controller-$HELM_CONTROLLER_VERSION"
   echo "harvester-crds=$BIN/harvester-$HARVESTER_VERSION-crds"
+  echo "k3s-crds=$BIN/k3s-api-$K3S_API_VERSION-crds"
   echo "monitoring-crds=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-crds"
   echo "promtool=$BIN/promtool-$PROMETHEUS_VERSION"
 }
@@ -475,6 +502,7 @@ case "${1:-all}" in
   crane) build_crane ;;
   helm-controller) build_helm_controller ;;
   harvester-crds) harvester_crds ;;
+  k3s-crds) k3s_crds ;;
   promtool) build_promtool ;;
   all)
     # Two lanes side by side: one go build alone leaves a core idle while it
@@ -486,11 +514,11 @@ case "${1:-all}" in
       for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_scripts "$v"; whereabouts_crds "$v"; done
       build_multus; monitoring_crds; build_webhook
       # The add-on's and the registry's tools, in the lane that ends first.
-      build_crane; build_helm_controller; harvester_crds; build_promtool) & rest=$!
+      build_crane; build_helm_controller; harvester_crds; k3s_crds; build_promtool) & rest=$!
     ok=0
     wait "$rest" || ok=$?
     wait "$big" || ok=$?
     exit "$ok"
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|k3s-crds|promtool|gremlins]" >&2; exit 2 ;;
 esac
