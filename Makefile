@@ -103,7 +103,13 @@ chart-repo:
 # The main job on an embedded default: the leaks whereabouts v0.9.3 alone
 # keeps and harvester-ipam -> v0.9.3 releases (and v0.7.0's crash loop and
 # node reboot), side by side on a local API server; fails if one does not.
-demo: deps tools
+# It builds only the tools it runs (testcni/tools.sh demo; make test builds
+# the rest), and says first what it will build and about how long.
+demo:
+	@testcni/tools.sh plan demo
+	@echo "demo: then compiles the rig and harvester-ipam (minutes while Go's build cache is cold) and runs (about 3 minutes)"
+	testcni/deps.sh
+	testcni/tools.sh demo
 	$(GO) run ./tools/rig demo
 
 # harvester-ipam against whereabouts alone, in one run on the rig: a table.

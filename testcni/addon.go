@@ -21,6 +21,47 @@ var (
 	HelmChartResource = schema.GroupVersionResource{Group: "helm.cattle.io", Version: "v1", Resource: "helmcharts"}
 )
 
+// ApplyAddonCRDs installs the two Addon CRDs every Harvester serves:
+// Harvester's (addons.harvesterhci.io, from its v1.6.0 chart) and k3s'
+// (addons.k3s.cattle.io, which RKE2 registers), and waits until both serve
+// and discovery lists two resources named addons: kubectl's `addon` is as
+// ambiguous here as on a Harvester node, so that a command that names the
+// resource short would meet what it meets there.
+func (r *Rig) ApplyAddonCRDs(ctx context.Context) error {
+	for _, f := range []string{
+		filepath.Join(r.Tools["harvester-crds"], "harvesterhci.io_addons.yaml"),
+		filepath.Join(r.Tools["k3s-crds"], "k3s.cattle.io_addons.yaml"),
+	} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("an Addon CRD (testcni/tools.sh harvester-crds and k3s-crds copy them): %w", err)
+		}
+		if err := r.Apply(ctx, b, false); err != nil {
+			return fmt.Errorf("apply %s: %w", f, err)
+		}
+	}
+	var groups []string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		groups = groups[:0]
+		_, lists, err := r.Kube.Discovery().ServerGroupsAndResources()
+		if err == nil {
+			for _, l := range lists {
+				for _, res := range l.APIResources {
+					if res.Name == "addons" {
+						groups = append(groups, l.GroupVersion)
+					}
+				}
+			}
+			if len(groups) >= 2 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("discovery lists addons in %v (%v): want Harvester's and k3s'", groups, err)
+		}
+	}
+}
+
 // KlipperHelmImageRef names the rig's stand-in for klipper-helm, the image
 // helm-controller runs its Jobs with (RKE2 sets it with --default-job-image,
 // as the rig does).

@@ -23,7 +23,11 @@ const isolatedEnv = "HARVESTER_IPAM_RIG_ISOLATED"
 // main. Everything the rig starts lives and dies with that child: the
 // kernel frees the bridge, the veths and the sandboxes' namespaces when it
 // exits, even after a crash.
-func Isolate() error {
+func Isolate() error { return IsolateFor("") }
+
+// IsolateFor is Isolate for a program that runs only a set of the rig's
+// tools (EnsureToolSet): it builds that set alone before it isolates.
+func IsolateFor(toolSet string) error {
 	if os.Getenv(isolatedEnv) == "1" {
 		return setupIsolated()
 	}
@@ -35,7 +39,7 @@ func Isolate() error {
 	}
 	// Inside the namespace no module proxy can be reached: fetch here what
 	// the rig builds and runs there.
-	if err := prepareOutside(os.Stderr); err != nil {
+	if err := prepareOutside(os.Stderr, toolSet); err != nil {
 		return err
 	}
 	self, err := os.Executable()
@@ -89,7 +93,7 @@ func setupIsolated() error {
 // module harvester-ipam's packages and tests need (the rig builds its
 // binaries from them), while the network is still the host's. Outside the
 // module (a rig binary run elsewhere) there is nothing to fetch.
-func prepareOutside(progress io.Writer) error {
+func prepareOutside(progress io.Writer, toolSet string) error {
 	wd, err := os.Getwd()
 	if err != nil {
 		return err
@@ -98,7 +102,7 @@ func prepareOutside(progress io.Writer) error {
 	if err != nil {
 		return nil
 	}
-	if _, err := EnsureTools(root, progress); err != nil {
+	if _, err := EnsureToolSet(root, toolSet, progress); err != nil {
 		return err
 	}
 	cmd := exec.Command("go", "mod", "download")

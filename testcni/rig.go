@@ -66,6 +66,9 @@ type Options struct {
 	// NoWebhook leaves Harvester's network webhook out (it judges every NAD
 	// otherwise, as on Harvester).
 	NoWebhook bool
+	// ToolSet is the set of tools.sh's tools the rig may run (EnsureToolSet):
+	// "" all of them, "demo" what make demo runs.
+	ToolSet string
 }
 
 // Rig is a running rig. Start one with Start; Close it when done.
@@ -134,7 +137,7 @@ func Start(ctx context.Context, opt Options) (r *Rig, err error) {
 	if err != nil {
 		return nil, err
 	}
-	tools, err := EnsureTools(root, progress)
+	tools, err := EnsureToolSet(root, opt.ToolSet, progress)
 	if err != nil {
 		return nil, err
 	}

@@ -3,9 +3,12 @@
 # the Go module proxy, into a cache outside the work tree. A binary already in
 # the cache is reused, so only the first run on a machine pays for the builds.
 #
-#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|conformance|conformance-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]
+#   testcni/tools.sh [all|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|k3s-crds|promtool|gremlins|conformance|conformance-vX.Y.Z]
+#   testcni/tools.sh demo     # only what `make demo` runs (the set demo)
 #   testcni/tools.sh dir      # prints the cache's bin dir
 #   testcni/tools.sh paths    # prints NAME=PATH of every tool, built or not
+#   testcni/tools.sh set SET  # prints the tools of SET (demo), by the names paths prints
+#   testcni/tools.sh plan SET # says, in a line, what of SET (demo, all) is still to build, and about how long
 set -euo pipefail
 
 ETCD_VERSION=v3.6.16
@@ -24,6 +27,12 @@ HELM_CONTROLLER_VERSION=v0.16.17
 # the checksum database does not know it: its module hash is pinned.
 HARVESTER_VERSION=v1.6.0
 HARVESTER_SUM=h1:SlC7YQyheSXIeoc/ys/eYZ00HRXJsocHxMUEoXHI+fw=
+# k3s' Addon CRD (addons.k3s.cattle.io), which RKE2, and so every Harvester,
+# serves beside Harvester's (addons.harvesterhci.io): kubectl's `addon` may
+# name either. k3s v1.33.7 (pkg/server/context.go) registers the CRDs of
+# github.com/k3s-io/api's pkg/crds, v0.1.4 in its go.mod; pinned by hash.
+K3S_API_VERSION=v0.1.4
+K3S_API_SUM=h1:mnu1pgtEEwplvDHgjeyekbC96wykUWsq0E5ouJoRkM4=
 # gremlins runs the mutation tests (make mutate); not a rig tool, so `all` skips it.
 GREMLINS_VERSION=v0.5.0
 PROMETHEUS_OPERATOR_VERSION=v0.76.2
@@ -126,9 +135,11 @@ build_kube_apiserver() {
 # README's commands. One go build: they share packages with each other and
 # with kube-apiserver, whose build cache it uses.
 KUBE_NODE_BINARIES="kubelet kube-controller-manager kube-scheduler kubectl"
+# build_kube_node [BINARY...]: those of KUBE_NODE_BINARIES (all when none
+# named) that the cache lacks.
 build_kube_node() {
   local b missing=()
-  for b in $KUBE_NODE_BINARIES; do have "$b-$KUBE_VERSION" || missing+=("$b"); done
+  for b in ${*:-$KUBE_NODE_BINARIES}; do have "$b-$KUBE_VERSION" || missing+=("$b"); done
   ((${#missing[@]})) || return 0
   log "building ${missing[*]} $KUBE_VERSION (minutes, with kube-apiserver's build cache)"
   local d; d=$(kube_module)
@@ -188,20 +199,37 @@ build_whereabouts() {
   have "$out" && have "ip-control-loop-$v" \
     && { [[ $v != v0.9.4 ]] || have "whereabouts-reconciler-$v"; } && return 0
   log "building whereabouts $v"
-  local d; d=$(newmod "$out")
-  printf '\nreplace github.com/gogo/protobuf => github.com/gogo/protobuf v1.3.2\n' >>"$d/go.mod"
-  local mod=github.com/k8snetworkplumbingwg/whereabouts
-  case $v in
-    v0.9.3) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V093_SUM" ;;
-    v0.9.4) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V094_SUM" ;;
-    *) (cd "$d" && go get "$mod@$v") ;;
-  esac
-  install_bin "$out" "$d" "$mod/cmd"
+  local mod=github.com/k8snetworkplumbingwg/whereabouts d
+  d=$(whereabouts_module "$v")
+  have "$out" || install_bin "$out" "$d" "$mod/cmd"
   install_bin "ip-control-loop-$v" "$d" "$mod/cmd/controlloop"
   if [[ $v == v0.9.4 ]]; then
     install_bin "whereabouts-reconciler-$v" "$d" "$mod/cmd/reconciler"
   fi
   whereabouts_scripts "$v"
+}
+
+# whereabouts_module V prints the dir of a scratch module that requires
+# whereabouts V (its hash checked where one is pinned), to build its commands in.
+whereabouts_module() {
+  local v="$1" d mod=github.com/k8snetworkplumbingwg/whereabouts
+  d=$(newmod "whereabouts-$v")
+  printf '\nreplace github.com/gogo/protobuf => github.com/gogo/protobuf v1.3.2\n' >>"$d/go.mod"
+  case $v in
+    v0.9.3) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V093_SUM" >&2 ;;
+    v0.9.4) pinned_get "$d" "$mod" "$v" "$WHEREABOUTS_V094_SUM" >&2 ;;
+    *) (cd "$d" && go get "$mod@$v") >&2 ;;
+  esac
+  echo "$d"
+}
+
+# build_whereabouts_plugin V: whereabouts V's CNI plugin alone, what the demo
+# runs (build_whereabouts adds its controllers).
+build_whereabouts_plugin() {
+  local v="$1" out="whereabouts-$1"; have "$out" && return 0
+  log "building whereabouts $v's plugin"
+  local d; d=$(whereabouts_module "$v")
+  install_bin "$out" "$d" github.com/k8snetworkplumbingwg/whereabouts/cmd
 }
 
 # whereabouts_source V WHAT prints the directory of whereabouts V's module
@@ -463,6 +491,26 @@ harvester_crds() {
   log "copied Harvester $HARVESTER_VERSION's Addon CRD to $out"
 }
 
+# k3s_crds copies k3s' Addon CRD (k3s-io/api's pkg/crds/yaml/generated) into
+# the cache, from its module checked against the pinned hash: the add-on
+# tests install it beside Harvester's, as on a Harvester node.
+k3s_crds() {
+  local out="$BIN/k3s-api-$K3S_API_VERSION-crds"
+  [[ -s "$out/k3s.cattle.io_addons.yaml" ]] && return 0
+  local mod=github.com/k3s-io/api info dir sum
+  info=$(cd "$SRC" && go mod download -json "$mod@$K3S_API_VERSION") || return 1
+  sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
+  if [[ "$sum" != "$K3S_API_SUM" ]]; then
+    echo "tools: $mod@$K3S_API_VERSION has module hash '$sum', want $K3S_API_SUM: refusing its CRDs" >&2
+    return 1
+  fi
+  dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  cp "$dir/pkg/crds/yaml/generated/k3s.cattle.io_addons.yaml" "$out.tmp/" && chmod -R u+w "$out.tmp"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  log "copied k3s' Addon CRD (k3s-io/api $K3S_API_VERSION) to $out"
+}
+
 # gremlins plants one bug at a time in the code and runs the unit tests on it (make mutate).
 build_gremlins() {
   local out="gremlins-$GREMLINS_VERSION"; have "$out" && return 0
@@ -506,13 +554,94 @@ paths() {
   echo "crane=$BIN/crane-$CRANE_VERSION"
   echo "helm-controller=$BIN/helm-controller-$HELM_CONTROLLER_VERSION"
   echo "harvester-crds=$BIN/harvester-$HARVESTER_VERSION-crds"
+  echo "k3s-crds=$BIN/k3s-api-$K3S_API_VERSION-crds"
   echo "monitoring-crds=$BIN/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION-crds"
   echo "promtool=$BIN/promtool-$PROMETHEUS_VERSION"
+}
+
+# DEMO_TOOLS are what `make demo` (tools/rig demo) runs, by the names paths
+# prints: the rig's API server, and for the reboot a cluster of its own with
+# kubelet nodes (its controller manager and scheduler, containerd's CNI
+# plugins, Multus, the NAD CRD); whereabouts v0.9.3 and v0.7.0, v0.7.0's
+# install step (the stand-in's node), v0.9.4's CRDs (the rig's newest);
+# cnitool. No helm, webhook, promtool, crane, busybox, nor the other
+# whereabouts versions and their controllers: make test builds those.
+DEMO_TOOLS="etcd kube-apiserver kubelet kube-controller-manager kube-scheduler cnitool bridge host-local loopback
+  multus multus-nad-crd whereabouts-v0.9.3 whereabouts-v0.7.0 whereabouts-script-v0.7.0 whereabouts-crds-v0.9.4"
+
+# set_tools SET: the tools of SET (demo; all: every tool but gremlins).
+set_tools() {
+  case $1 in
+    demo) echo $DEMO_TOOLS ;;
+    all) paths | cut -d= -f1 | grep -v '^gremlins$' | tr '\n' ' ' ;;
+    *) echo "tools: no set $1 (demo, all)" >&2; return 2 ;;
+  esac
+}
+
+# unit_of NAME: the build that makes tool NAME, and its lane ("big" or
+# "rest", as all and demo run them) and about how many seconds it takes cold
+# on two idle cores (measured for kube-apiserver, etcd, helm, webhook and
+# promtool; the others estimated from their module sizes).
+unit_of() {
+  case $1 in
+    etcd) echo "etcd big 80" ;;
+    kube-apiserver) echo "kube-apiserver big 420" ;;
+    kubelet|kube-controller-manager|kube-scheduler|kubectl) echo "$1 big 100" ;;
+    cnitool) echo "cnitool rest 30" ;;
+    bridge|host-local|loopback|macvlan) echo "cni-plugins rest 90" ;;
+    multus|multus-nad-crd) echo "multus rest 120" ;;
+    whereabouts-v*) echo "$1 rest 120" ;;
+    ip-control-loop-*|whereabouts-reconciler-*) echo "$1 rest 40" ;;
+    whereabouts-script-*|whereabouts-crds-*|*-crds) echo "$1 rest 10" ;;
+    busybox) echo "busybox rest 10" ;;
+    helm) echo "helm big 120" ;;
+    webhook) echo "webhook rest 240" ;;
+    crane) echo "crane rest 90" ;;
+    helm-controller) echo "helm-controller rest 150" ;;
+    promtool) echo "promtool rest 180" ;;
+    *) echo "$1 rest 60" ;;
+  esac
+}
+
+# plan SET says, in one line and at once, what of SET is still to build and
+# about how long that takes, or that it is all cached.
+plan() {
+  local set="$1" tools n p unit lane secs big=0 rest=0 todo=() seen=" "
+  tools=$(set_tools "$set") || return 2
+  declare -A path
+  while IFS='=' read -r n p; do path[$n]=$p; done < <(paths)
+  for n in $tools; do
+    [[ -e "${path[$n]}" ]] && continue
+    read -r unit lane secs <<<"$(unit_of "$n")"
+    [[ $seen == *" $unit "* ]] && continue
+    seen+="$unit "
+    todo+=("$unit")
+    if [[ $lane == big ]]; then big=$((big + secs)); else rest=$((rest + secs)); fi
+  done
+  if ((${#todo[@]} == 0)); then
+    echo "tools: the $set set is cached in $BIN: nothing to build"
+    return 0
+  fi
+  local longest=$((big > rest ? big : rest))
+  echo "tools: building the $set set's ${todo[*]} into $BIN, once: about $(((longest + 59) / 60)) minutes on 2 idle cores (two lanes; longer on a busy machine)"
 }
 
 case "${1:-all}" in
   dir) echo "$BIN" ;;
   paths) paths ;;
+  set) set_tools "${2:-}" ;;
+  plan) plan "${2:-}" ;;
+  demo)
+    # The demo's tools alone, in all's two lanes.
+    (build_kube_apiserver; build_kube_node kubelet kube-controller-manager kube-scheduler; build_etcd) & big=$!
+    (build_cnitool; build_plugins
+      for v in v0.9.3 v0.7.0; do build_whereabouts_plugin "$v"; done
+      whereabouts_scripts v0.7.0; whereabouts_crds v0.9.4; build_multus) & rest=$!
+    ok=0
+    wait "$rest" || ok=$?
+    wait "$big" || ok=$?
+    exit "$ok"
+    ;;
   etcd) build_etcd ;;
   kube-apiserver) build_kube_apiserver ;;
   kube-node) build_kube_node ;;
@@ -527,6 +656,7 @@ case "${1:-all}" in
   crane) build_crane ;;
   helm-controller) build_helm_controller ;;
   harvester-crds) harvester_crds ;;
+  k3s-crds) k3s_crds ;;
   promtool) build_promtool ;;
   conformance) build_plugins; for v in $CONFORMANCE_VERSIONS; do build_conformance "$v"; done ;;
   conformance-v*) build_conformance "${1#conformance-}" ;;
@@ -540,12 +670,11 @@ case "${1:-all}" in
       for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_scripts "$v"; whereabouts_crds "$v"; done
       build_multus; monitoring_crds; build_webhook
       # The add-on's and the registry's tools, in the lane that ends first.
-      build_crane; build_helm_controller; harvester_crds; build_promtool
-      for v in $CONFORMANCE_VERSIONS; do build_conformance "$v"; done) & rest=$!
+      build_crane; build_helm_controller; harvester_crds; k3s_crds; build_promtool) & rest=$!
     ok=0
     wait "$rest" || ok=$?
     wait "$big" || ok=$?
     exit "$ok"
     ;;
-  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|conformance|conformance-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|promtool|gremlins]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|dir|paths|etcd|kube-apiserver|kube-node|cnitool|cni-plugins|whereabouts-vX.Y.Z|busybox|multus|helm|webhook|crane|helm-controller|harvester-crds|k3s-crds|promtool|gremlins|conformance|conformance-vX.Y.Z]" >&2; exit 2 ;;
 esac

@@ -22,6 +22,9 @@ type Config struct {
 	Grace time.Duration
 	// Log gets the findings that open and close.
 	Log io.Writer
+	// DaemonSet is the chart's installer DaemonSet, named in the next
+	// commands ("": harvester-ipam, the release's name by default).
+	DaemonSet string
 }
 
 func (c Config) tracker() *audit.Tracker {
@@ -38,13 +41,19 @@ func (c Config) tracker() *audit.Tracker {
 
 // options says, in the reconciler's pod, which command an operator runs:
 // the chart's DaemonSet in the reconciler's own namespace.
-func options() audit.Options {
+func (c Config) options() audit.Options {
 	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-	ns := strings.TrimSpace(string(b))
-	if err != nil || ns == "" {
-		return audit.Options{}
+	return diagnose(strings.TrimSpace(string(b)), err, c.DaemonSet)
+}
+
+func diagnose(ns string, nsErr error, daemonSet string) audit.Options {
+	if daemonSet == "" {
+		daemonSet = "harvester-ipam"
 	}
-	return audit.Options{Diagnose: fmt.Sprintf("kubectl -n %s exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler", ns)}
+	if nsErr != nil || ns == "" {
+		ns = "kube-system"
+	}
+	return audit.Options{Diagnose: fmt.Sprintf("kubectl -n %s exec ds/%s -c diagnostics -- harvester-ipam-reconciler", ns, daemonSet)}
 }
 
 func clients(rc *rest.Config) (kubernetes.Interface, dynamic.Interface, error) {
@@ -70,7 +79,7 @@ func Once(ctx context.Context, rc *rest.Config, r *reconcile.Reconciler, cfg Con
 	if cfg.Grace <= 0 || cfg.Grace > wait {
 		cfg.Grace = wait
 	}
-	a := &Auditor{Source: &ListSource{Store: r.Store, Cluster: r.Cluster, Kube: kube}, Options: options(), Log: cfg.Log,
+	a := &Auditor{Source: &ListSource{Store: r.Store, Cluster: r.Cluster, Kube: kube}, Options: cfg.options(), Log: cfg.Log,
 		Tracker: audit.NewTracker(graceFor(cfg.Grace))}
 	if events {
 		a.Kube = kube
@@ -93,7 +102,7 @@ func graceFor(d time.Duration) map[audit.Kind]time.Duration {
 }
 
 // Seen prints what one look finds, unconfirmed: inspect's view.
-func Seen(ctx context.Context, rc *rest.Config, r *reconcile.Reconciler, w io.Writer) error {
+func Seen(ctx context.Context, rc *rest.Config, r *reconcile.Reconciler, cfg Config, w io.Writer) error {
 	kube, _, err := clients(rc)
 	if err != nil {
 		return err
@@ -102,7 +111,7 @@ func Seen(ctx context.Context, rc *rest.Config, r *reconcile.Reconciler, w io.Wr
 	if err != nil {
 		return err
 	}
-	WriteSeen(w, audit.Judge(s, options()), "inspect --audit")
+	WriteSeen(w, audit.Judge(s, cfg.options()), "inspect --audit")
 	return nil
 }
 
@@ -118,7 +127,7 @@ func Watch(ctx context.Context, rc *rest.Config, namespace string, cfg Config, i
 	if err != nil {
 		return err
 	}
-	a := &Auditor{Source: src, Tracker: cfg.tracker(), Options: options(), Kube: kube, Metrics: m, Log: cfg.Log}
+	a := &Auditor{Source: src, Tracker: cfg.tracker(), Options: cfg.options(), Kube: kube, Metrics: m, Log: cfg.Log}
 	go a.Run(ctx, src.Changed(), interval, time.Second)
 	return nil
 }

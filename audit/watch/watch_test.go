@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -262,4 +263,24 @@ func TestTheFindingsGaugeCountsEveryOpenFinding(t *testing.T) {
 	_, _, err := a.Look(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 0.0, testutil.ToFloat64(gauge(t, m, "MissingAddress")), "resolved")
+}
+
+// The audit's next commands name the release's own DaemonSet (the chart's
+// --daemonset), in the reconciler's namespace: a release named other than
+// harvester-ipam, or installed as the add-on, gets commands that run.
+func TestNextCommandsNameTheReleasesDaemonSet(t *testing.T) {
+	for _, tt := range []struct {
+		ns        string
+		nsErr     error
+		daemonSet string
+		want      string
+	}{
+		{"harvester-system", nil, "prod-harvester-ipam", "kubectl -n harvester-system exec ds/prod-harvester-ipam -c diagnostics -- harvester-ipam-reconciler"},
+		{"kube-system", nil, "", "kubectl -n kube-system exec ds/harvester-ipam -c diagnostics -- harvester-ipam-reconciler"},
+		{"", os.ErrNotExist, "", audit.DefaultDiagnose},
+	} {
+		if got := diagnose(tt.ns, tt.nsErr, tt.daemonSet).Diagnose; got != tt.want {
+			t.Errorf("diagnose(%q, %v, %q) = %q, want %q", tt.ns, tt.nsErr, tt.daemonSet, got, tt.want)
+		}
+	}
 }

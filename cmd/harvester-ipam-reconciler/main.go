@@ -76,6 +76,18 @@ In the chart's pods it logs in as its service account; elsewhere give
 Flags:
 `
 
+// daemonSetEnv names the chart's DaemonSet for a run without --daemonset:
+// the chart sets it in the diagnostics container, where an operator's
+// kubectl exec runs inspect by hand.
+const daemonSetEnv = "HARVESTER_IPAM_DAEMONSET"
+
+func daemonSetDefault() string {
+	if ds := os.Getenv(daemonSetEnv); ds != "" {
+		return ds
+	}
+	return "harvester-ipam"
+}
+
 // exitCannotFit is inspect --need's status when a pool cannot fit N more
 // addresses: distinct from 1 (could not inspect) and from 2, which the flag
 // package exits with on bad flags, so a preflight script can tell them apart.
@@ -107,6 +119,7 @@ func main() {
 	fs.BoolVar(&o.Audit, "audit", false, "inspect: look twice, --audit-wait apart, print the open audit findings and exit 4 when any is open")
 	fs.DurationVar(&o.AuditWait, "audit-wait", 0, "a single pass: audit after it, looking twice this far apart (0: no audit); inspect --audit: 30s when unset")
 	fs.DurationVar(&o.AuditGrace, "audit-grace", 0, "how long an audit finding must last before it is reported, every kind but Headroom (0: 30s; Headroom: 10m)")
+	fs.StringVar(&o.DaemonSet, "daemonset", daemonSetDefault(), "the chart's installer DaemonSet, whose diagnostics container the audit's next commands name (default $"+daemonSetEnv+", else harvester-ipam)")
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), usage, Version)

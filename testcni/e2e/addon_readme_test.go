@@ -111,18 +111,17 @@ func TestKubeletAddonREADME(t *testing.T) {
 	out, err := push.CombinedOutput()
 	require.NoError(t, err, "crane push: %s", out)
 
-	// Harvester: its Addon CRD, its namespace, its addon controller;
-	// RKE2's helm-controller.
-	crd, err := os.ReadFile(filepath.Join(rig.Tools["harvester-crds"], "harvesterhci.io_addons.yaml"))
-	require.NoError(t, err)
-	require.NoError(t, c.Apply(ctx, crd, false), "Harvester's Addon CRD")
+	// Harvester: its Addon CRD beside k3s' (RKE2 serves both: the README
+	// names addons.harvesterhci.io in full), its namespace, its addon
+	// controller; RKE2's helm-controller.
+	require.NoError(t, c.ApplyAddonCRDs(ctx), "Harvester's and k3s' Addon CRDs")
 	require.NoError(t, c.StartHelmController(ctx, testcni.KlipperHelmImageRef))
 	defer c.StartAddonController(ctx, testcni.HarvesterNamespace)()
 
-	// The repository the README's step 2 makes, served where the README
-	// says to serve it (bin/chart-repo/ under the repository's root).
-	repoDir := filepath.Join(rig.Root, "bin", "chart-repo")
-	require.NoError(t, os.RemoveAll(repoDir))
+	// The repository the README's step 2 makes, in the directory the web
+	// server serves (the README's /srv/www/harvester-ipam, the operator's
+	// own), which keeps every version make chart-repo adds to it.
+	repoDir := filepath.Join(t.TempDir(), "srv", "harvester-ipam")
 	require.NoError(t, os.MkdirAll(repoDir, 0o755))
 	url, stopRepo, err := c.ServeOnMachine(8080, http.FileServer(http.Dir(repoDir)))
 	require.NoError(t, err)
@@ -162,6 +161,7 @@ func TestKubeletAddonREADME(t *testing.T) {
 		{"--docker-username=...", "--docker-username=" + reg.User},
 		{"--docker-password=...", "--docker-password=" + reg.Password},
 		{"install/addon/harvester-ipam/harvester-ipam.yaml", addonFile},
+		{"/srv/www/harvester-ipam", repoDir},
 	}
 
 	// Installation: the repository, the secret and the Addon, enabled.

@@ -102,9 +102,7 @@ func TestKubeletAddon(t *testing.T) {
 
 	// Harvester's Addon CRD, and the Addon as install/addon has it, its
 	// repo the one thing an operator sets.
-	crd, err := os.ReadFile(filepath.Join(rig.Tools["harvester-crds"], "harvesterhci.io_addons.yaml"))
-	require.NoError(t, err)
-	require.NoError(t, c.Apply(ctx, crd, false), "Harvester's Addon CRD")
+	require.NoError(t, c.ApplyAddonCRDs(ctx), "Harvester's Addon CRD, beside k3s' as RKE2 serves it")
 	require.NoError(t, c.EnsureNamespace(ctx, testcni.HarvesterNamespace))
 	raw, err := os.ReadFile(filepath.Join(rig.Root, "install", "addon", "harvester-ipam", "harvester-ipam.yaml"))
 	require.NoError(t, err)

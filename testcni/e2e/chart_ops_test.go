@@ -30,6 +30,11 @@ var reconcilerMetrics = map[string]bool{
 
 var metricName = regexp.MustCompile(`\bharvester_ipam_[a-z_]+`)
 
+// kubeStateMetric is a kube-state-metrics series an alert may use: what
+// rancher-monitoring scrapes of the reconciler's Deployment, CronJob and
+// Jobs (the chart's tests in testcni run those alerts through promtool).
+var kubeStateMetric = regexp.MustCompile(`\bkube_(deployment_status_replicas_available|job_status_failed|cronjob_info|cronjob_spec_suspend|cronjob_status_last_successful_time)\b`)
+
 // metricsIn are the harvester_ipam_* names an expression uses; any other
 // name fails the test.
 func metricsIn(t *testing.T, expr string) []string {
@@ -142,14 +147,15 @@ func TestChartStandInAndMonitoringValues(t *testing.T) {
 	assert.Contains(t, string(notes), `NADs that name it ("ipam": {"type": "harvester-ipam", ...}`)
 
 	for set, msg := range map[string]string{
-		"follower.enabled=true":                   "follower.* values are no longer supported: the NAD follower only edited NADs, which Harvester's network webhook refuses",
-		"follower.namespace=harvester-system":     "harvester-ipam now stands in for whereabouts on every node (standIn.enabled, the default)",
-		"standIn.name=harvester-ipam":             "standIn.name: Must not validate the schema",
-		"standIn.name=../whereabouts":             "standIn.name: Does not match pattern",
-		"monitoring.prometheusRule.enabled=true":  "monitoring.* needs reconciler.enabled=true and reconciler.mode=deployment",
-		"monitoring.serviceMonitor.enabled=true":  "monitoring.* needs reconciler.enabled=true and reconciler.mode=deployment",
-		"monitoring.prometheusRule.freeBelow=0":   "monitoring.prometheusRule.freeBelow: Must be greater than or equal to 1",
-		"monitoring.serviceMonitor.interval=1min": "monitoring.serviceMonitor.interval: Does not match pattern",
+		"follower.enabled=true":                                           "follower.* values are no longer supported: the NAD follower only edited NADs, which Harvester's network webhook refuses",
+		"follower.namespace=harvester-system":                             "harvester-ipam now stands in for whereabouts on every node (standIn.enabled, the default)",
+		"standIn.name=harvester-ipam":                                     "standIn.name: Must not validate the schema",
+		"standIn.name=../whereabouts":                                     "standIn.name: Does not match pattern",
+		"monitoring.serviceMonitor.enabled=true":                          "monitoring.serviceMonitor and monitoring.grafanaDashboard need reconciler.enabled=true and reconciler.mode=deployment",
+		"monitoring.grafanaDashboard.enabled=true":                        "monitoring.serviceMonitor and monitoring.grafanaDashboard need reconciler.enabled=true and reconciler.mode=deployment",
+		"monitoring.prometheusRule.enabled=true,reconciler.enabled=false": "monitoring.prometheusRule needs reconciler.enabled=true",
+		"monitoring.prometheusRule.freeBelow=0":                           "monitoring.prometheusRule.freeBelow: Must be greater than or equal to 1",
+		"monitoring.serviceMonitor.interval=1min":                         "monitoring.serviceMonitor.interval: Does not match pattern",
 	} {
 		_, err := rig.Helm(ctx(t), "template", "x", chartDir, "--set", set)
 		require.Error(t, err, "--set %s", set)
@@ -205,7 +211,8 @@ func checkMonitoring(t *testing.T, objs []unstructured.Unstructured) {
 			r := r.(map[string]any)
 			expr := r["expr"].(string)
 			names := metricsIn(t, expr)
-			assert.NotEmpty(t, names, "alert %v uses a reconciler metric", r["alert"])
+			assert.True(t, len(names) > 0 || kubeStateMetric.MatchString(expr), "alert %v uses a reconciler metric, or kube-state-metrics'", r["alert"])
+			assert.Equal(t, "harvester-ipam", r["labels"].(map[string]any)["component"], "alert %v carries the chart's one label", r["alert"])
 			for _, n := range names {
 				used[n] = true
 			}
@@ -222,6 +229,8 @@ func checkMonitoring(t *testing.T, objs []unstructured.Unstructured) {
 			"HarvesterIPAMAddressShared":            `harvester_ipam_audit_findings{kind="SharedAddress"} > 0`,
 			"HarvesterIPAMPodPoolMismatch":          `harvester_ipam_audit_findings{kind=~"PodPoolMismatch|EntryReservationMismatch"} > 0`,
 			"HarvesterIPAMHeadroomLow":              `harvester_ipam_audit_findings{kind="Headroom"} > 0`,
+			"HarvesterIPAMReconcilerAbsent": `absent(harvester_ipam_reconciler_passes_total{namespace="harvester-system"}) or ` +
+				`kube_deployment_status_replicas_available{namespace="harvester-system",deployment="harvester-ipam-reconciler"} < 1`,
 		}, alerts)
 	}
 

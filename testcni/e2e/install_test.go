@@ -115,7 +115,7 @@ func TestChartRendersObjectsTheServerAccepts(t *testing.T) {
 				d := typed[appsv1.Deployment](t, objs, "Deployment")
 				c := d.Spec.Template.Spec.Containers[0]
 				assert.Equal(t, "rancher/harvester-ipam:v9.9.9", c.Image)
-				assert.Equal(t, []string{"--namespace=kube-system", "--grace=30m", "--dry-run", "--interval=1m", "--metrics-addr=:9420"}, c.Args)
+				assert.Equal(t, []string{"--namespace=kube-system", "--grace=30m", "--daemonset=harvester-ipam", "--dry-run", "--interval=1m", "--metrics-addr=:9420"}, c.Args, "--daemonset: the audit's next commands name this release's DaemonSet")
 				assert.Equal(t, int32(9420), c.Ports[0].ContainerPort)
 			},
 		},

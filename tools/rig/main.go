@@ -29,12 +29,18 @@ func main() {
 	if run == nil {
 		usage()
 	}
-	if err := testcni.Isolate(); err != nil {
+	// The demo builds and runs only its own tools (testcni/tools.sh set
+	// demo), and no network webhook: none of its NADs is edited.
+	opt := testcni.Options{}
+	if os.Args[1] == "demo" {
+		opt = testcni.Options{ToolSet: "demo", NoWebhook: true}
+	}
+	if err := testcni.IsolateFor(opt.ToolSet); err != nil {
 		fail(err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rig, err := testcni.Start(ctx, testcni.Options{})
+	rig, err := testcni.Start(ctx, opt)
 	if err != nil {
 		fail(fmt.Errorf("the rig did not start: %w", err))
 	}

@@ -47,6 +47,9 @@ type Options struct {
 	// AuditGrace: how long a finding must last before it is reported, every
 	// kind but Headroom (0: the audit's own).
 	AuditGrace time.Duration
+	// DaemonSet is the chart's installer DaemonSet, whose diagnostics
+	// container the audit's next commands name ("": harvester-ipam).
+	DaemonSet string
 
 	Stdout, Stderr io.Writer // nil: os.Stdout, os.Stderr
 }
@@ -88,13 +91,13 @@ func Inspect(ctx context.Context, o Options) error {
 		return err
 	}
 	reconcile.WriteInspect(o.Stdout, in)
-	if err := watch.Seen(ctx, rc, r, o.Stdout); err != nil {
+	if err := watch.Seen(ctx, rc, r, watch.Config{DaemonSet: o.DaemonSet}, o.Stdout); err != nil {
 		return err
 	}
 	var open []audit.Open
 	if o.Audit {
 		fmt.Fprintln(o.Stdout)
-		if open, err = watch.Once(ctx, rc, r, watch.Config{Grace: o.AuditGrace}, o.AuditWait, false, o.Stdout); err != nil {
+		if open, err = watch.Once(ctx, rc, r, watch.Config{Grace: o.AuditGrace, DaemonSet: o.DaemonSet}, o.AuditWait, false, o.Stdout); err != nil {
 			return err
 		}
 	}
@@ -133,7 +136,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.AuditWait > 0 {
 		// The audit reports; its failure is logged, not the pass's.
-		if _, err := watch.Once(ctx, rc, r, watch.Config{Grace: o.AuditGrace, Log: o.Stderr}, o.AuditWait, !o.DryRun, o.Stdout); err != nil {
+		if _, err := watch.Once(ctx, rc, r, watch.Config{Grace: o.AuditGrace, Log: o.Stderr, DaemonSet: o.DaemonSet}, o.AuditWait, !o.DryRun, o.Stdout); err != nil {
 			fmt.Fprintln(o.Stderr, "harvester-ipam-reconciler:", err)
 		}
 	}
@@ -236,7 +239,7 @@ func loop(ctx context.Context, r *reconcile.Reconciler, rc *rest.Config, o Optio
 	// reconciler still releases, and the log says why.
 	audits := watch.NewCollector()
 	m.reg.MustRegister(audits)
-	if err := watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr}, o.Interval, audits); err != nil {
+	if err := watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr, DaemonSet: o.DaemonSet}, o.Interval, audits); err != nil {
 		fmt.Fprintln(o.Stderr, "harvester-ipam-reconciler: the audit does not run:", err)
 	}
 	if o.MetricsAddr != "" {

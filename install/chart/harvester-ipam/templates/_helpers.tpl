@@ -30,6 +30,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "harvester-ipam.reconcilerArgs" -}}
 - --namespace={{ .Values.whereabouts.poolNamespace }}
 - --grace={{ required "reconciler.grace is required" .Values.reconciler.grace }}
+- --daemonset={{ include "harvester-ipam.fullname" . }}
 {{- if .Values.reconciler.dryRun }}
 - --dry-run
 {{- end }}
