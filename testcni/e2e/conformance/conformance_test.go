@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -173,6 +174,9 @@ func runVersion(t *testing.T, v string, logs string) []conformance.Run {
 			continue
 		}
 		for _, sp := range specs {
+			if !focused(sp.Text) {
+				continue
+			}
 			results := make([]*conformance.Result, len(conformance.Sides))
 			for i, c := range clusters {
 				if c == nil {
@@ -259,4 +263,16 @@ func Versions() []string {
 func wanted(suite string) bool {
 	want := strings.Fields(os.Getenv("CONFORMANCE_SUITES"))
 	return len(want) == 0 || slices.Contains(want, suite)
+}
+
+// focused says whether a spec runs (CONFORMANCE_FOCUS, a regular expression
+// its whole text must match, else every spec): to run one spec again on
+// every side.
+func focused(text string) bool {
+	f := os.Getenv("CONFORMANCE_FOCUS")
+	if f == "" {
+		return true
+	}
+	ok, err := regexp.MatchString(f, text)
+	return err == nil && ok
 }
