@@ -390,7 +390,8 @@ func TestHeadroomFigures(t *testing.T) {
 	assert.Equal(t, int64(3), r.Figures[0].Need, "nodes unknown: the instance managers running")
 	require.NotEmpty(t, r.Findings)
 	assert.Equal(t, MissingAddress, r.Findings[0].Kind)
-	assert.Equal(t, "kubectl -n longhorn-system delete pod backing-image-manager-x", r.Findings[0].Command)
+	assert.Equal(t, "kubectl -n longhorn-system get backingimagemanagers.longhorn.io backing-image-manager-x -o yaml", r.Findings[0].Command,
+		"a backing-image manager: its files' states first (TestAdviceIsSafeForEachKindOfPod)")
 }
 
 func TestRequestsOf(t *testing.T) {

@@ -75,9 +75,10 @@ func (x *index) shared(o Options) []Finding {
 			network = x.networkOf(pool)
 		}
 		x.newestFirst(pods)
+		advice, _ := x.remedy(pods[0], "it gets another address")
 		out = append(out, Finding{Kind: SharedAddress, Network: network, Pool: pool, Address: ip, Pods: pods,
-			Message: fmt.Sprintf("pods %s all hold %s on network %s (pools %s): traffic for one reaches the other. Delete the newest, %s, so that its next sandbox gets another address; the command below shows every entry.",
-				strings.Join(pods, ", "), ip, network, dashIfEmpty(strings.Join(dedupe(pools), ", ")), pods[0]),
+			Message: fmt.Sprintf("pods %s all hold %s on network %s (pools %s): traffic for one reaches the other. Give the newest, %s, a new sandbox; the command below shows every entry. %s",
+				strings.Join(pods, ", "), ip, network, dashIfEmpty(strings.Join(dedupe(pools), ", ")), pods[0], advice),
 			Command: o.Diagnose + " inspect --audit"})
 	}
 	return out
@@ -139,10 +140,11 @@ func (x *index) missing(Options) []Finding {
 			if r.iface != "" {
 				iface = " (interface " + r.iface + ")"
 			}
+			advice, command := x.remedy(ref, "its next sandbox attaches the network")
 			out = append(out, Finding{Kind: MissingAddress, Network: nw.ref, Pool: first(nw.pools), Pods: []string{ref},
-				Message: fmt.Sprintf("pod %s runs without an address on network %s%s, which its networks annotation asks for: its sandbox was made without it (Multus not ready when it started, Harvester issue #11639). A Longhorn instance manager so started serves no replica over the storage network. Delete the pod: its next sandbox attaches the network.",
-					ref, nw.ref, iface),
-				Command: deletePod(ref), detail: string(p.UID) + "@" + r.iface})
+				Message: fmt.Sprintf("pod %s runs without an address on network %s%s, which its networks annotation asks for: its sandbox was made without it (Multus not ready when it started, Harvester issue #11639). A Longhorn instance manager so started serves no replica over the storage network. %s",
+					ref, nw.ref, iface, advice),
+				Command: command, detail: string(p.UID) + "@" + r.iface})
 		}
 	}
 	return out
@@ -191,10 +193,11 @@ func (x *index) mismatched(o Options) []Finding {
 				if len(held) > 0 {
 					what = strings.Join(held, ", ")
 				}
+				advice, command := x.remedy(ref, "its next sandbox's ADD writes its entry again")
 				out = append(out, Finding{Kind: PodPoolMismatch, Network: nw.ref, Pool: x.poolFor(nw, ip), Address: ip, Pods: []string{ref},
-					Message: fmt.Sprintf("pod %s's network-status names %s on network %s, but the pools hold %s for it: whereabouts may hand %s to another pod. Delete the pod so that its next sandbox's ADD writes its entry again.",
-						ref, ip, nw.ref, what, ip),
-					Command: deletePod(ref), detail: strings.Join(held, ",")})
+					Message: fmt.Sprintf("pod %s's network-status names %s on network %s, but the pools hold %s for it: whereabouts may hand %s to another pod. %s",
+						ref, ip, nw.ref, what, ip, advice),
+					Command: command, detail: strings.Join(held, ",")})
 			}
 		}
 		if len(containers) > 1 {
@@ -203,10 +206,11 @@ func (x *index) mismatched(o Options) []Finding {
 				ids = append(ids, id)
 			}
 			sort.Strings(ids)
+			advice, command := x.remedy(ref, "one sandbox holds them all")
 			out = append(out, Finding{Kind: PodPoolMismatch, Network: x.networkOfAddress(ref, containers[ids[1]]), Pool: "", Address: containers[ids[1]], Pods: []string{ref},
-				Message: fmt.Sprintf("pod %s's live attachments are entries of different sandboxes (%s): one is an earlier sandbox's, and that sandbox's DEL frees a live address. Delete the pod so that one sandbox holds them all.",
-					ref, strings.Join(ids, ", ")),
-				Command: deletePod(ref), detail: strings.Join(ids, ",")})
+				Message: fmt.Sprintf("pod %s's live attachments are entries of different sandboxes (%s): one is an earlier sandbox's, and that sandbox's DEL frees a live address. %s",
+					ref, strings.Join(ids, ", "), advice),
+				Command: command, detail: strings.Join(ids, ",")})
 		}
 	}
 	return out
@@ -292,10 +296,11 @@ func (x *index) reservations(o Options) []Finding {
 			continue
 		}
 		name := names.Reservation(e.IP, e.domain)
+		advice, command := x.remedy(e.PodRef, "its next sandbox reserves its address again")
 		out = append(out, Finding{Kind: EntryReservationMismatch, Network: x.networkOf(e.Pool), Pool: e.Pool, Address: e.IP.String(), Pods: []string{e.PodRef},
-			Message: fmt.Sprintf("pod %s's entry %s in pool %s has no reservation %s: whereabouts may give %s to a pod of an overlapping range. Delete the pod so that its next sandbox reserves its address again.",
-				e.PodRef, e.IP, e.Pool, name, e.IP),
-			Command: deletePod(e.PodRef), detail: e.ContainerID})
+			Message: fmt.Sprintf("pod %s's entry %s in pool %s has no reservation %s: whereabouts may give %s to a pod of an overlapping range. %s",
+				e.PodRef, e.IP, e.Pool, name, e.IP, advice),
+			Command: command, detail: e.ContainerID})
 	}
 	for name, orip := range x.orips {
 		es := held[name]
@@ -317,8 +322,8 @@ func (x *index) reservations(o Options) []Finding {
 		e := es[0]
 		out = append(out, Finding{Kind: EntryReservationMismatch, Network: x.networkOf(e.Pool), Pool: e.Pool, Address: e.IP.String(),
 			Pods: append(holders, orip.Spec.PodRef),
-			Message: fmt.Sprintf("reservation %s names pod %s, but the entry at %s in pool %s is pod %s's: two pods may believe they hold %s. See both with the command below; delete the pod that should not hold it.",
-				name, orip.Spec.PodRef, e.IP, e.Pool, strings.Join(holders, ", "), e.IP),
+			Message: fmt.Sprintf("reservation %s names pod %s, but the entry at %s in pool %s is pod %s's: two pods may believe they hold %s. See both with the command below; then give the pod that should not hold it a new sandbox, the way its kind allows: %s.",
+				name, orip.Spec.PodRef, e.IP, e.Pool, strings.Join(holders, ", "), e.IP, x.remediesShort(append(append([]string(nil), holders...), orip.Spec.PodRef))),
 			Command: o.Diagnose + " inspect --audit", detail: string(orip.UID)})
 	}
 	return out

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -149,10 +150,7 @@ func (a *Auditor) event(ctx context.Context, poolNamespace string, o audit.Open)
 		ref = corev1.ObjectReference{APIVersion: "whereabouts.cni.cncf.io/v1alpha1", Kind: "IPPool", Namespace: poolNamespace, Name: o.Pool, UID: o.SubjectUID}
 	}
 	now := metav1.NewTime(a.now())
-	msg := fmt.Sprintf("%s Next: %s", o.Message, o.Command)
-	if len(msg) > 1024 {
-		msg = msg[:1021] + "..."
-	}
+	msg := eventMessage(o.Message, o.Command)
 	ev := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", ref.Name, time.Now().UnixNano()), Namespace: ref.Namespace},
 		InvolvedObject: ref, Reason: Reason(o.Kind), Message: msg, Type: corev1.EventTypeWarning,
@@ -173,3 +171,17 @@ func (a *Auditor) event(ctx context.Context, poolNamespace string, o audit.Open)
 
 // Component is the Events' source: the reconciler's.
 const Component = "harvester-ipam-reconciler"
+
+// eventMessage is an Event's message: the finding's, cut to fit an
+// Event's 1024 bytes, and the command to run next, never cut.
+func eventMessage(message, command string) string {
+	next := " Next: " + command
+	if room := 1024 - len(next); len(message) > room {
+		cut := max(room-3, 0)
+		for cut > 0 && !utf8.RuneStart(message[cut]) {
+			cut--
+		}
+		message = message[:cut] + "..."
+	}
+	return message + next
+}

@@ -2,8 +2,10 @@ package watch
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -86,4 +88,14 @@ func TestEventNamesThePodUID(t *testing.T) {
 	require.Len(t, l.Items, 1)
 	assert.Equal(t, "StorageNetworkHeadroomLow", l.Items[0].Reason)
 	assert.True(t, describes(t, l.Items[0], "IPPool", "kube-system", "10.0.50.0-24", "pool-uid"), "kubectl describe ippool shows it")
+}
+
+// An Event's message is cut to fit, the command to run next never.
+func TestAnEventKeepsItsCommandWhole(t *testing.T) {
+	for _, n := range []int{10, 1000, 5000} {
+		msg := eventMessage(strings.Repeat("é", n), "kubectl cordon node-b")
+		assert.LessOrEqual(t, len(msg), 1024)
+		assert.True(t, strings.HasSuffix(msg, " Next: kubectl cordon node-b"), "n=%d", n)
+		assert.True(t, utf8.ValidString(msg), "n=%d", n)
+	}
 }

@@ -103,7 +103,8 @@ func TestRunReportsAMissingAddressWithinTheGrace(t *testing.T) {
 	assert.Equal(t, "StorageNetworkAddressMissing", ev.Reason)
 	assert.Equal(t, corev1.EventTypeWarning, ev.Type)
 	assert.Equal(t, "instance-manager-a", ev.InvolvedObject.Name)
-	assert.Contains(t, ev.Message, "Next: kubectl -n longhorn-system delete pod instance-manager-a")
+	assert.Contains(t, ev.Message, "Next: kubectl -n longhorn-system get pod instance-manager-a -o wide", "an instance manager is never to be deleted")
+	assert.Contains(t, ev.Message, "Do not delete it. Put its node into maintenance")
 	assert.Equal(t, 1.0, testutil.ToFloat64(gauge(t, m, "MissingAddress")))
 
 	src.set(world(true))
@@ -203,7 +204,8 @@ func TestTwice(t *testing.T) {
 	assert.Equal(t, audit.MissingAddress, c.Open[0].Kind)
 	var out bytes.Buffer
 	WriteOpen(&out, c.Open, time.Now())
-	assert.Contains(t, out.String(), "next: kubectl -n longhorn-system delete pod instance-manager-a")
+	assert.Contains(t, out.String(), "next: kubectl -n longhorn-system get pod instance-manager-a -o wide", "inspect --audit: an instance manager is never to be deleted")
+	assert.Contains(t, out.String(), "Do not delete it. Put its node into maintenance")
 
 	a.Tracker = audit.NewTracker(map[audit.Kind]time.Duration{audit.MissingAddress: time.Hour})
 	c, _, err = a.Twice(context.Background(), time.Millisecond)
