@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sort"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
@@ -53,7 +52,7 @@ func (a *agentStub) start(t *testing.T) *client.Client {
 			a.handle(c)
 		}
 	}()
-	return &client.Client{Socket: sock, AckTimeout: 5 * time.Second}
+	return &client.Client{Socket: sock}
 }
 
 func (a *agentStub) handle(c net.Conn) {
