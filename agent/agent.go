@@ -28,6 +28,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin"
@@ -77,15 +78,19 @@ type Options struct {
 	// declines (the plugin then works alone). Zero is 256.
 	MaxInFlight int
 	// QueueTimeout bounds a request's wait for one of MaxInFlight slots,
-	// from its receipt: below the plugin's wait for the decision
-	// (client.DefaultDecideTimeout, 3 s), so that the plugin hears "busy"
-	// rather than give up. Zero is 2 s. A client of protocol version 1,
-	// which waits 100 ms for the decision from before its connect, is
-	// declined at once, as before.
+	// from its receipt: well below the plugin's bound on the hand-over
+	// (client.DefaultHandOver, 30 s), so that the plugin hears "busy"
+	// rather than give up; the receipt makes the decision the agent's own.
+	// Zero is 2 s. A client of protocol version 1, which waited 100 ms for
+	// the decision from before its connect, is declined at once, as before.
 	QueueTimeout time.Duration
 	// HandshakeTimeout bounds each step of the handshake on the agent's
 	// side (reading the request and the go-ahead, writing the receipt, the
-	// ack and the answer). Zero is 5 s.
+	// ack and the answer), from when the agent gets to it. Zero is
+	// client.DefaultHandOver (30 s), the plugin's own bound on the
+	// hand-over: a plugin that lives answers within it however busy its
+	// node (5 s lost go-aheads on a loaded machine), and one that went away
+	// has closed its end, which ends the step at once.
 	HandshakeTimeout time.Duration
 	// VerbTimeout bounds one verb; zero is plugin.DefaultTimeout.
 	VerbTimeout time.Duration
@@ -125,6 +130,10 @@ type Options struct {
 	// another of its attachment: the simulation waits under its scheduler.
 	// Nil waits for done or the verb's end, whichever is first.
 	Wait func(done <-chan struct{})
+	// BeforeWrite, when set, is called before each frame the agent writes
+	// to a client (wire.TypeReceived, wire.TypeAck, wire.TypeAnswer): tests
+	// slow the agent down there. Nil in production.
+	BeforeWrite func(frame string)
 }
 
 // Server serves the plugin's verbs on a Listener.
@@ -165,7 +174,7 @@ func New(o Options) (*Server, error) {
 		o.QueueTimeout = 2 * time.Second
 	}
 	if o.HandshakeTimeout <= 0 {
-		o.HandshakeTimeout = 5 * time.Second
+		o.HandshakeTimeout = client.DefaultHandOver
 	}
 	if o.VerbTimeout <= 0 {
 		o.VerbTimeout = plugin.DefaultTimeout

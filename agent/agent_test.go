@@ -138,7 +138,7 @@ func (r *rig) start(o Options) {
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { l.Close() })
 	r.srv, r.l = srv, l
-	r.c = &client.Client{Socket: l.Path(), AckTimeout: 10 * time.Second}
+	r.c = &client.Client{Socket: l.Path()}
 }
 
 // config is the storage network's config; ipamExtra is added to its ipam.
@@ -418,7 +418,6 @@ func TestABusyAgentQueuesForAWhileThenDeclines(t *testing.T) {
 	r := newRig(t)
 	r.srv.slots = make(chan struct{}, 1)
 	r.srv.o.QueueTimeout = 300 * time.Millisecond
-	r.c.AckTimeout = 100 * time.Millisecond
 	r.alloc.block = make(chan struct{})
 	first := make(chan client.Result)
 	go func() { first <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
@@ -447,14 +446,13 @@ func TestABusyAgentQueuesForAWhileThenDeclines(t *testing.T) {
 // An agent that is alive and reading takes a request however long its
 // admission takes on a busy node (the config, the kubeconfig, the
 // checkpoint read; here the allocator's part): it acknowledges receipt as
-// soon as it has read the request, and the plugin's 100 ms bound covers
-// only the connect and that receipt. Before, the acknowledgement came after
-// admission, past the bound: the plugin had gone on alone, and the agent
-// counted the request abandoned.
+// soon as it has read the request, and from then on the verb is its to
+// decide. Before the receipt, the acknowledgement came after admission,
+// past the plugin's bound of the time: the plugin had gone on alone, and
+// the agent counted the request abandoned.
 func TestASlowAdmissionIsServed(t *testing.T) {
 	r := newRig(t)
 	r.alloc.admitDelay = 300 * time.Millisecond
-	r.c.AckTimeout = 100 * time.Millisecond
 	res := r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", ""))
 	require.Equal(t, client.Served, res.Outcome, res.Reason)
 	require.Nil(t, res.Answer.Error)
@@ -463,13 +461,18 @@ func TestASlowAdmissionIsServed(t *testing.T) {
 }
 
 // A burst on one node (48 ADDs at once, 4 slots, each admission costing a
-// busy node's time) is the agent's whole: none goes to the slow path.
+// busy node's time) is the agent's whole, however busy the machine the
+// test runs on: every ADD is served by the agent (none declined, none
+// abandoned by its client, none left to the exec path), and each pod holds
+// one address, the one its ADD answered. How fast is the bench's to say.
 func TestABurstIsServedWhole(t *testing.T) {
 	const n = 48
 	r := newRig(t)
 	r.srv.slots = make(chan struct{}, 4)
+	// The queue's own bound (2 s) is not what this holds: a machine busy
+	// enough makes 44 ADDs' admissions longer than that.
+	r.srv.o.QueueTimeout = time.Hour
 	r.alloc.admitDelay = 5 * time.Millisecond
-	r.c.AckTimeout = 100 * time.Millisecond
 	results := make([]client.Result, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -483,21 +486,31 @@ func TestABurstIsServedWhole(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	served := 0
+	answered := map[string]string{} // pod: the address its ADD answered
 	for i, res := range results {
-		if assert.Equal(t, client.Served, res.Outcome, "ADD %d: %s", i, res.Reason) && assert.Nil(t, res.Answer.Error) {
-			served++
+		require.Equal(t, client.Served, res.Outcome, "ADD %d: %s", i, res.Reason)
+		require.Nil(t, res.Answer.Error, "ADD %d", i)
+		var out struct {
+			IPs []struct{ Address string } `json:"ips"`
 		}
+		require.NoError(t, json.Unmarshal(res.Answer.Stdout, &out), "ADD %d: %s", i, res.Answer.Stdout)
+		require.Len(t, out.IPs, 1, "ADD %d", i)
+		answered[fmt.Sprintf("longhorn-system/c%d", i)] = out.IPs[0].Address
 	}
-	assert.Equal(t, n, served)
-	assert.Len(t, r.pool(), n)
+	held := map[string]string{} // pod: the address its entry holds
+	for off, a := range r.pool() {
+		require.Empty(t, held[a.PodRef], "%s holds two entries", a.PodRef)
+		held[a.PodRef] = "192.168.50." + off + "/24"
+	}
+	assert.Equal(t, answered, held, "each pod one address, the one it was answered")
 	r.counted(wire.Add, outcomeServed, "", n)
 	assert.Zero(t, r.count(wire.Add, outcomeDeclined, "busy"))
 	assert.Zero(t, r.count(wire.Add, outcomeAbandoned, ""))
 }
 
 // A client that gives up waiting for the decision (the agent waits for a
-// slot) works alone: nothing is written for it, whenever the slot comes.
+// slot, and the verb's deadline comes first) works alone: nothing is
+// written for it, whenever the slot comes.
 func TestAClientThatGivesUpWhileQueuedGetsNothingWritten(t *testing.T) {
 	r := newRig(t)
 	r.srv.slots = make(chan struct{}, 1)
@@ -507,12 +520,13 @@ func TestAClientThatGivesUpWhileQueuedGetsNothingWritten(t *testing.T) {
 	go func() { first <- r.do(wire.Add, env("c1", "lhnet1"), r.config("0.3.1", "")) }()
 	require.Eventually(t, func() bool { return len(r.checkpoints()) == 1 }, 10*time.Second, time.Millisecond, "the first ADD holds the slot")
 
-	impatient := &client.Client{Socket: r.l.Path(), AckTimeout: 100 * time.Millisecond, DecideTimeout: 200 * time.Millisecond}
 	e := env("c2", "lhnet1")
 	e[wire.EnvArgs] = "K8S_POD_NAMESPACE=longhorn-system;K8S_POD_NAME=im-b"
-	res := impatient.Do(context.Background(), wire.NewRequest(wire.Add, e, r.config("0.3.1", "")))
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	res := r.c.Do(ctx, wire.NewRequest(wire.Add, e, r.config("0.3.1", "")))
 	assert.Equal(t, client.Fallback, res.Outcome)
-	assert.Equal(t, "node agent: no decision within 200ms of its receipt", res.Reason)
+	assert.Equal(t, "node agent: no decision before the verb ended (context deadline exceeded)", res.Reason)
 	close(r.alloc.block)
 	assert.Equal(t, client.Served, (<-first).Outcome)
 	r.counted(wire.Add, outcomeAbandoned, "", 1)

@@ -24,7 +24,9 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		s.log.Printf("refused a connection from uid %d (%v): only root is served", uid, err)
 		return
 	}
-	_ = c.SetDeadline(start.Add(s.o.HandshakeTimeout))
+	// Every bound of the handshake starts when the agent gets to its step:
+	// one that a busy node made late is not its client's silence.
+	_ = c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	req, err := wire.ReadRequest(c)
 	if err != nil {
 		s.badRequest(c, err)
@@ -38,9 +40,12 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	// (a rollout) is served as that build's agent served it.
 	var wait time.Duration
 	if req.Version >= 2 {
-		// Received, at once and before any work: the client's short bound
-		// tells an agent that is alive and reading from a dead or wedged
-		// one, not a busy node from an idle one. Its decision follows.
+		// Received, at once and before any work: from here the verb is the
+		// agent's to decide, however long admission and a wait for a slot
+		// take on a busy node (the client no longer watches the agent's
+		// process, only the hand-over's bound). Its decision follows.
+		s.beforeWrite(wire.TypeReceived)
+		_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 		if err := wire.Write(c, wire.Receipt()); err != nil {
 			done(outcomeAbandoned, "", "the client left before the receipt")
 			return
@@ -52,7 +57,8 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		ph.Mark("queue")
 	}
 	if queued && reason == "" && peerGone(c) {
-		// It gave up waiting (its bound for the decision) and works alone.
+		// It gave up waiting (the verb's deadline, or the hand-over's bound)
+		// and works alone.
 		free()
 		done(outcomeAbandoned, "", "the client left while it waited for a slot")
 		return
@@ -72,10 +78,13 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	defer free()
 	ack := wire.Serve()
 	ack.Version = req.Version
+	s.beforeWrite(wire.TypeAck)
+	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if err := wire.Write(c, ack); err != nil {
 		done(outcomeAbandoned, "", "the client left before the acknowledgement")
 		return
 	}
+	_ = c.SetReadDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	body, err := wire.ReadFrame(c)
 	if err != nil || wire.DecodeAs(body, req.Version, wire.TypeGo, &wire.GoAhead{}) != nil {
 		// The client gave up (no go-ahead in its time) and works alone:
@@ -102,6 +111,7 @@ func (s *Server) serveConn(c *net.UnixConn) {
 	ans.Version = req.Version
 	ph.Mark("verb")
 	gone := ctx.Err() != nil
+	s.beforeWrite(wire.TypeAnswer)
 	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	if err := wire.Write(c, ans); err != nil || gone {
 		s.log.Printf("%s %s/%s: the client went away before the answer", req.Command, j.args.ContainerID, j.args.IfName)
@@ -114,6 +124,13 @@ func (s *Server) serveConn(c *net.UnixConn) {
 		return
 	}
 	done(outcomeServed, "", "")
+}
+
+// beforeWrite is Options.BeforeWrite's call before a frame.
+func (s *Server) beforeWrite(frame string) {
+	if s.o.BeforeWrite != nil {
+		s.o.BeforeWrite(frame)
+	}
 }
 
 // record counts a request's outcome and, with Options.LogRequests, logs it.
@@ -163,6 +180,8 @@ func (s *Server) badRequest(c *net.UnixConn, err error) {
 
 func (s *Server) decline(c *net.UnixConn, version int, done func(outcome, reason, detail string), reason, detail string) {
 	done(outcomeDeclined, reason, detail)
+	s.beforeWrite(wire.TypeAck)
+	_ = c.SetWriteDeadline(time.Now().Add(s.o.HandshakeTimeout))
 	ack := wire.Decline(detail)
 	ack.Version = version
 	_ = wire.Write(c, ack)

@@ -22,7 +22,7 @@ func probe(t *testing.T, sock string) client.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return (&client.Client{Socket: sock, AckTimeout: 5 * time.Second}).Do(ctx, wire.NewRequest(wire.Probe, nil, nil))
+	return (&client.Client{Socket: sock}).Do(ctx, wire.NewRequest(wire.Probe, nil, nil))
 }
 
 // serving is a server on l that answers probes, stopped with the test.

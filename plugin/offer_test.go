@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sort"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
@@ -53,7 +52,7 @@ func (a *agentStub) start(t *testing.T) *client.Client {
 			a.handle(c)
 		}
 	}()
-	return &client.Client{Socket: sock, AckTimeout: 5 * time.Second}
+	return &client.Client{Socket: sock}
 }
 
 func (a *agentStub) handle(c net.Conn) {
@@ -161,7 +160,10 @@ func TestTheAgentsLogForAFileIsAppendedHere(t *testing.T) {
 }
 
 // A verb the agent does not take is done here, as without an agent, and
-// the debug log says why.
+// the debug log says why: no agent, a dead one (no socket, the socket of
+// one that died, one killed as it read the request or after its receipt:
+// the kernel closed its end, before go), a decline. The ADD is done once:
+// one delegate ADD, the pod one entry.
 func TestAVerbTheAgentDoesNotTakeIsDoneHere(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -172,6 +174,18 @@ func TestAVerbTheAgentDoesNotTakeIsDoneHere(t *testing.T) {
 		{"no socket", func(t *testing.T) *client.Client {
 			return &client.Client{Socket: filepath.Join(t.TempDir(), "agent.sock")}
 		}, "no such file or directory"},
+		{"the socket of an agent that died", func(t *testing.T) *client.Client {
+			sock := filepath.Join(t.TempDir(), "agent.sock")
+			l, err := net.Listen("unix", sock)
+			require.NoError(t, err)
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			require.NoError(t, l.Close())
+			return &client.Client{Socket: sock}
+		}, "connection refused"},
+		{"an agent killed as it read the request", func(t *testing.T) *client.Client { return killedAgent(t, false) },
+			"node agent: read its acknowledgement: EOF"},
+		{"an agent killed after its receipt", func(t *testing.T) *client.Client { return killedAgent(t, true) },
+			"node agent: read its decision: EOF"},
 		{"a decline", func(t *testing.T) *client.Client {
 			return (&agentStub{ack: func(wire.Request) wire.Ack { return wire.Decline("node_slice_size") }}).start(t)
 		}, "node agent declined: node_slice_size"},
@@ -181,11 +195,40 @@ func TestAVerbTheAgentDoesNotTakeIsDoneHere(t *testing.T) {
 			r.p.Agent = tc.agent(t)
 			require.NoError(t, through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.config("0.3.1", `,"log_level":"debug"`))))
 			assert.Equal(t, []string{"ADD whereabouts"}, r.calls())
-			assert.Contains(t, r.pool(), "2")
+			var mine []string
+			for off, a := range r.pool() {
+				if a.PodRef == "longhorn-system/im-a" {
+					mine = append(mine, off)
+				}
+			}
+			assert.Equal(t, []string{"2"}, mine, "the pod's entries")
 			assert.Equal(t, "new", r.pool()["2"].ContainerID)
 			assert.Contains(t, r.log.String(), tc.why+"; doing it here")
 		})
 	}
+}
+
+// killedAgent is an agent killed with the first request it reads, before
+// or after its receipt: its process gone, the kernel closes its socket and
+// the connection, so the request's end reads EOF.
+func killedAgent(t *testing.T, receipt bool) *client.Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		if _, err := wire.ReadRequest(c); err == nil && receipt {
+			_ = wire.Write(c, wire.Receipt())
+		}
+		c.Close()
+		l.Close()
+	}()
+	return &client.Client{Socket: sock}
 }
 
 // An ADD the agent took and lost, wherever it was lost: the pod ends with

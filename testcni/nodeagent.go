@@ -17,12 +17,6 @@ import (
 	"github.com/harvester/harvester-ipam/agent/wire"
 )
 
-// AgentAckTimeout is how long the plugin of a network with an Agent waits
-// for the agent's acknowledgement: above the product's 100 ms, so that a
-// loaded test machine does not turn a served verb into a fallback; a
-// stopped agent still costs each verb only this.
-const AgentAckTimeout = time.Second
-
 // Agent is harvester-ipam-agent as the rig runs it for a tenant's pools, as
 // the chart's DaemonSet runs it on a node: a process of the rig's with a
 // socket of its own, logged in as the chart's agent (the tenant's
@@ -148,7 +142,7 @@ func (a *Agent) Start(ctx context.Context) error {
 
 // Probe asks the agent whether it serves, as its readiness probe does.
 func (a *Agent) Probe(ctx context.Context) client.Result {
-	c := &client.Client{Socket: a.Socket, AckTimeout: AgentAckTimeout}
+	c := &client.Client{Socket: a.Socket}
 	return c.Do(ctx, wire.NewRequest(wire.Probe, nil, nil))
 }
 
@@ -225,7 +219,7 @@ func (n *Network) agentEnv() []string {
 	if n.Agent == nil {
 		return []string{wire.EnvSocket + "=" + wire.NoAgent}
 	}
-	return []string{wire.EnvSocket + "=" + n.Agent.Socket, wire.EnvAckTimeout + "=" + AgentAckTimeout.String()}
+	return []string{wire.EnvSocket + "=" + n.Agent.Socket}
 }
 
 // AgentKillerDir is a CNI bin dir where harvester-ipam stands in for

@@ -226,12 +226,12 @@ func (a *running) summarize(ctx context.Context) {
 }
 
 // Probe asks the agent at socket whether it serves, as the plugin would,
-// with a request that does nothing; waiting up to timeout for its
-// acknowledgement. Its error says it does not, and why.
+// with a request that does nothing; waiting up to timeout for it to take
+// the request. Its error says it does not, and why.
 func Probe(ctx context.Context, socket string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout+time.Second)
 	defer cancel()
-	res := (&client.Client{Socket: socket, AckTimeout: timeout}).Do(ctx, wire.NewRequest(wire.Probe, nil, nil))
+	res := (&client.Client{Socket: socket, HandOver: timeout}).Do(ctx, wire.NewRequest(wire.Probe, nil, nil))
 	if res.Outcome != client.Served {
 		return fmt.Errorf("not serving: %s", res.Reason)
 	}

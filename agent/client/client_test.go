@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -44,12 +45,42 @@ func request() wire.Request {
 	return wire.NewRequest(wire.Add, map[string]string{wire.EnvContainerID: "c1"}, []byte(`{"name":"n"}`))
 }
 
-func do(t *testing.T, sock string, ack time.Duration) Result {
+func do(t *testing.T, c *Client) Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return (&Client{Socket: sock, AckTimeout: ack}).Do(ctx, request())
+	return c.Do(ctx, request())
 }
+
+// fakeProc is an agent's process as a test has the kernel say it is.
+type fakeProc struct {
+	mu      sync.Mutex
+	gone    bool
+	stopped bool
+	// running: a thread runs or waits for a CPU at every look.
+	running bool
+	// samples counts the looks.
+	samples int
+}
+
+func (p *fakeProc) Sample() (Sample, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.samples++
+	return Sample{Gone: p.gone, Stopped: p.stopped, Running: p.running}, nil
+}
+
+func (p *fakeProc) looks() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.samples
+}
+
+// watching is a Watch that watches p, whatever the PID.
+func watching(p *fakeProc) func(int) Watcher { return func(int) Watcher { return p } }
+
+func idleProc() *fakeProc { return &fakeProc{} }
+func busyProc() *fakeProc { return &fakeProc{running: true} }
 
 // readGo reads what follows the acknowledgement: Go, or the end of the
 // connection when the client fell back.
@@ -76,7 +107,7 @@ func TestAServedVerbReturnsTheAnswer(t *testing.T) {
 		}
 		_ = wire.Write(c, wire.NewAnswer([]byte(`{"ips":[]}`), []byte("log"), nil))
 	})
-	res := do(t, sock, time.Second)
+	res := do(t, &Client{Socket: sock})
 	if res.Outcome != Served || string(res.Answer.Stdout) != `{"ips":[]}` || string(res.Answer.Stderr) != "log" {
 		t.Fatalf("got %+v", res)
 	}
@@ -95,6 +126,25 @@ func TestNoAgentFallsBack(t *testing.T) {
 	if _, err := os.Stat(stale); err != nil {
 		t.Fatalf("the stale socket file is gone: %v", err)
 	}
+	// A listener whose backlog is full (one that stopped accepting long
+	// ago): the kernel refuses the next connect at once.
+	full := filepath.Join(dir, "full.sock")
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: full}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	queued, err := net.Dial("unix", full)
+	if err != nil {
+		t.Fatalf("the first connect: %v", err)
+	}
+	defer queued.Close()
 	for _, tc := range []struct {
 		name, sock, want string
 	}{
@@ -102,9 +152,11 @@ func TestNoAgentFallsBack(t *testing.T) {
 		{"no socket file", filepath.Join(dir, "missing.sock"), syscall.ENOENT.Error()},
 		{"a stale socket", stale, syscall.ECONNREFUSED.Error()},
 		{"not a socket", dir, syscall.ECONNREFUSED.Error()},
+		{"a full backlog", full, syscall.EAGAIN.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := do(t, tc.sock, time.Minute)
+			// However long it would wait for an agent that is there.
+			res := do(t, &Client{Socket: tc.sock, Silence: time.Hour, HandOver: time.Hour, Watch: watching(busyProc())})
 			if res.Outcome != Fallback || !strings.Contains(res.Reason, tc.want) {
 				t.Fatalf("got %+v, want a fallback for %q", res, tc.want)
 			}
@@ -121,7 +173,7 @@ func TestWhatComesBeforeTheAckFallsBackAndNeverSaysGo(t *testing.T) {
 		want   string
 	}{
 		{"a decline", func(c net.Conn) { _ = wire.Write(c, wire.Decline("busy")) }, "node agent declined: busy"},
-		{"no ack in time", func(c net.Conn) { time.Sleep(300 * time.Millisecond); _ = wire.Write(c, wire.Serve()) }, "no acknowledgement within 50ms"},
+		{"silence while idle", func(c net.Conn) {}, "node agent: silent for 50ms in which its process was idle (wedged)"},
 		{"a closed connection", func(c net.Conn) { c.Close() }, "read its acknowledgement: EOF"},
 		{"a newer version", func(c net.Conn) {
 			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: wire.Version + 1, Serve: true})
@@ -136,11 +188,9 @@ func TestWhatComesBeforeTheAckFallsBackAndNeverSaysGo(t *testing.T) {
 			_ = wire.Write(c, wire.Receipt())
 			_ = wire.Write(c, wire.Decline("busy: 4 requests in flight"))
 		}, "node agent declined: busy: 4 requests in flight"},
-		{"a receipt, then no decision in time", func(c net.Conn) {
+		{"a receipt, then no decision within the hand-over", func(c net.Conn) {
 			_ = wire.Write(c, wire.Receipt())
-			time.Sleep(300 * time.Millisecond)
-			_ = wire.Write(c, wire.Serve())
-		}, "no decision within 100ms of its receipt"},
+		}, "no decision within 500ms of the connect"},
 		{"a receipt, then a closed connection", func(c net.Conn) {
 			_ = wire.Write(c, wire.Receipt())
 			c.Close()
@@ -167,7 +217,7 @@ func TestWhatComesBeforeTheAckFallsBackAndNeverSaysGo(t *testing.T) {
 			})
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			res := (&Client{Socket: sock, AckTimeout: 50 * time.Millisecond, DecideTimeout: 100 * time.Millisecond}).Do(ctx, request())
+			res := (&Client{Socket: sock, Silence: 50 * time.Millisecond, HandOver: 500 * time.Millisecond, Watch: watching(idleProc())}).Do(ctx, request())
 			if res.Outcome != Fallback || !strings.Contains(res.Reason, tc.want) {
 				t.Fatalf("got %+v, want a fallback for %q", res, tc.want)
 			}
@@ -178,24 +228,68 @@ func TestWhatComesBeforeTheAckFallsBackAndNeverSaysGo(t *testing.T) {
 	}
 }
 
-// An agent that never accepts (stopped, its backlog full): the connect
-// succeeds, and the acknowledgement never comes.
-func TestAnAgentThatNeverAcceptsFallsBack(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	res := do(t, sock, 50*time.Millisecond)
-	if res.Outcome != Fallback || !strings.Contains(res.Reason, "no acknowledgement within 50ms") {
-		t.Fatalf("got %+v", res)
+// While its request waits unread, the plugin asks the kernel about the
+// agent's process, not the time: one that runs or waits for a CPU (a busy
+// node) is waited for however long it takes; one that is gone or stopped
+// is absent at once; one that is idle while the request waits is wedged;
+// one it cannot watch is given a longer bound of the time alone.
+func TestAnAgentIsWaitedForWhileItsProcessIsBusy(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		proc *fakeProc // nil: it cannot be watched
+		// looks before the agent reads the request and serves; 0: never.
+		serveAfter int
+		handOver   time.Duration
+		want       string // "" served
+	}{
+		{"busy, or waiting for a CPU", busyProc(), 40, time.Hour, ""},
+		{"idle", idleProc(), 0, time.Hour, "node agent: silent for 100ms in which its process was idle (wedged)"},
+		{"stopped", &fakeProc{stopped: true}, 0, time.Hour, "node agent: its process is stopped"},
+		{"gone", &fakeProc{gone: true}, 0, time.Hour, "node agent: its process is gone"},
+		{"not to be watched", nil, 0, time.Hour, fmt.Sprintf("node agent: silent for %s (its process cannot be watched)", BlindSilence)},
+		{"busy forever", busyProc(), 0, time.Second, "node agent: no acknowledgement within 1s of the connect"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			watch := func(int) Watcher { return nil }
+			if tc.proc != nil {
+				watch = watching(tc.proc)
+			}
+			sock := fakeAgent(t, func(c net.Conn) {
+				if tc.serveAfter == 0 {
+					_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+					_, _ = c.Read(make([]byte, 1<<16))
+					_, _ = c.Read(make([]byte, 1)) // until the client leaves
+					return
+				}
+				for tc.proc.looks() < tc.serveAfter {
+					time.Sleep(time.Millisecond)
+				}
+				if _, err := wire.ReadRequest(c); err != nil {
+					return
+				}
+				_ = wire.Write(c, wire.Receipt())
+				_ = wire.Write(c, wire.Serve())
+				if readGo(c) == wire.TypeGo {
+					_ = wire.Write(c, wire.NewAnswer([]byte(`{}`), nil, nil))
+				}
+			})
+			res := do(t, &Client{Socket: sock, Silence: 100 * time.Millisecond, HandOver: tc.handOver, Watch: watch})
+			if tc.want == "" {
+				if res.Outcome != Served {
+					t.Fatalf("got %+v, want it served", res)
+				}
+				return
+			}
+			if res.Outcome != Fallback || res.Reason != tc.want {
+				t.Fatalf("got %+v, want a fallback for %q", res, tc.want)
+			}
+		})
 	}
 }
 
 // An agent that received the request waits for its decision as long as
-// DecideTimeout, well past the short bound: admission on a busy node, a
-// wait for one of the agent's slots.
+// the hand-over allows, idle or not: the agent decides, and bounds its own
+// wait for one of its slots.
 func TestAReceivedRequestWaitsForTheDecision(t *testing.T) {
 	sock := fakeAgent(t, func(c net.Conn) {
 		if _, err := wire.ReadRequest(c); err != nil {
@@ -208,40 +302,9 @@ func TestAReceivedRequestWaitsForTheDecision(t *testing.T) {
 			_ = wire.Write(c, wire.NewAnswer([]byte(`{}`), nil, nil))
 		}
 	})
-	res := do(t, sock, 50*time.Millisecond)
+	res := do(t, &Client{Socket: sock, Silence: 10 * time.Millisecond, Watch: watching(idleProc())})
 	if res.Outcome != Served {
 		t.Fatalf("got %+v", res)
-	}
-}
-
-// A wedged agent (it accepts and never reads, or reads and never says it
-// received) costs the plugin the short bound only, however long the
-// decision's bound.
-func TestAWedgedAgentFallsBackWithinTheShortBound(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		handle func(c net.Conn)
-	}{
-		{"accepts, never reads", func(c net.Conn) { time.Sleep(3 * time.Second) }},
-		{"reads, never says received", func(c net.Conn) {
-			_, _ = wire.ReadRequest(c)
-			time.Sleep(3 * time.Second)
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			sock := fakeAgent(t, tc.handle)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			start := time.Now()
-			res := (&Client{Socket: sock, AckTimeout: 50 * time.Millisecond, DecideTimeout: 10 * time.Second}).Do(ctx, request())
-			took := time.Since(start)
-			if res.Outcome != Fallback || !strings.Contains(res.Reason, "no acknowledgement within 50ms") {
-				t.Fatalf("got %+v", res)
-			}
-			if took > time.Second {
-				t.Fatalf("fell back after %s, want about 50ms", took)
-			}
-		})
 	}
 }
 
@@ -252,22 +315,20 @@ func TestTheWaitForTheDecisionEndsWithTheVerb(t *testing.T) {
 			return
 		}
 		_ = wire.Write(c, wire.Receipt())
-		time.Sleep(3 * time.Second)
+		_, _ = c.Read(make([]byte, 1)) // until the client leaves
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	res := (&Client{Socket: sock, AckTimeout: 100 * time.Millisecond, DecideTimeout: time.Minute}).Do(ctx, request())
-	if took := time.Since(start); res.Outcome != Fallback || took > 2*time.Second {
-		t.Fatalf("got %+v after %s", res, took)
+	res := (&Client{Socket: sock}).Do(ctx, request())
+	if want := "node agent: no decision before the verb ended (context deadline exceeded)"; res.Outcome != Fallback || res.Reason != want {
+		t.Fatalf("got %+v, want a fallback for %q", res, want)
 	}
 	// And a cancel ends it at once.
 	ctx, cancel = context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel)
-	start = time.Now()
-	res = (&Client{Socket: sock, AckTimeout: 100 * time.Millisecond, DecideTimeout: time.Minute}).Do(ctx, request())
-	if took := time.Since(start); res.Outcome != Fallback || took > 2*time.Second {
-		t.Fatalf("cancelled: got %+v after %s", res, took)
+	res = (&Client{Socket: sock}).Do(ctx, request())
+	if want := "node agent: no decision before the verb ended (context canceled)"; res.Outcome != Fallback || res.Reason != want {
+		t.Fatalf("cancelled: got %+v, want a fallback for %q", res, want)
 	}
 }
 
@@ -308,7 +369,9 @@ func oldAgent(t *testing.T, decline string, seen chan<- string) string {
 // that version's acknowledgement (it comes after admission).
 func TestAnOlderAgentIsAskedAgainInItsVersion(t *testing.T) {
 	seen := make(chan string, 10)
-	res := do(t, oldAgent(t, "", seen), 200*time.Millisecond)
+	// Its admission is work: its process is busy meanwhile.
+	older := func(sock string) *Client { return &Client{Socket: sock, Watch: watching(busyProc())} }
+	res := do(t, older(oldAgent(t, "", seen)))
 	if res.Outcome != Served || string(res.Answer.Stdout) != `{"ips":[]}` {
 		t.Fatalf("got %+v", res)
 	}
@@ -323,7 +386,7 @@ func TestAnOlderAgentIsAskedAgainInItsVersion(t *testing.T) {
 
 	// Its decline in its version is a decline; it is asked once more only.
 	seen = make(chan string, 10)
-	res = do(t, oldAgent(t, "busy: 256 requests in flight", seen), 200*time.Millisecond)
+	res = do(t, older(oldAgent(t, "busy: 256 requests in flight", seen)))
 	if res.Outcome != Fallback || res.Reason != "node agent declined: busy: 256 requests in flight" {
 		t.Fatalf("got %+v", res)
 	}
@@ -342,7 +405,7 @@ func TestADeclineOfAVersionThisBuildDoesNotSpeakFallsBack(t *testing.T) {
 			_ = wire.Write(c, wire.Ack{Type: wire.TypeAck, Version: wire.MinVersion - 1, Reason: "protocol version 2; this agent speaks 0"})
 		}
 	})
-	res := do(t, sock, 50*time.Millisecond)
+	res := do(t, &Client{Socket: sock})
 	if res.Outcome != Fallback || !strings.Contains(res.Reason, "protocol version 0") || n.Load() != 1 {
 		t.Fatalf("got %+v after %d connections", res, n.Load())
 	}
@@ -368,7 +431,7 @@ func TestABreakAfterGoIsLost(t *testing.T) {
 					tc.handle(c)
 				}
 			})
-			res := do(t, sock, time.Second)
+			res := do(t, &Client{Socket: sock})
 			if res.Outcome != Lost || !strings.Contains(res.Reason, tc.want) {
 				t.Fatalf("got %+v, want lost for %q", res, tc.want)
 			}
@@ -388,7 +451,7 @@ func TestTheWaitForTheAnswerEndsWithTheVerb(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	res := (&Client{Socket: sock, AckTimeout: time.Second}).Do(ctx, request())
+	res := (&Client{Socket: sock}).Do(ctx, request())
 	if res.Outcome != Lost || !strings.Contains(res.Reason, "no answer before the verb's deadline") {
 		t.Fatalf("got %+v", res)
 	}
@@ -433,15 +496,7 @@ func TestLocate(t *testing.T) {
 
 func TestNewReadsTheEnvironment(t *testing.T) {
 	t.Setenv(wire.EnvSocket, "/tmp/x.sock")
-	t.Setenv(wire.EnvAckTimeout, "2s")
-	t.Setenv(wire.EnvDecideTimeout, "7s")
-	c := New()
-	if c.Socket != "/tmp/x.sock" || c.AckTimeout != 2*time.Second || c.DecideTimeout != 7*time.Second {
+	if c := New(); c.Socket != "/tmp/x.sock" || c.Silence != 0 || c.HandOver != 0 || c.Watch != nil {
 		t.Fatalf("got %+v", c)
-	}
-	t.Setenv(wire.EnvAckTimeout, "soon")
-	t.Setenv(wire.EnvDecideTimeout, "-1s")
-	if c := New(); c.AckTimeout != 0 || c.DecideTimeout != 0 {
-		t.Fatalf("a bad duration: %+v, want the default", c)
 	}
 }

@@ -11,16 +11,16 @@
 //	client -> agent  Go        only after an Ack that serves
 //	agent  -> client Answer    what the plugin would print: the result or a CNI error
 //
-// The client bounds the wait for Received short (an agent that does not
-// read at once is dead, wedged or not accepting), and the wait for the Ack
-// that follows longer: admission reads files and may wait for one of the
-// agent's slots, and on a node busy with a burst that takes longer than
-// the plugin's own start, though the agent is sound. A request the agent
-// cannot read gets an Ack (a decline) without Received.
+// Received tells the client the agent read the request: from then on the
+// verb is the agent's to decide, however long a busy node makes admission
+// and a wait for one of its slots. Before it, the client waits while the
+// agent lives (agent/client: only a closed connection, a process gone,
+// stopped or idle while the request waits, says it does not). A request
+// the agent cannot read gets an Ack (a decline) without Received.
 //
 // The agent writes nothing (no checkpoint, no API request) before it reads
-// Go, so a client that gets no Received or no Ack in time, or a decline,
-// closes the connection and does the work itself at no risk. After Go the
+// Go, so a client that finds the agent absent, or gets a decline, closes
+// the connection and does the work itself at no risk. After Go the
 // state is the agent's until its Answer; a connection that breaks before it
 // leaves the verb's outcome unknown (see agent/client).
 //
@@ -113,14 +113,6 @@ const (
 	DefaultSocket = "/run/harvester-ipam/agent.sock"
 	// NoAgent as EnvSocket turns the agent off.
 	NoAgent = "none"
-	// EnvAckTimeout, when set, is how long the plugin waits, from before the
-	// connect, for the agent's receipt of the request (a Go duration; the
-	// default is 100 ms): for tests on a loaded machine.
-	EnvAckTimeout = "HARVESTER_IPAM_AGENT_ACK_TIMEOUT"
-	// EnvDecideTimeout, when set, is how long the plugin waits for the
-	// agent's decision (serve or decline) after its receipt (a Go duration;
-	// the default is 3 s).
-	EnvDecideTimeout = "HARVESTER_IPAM_AGENT_DECIDE_TIMEOUT"
 )
 
 // NodeConf is NodeFile's content.

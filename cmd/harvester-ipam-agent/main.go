@@ -88,7 +88,7 @@ func main() {
 func probe(args []string) int {
 	fs := flag.NewFlagSet("harvester-ipam-agent probe", flag.ContinueOnError)
 	socket := fs.String("socket", wire.DefaultSocket, "the agent's socket")
-	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the agent's acknowledgement")
+	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the agent to take the probe")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

@@ -356,8 +356,7 @@ func runSteps(c context.Context, t *testing.T, wb, path string, e *env, pc parit
 		}
 		cmd := exec.CommandContext(c, filepath.Join(cniPath, "whereabouts"))
 		cmd.Env = append(os.Environ(), "CNI_COMMAND="+s.verb, "CNI_CONTAINERID="+id, "CNI_NETNS="+netns,
-			"CNI_IFNAME="+ifName, "CNI_ARGS="+args, "CNI_PATH="+cniPath, agentEnv,
-			wire.EnvAckTimeout+"="+testcni.AgentAckTimeout.String())
+			"CNI_IFNAME="+ifName, "CNI_ARGS="+args, "CNI_PATH="+cniPath, agentEnv)
 		cmd.Stdin = bytes.NewReader(stdin)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr

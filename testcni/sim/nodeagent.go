@@ -427,8 +427,13 @@ func (c agentClient) do(req wire.Request) client.Result {
 	if ag == nil {
 		return client.Result{Outcome: client.Fallback, Reason: "node agent at " + wire.DefaultSocket + ": connection refused"}
 	}
+	// The plugin falls back only when the agent is absent (above: none, or
+	// its process dead), declines (Take), or is wedged: its process idle
+	// while the request waits unread (client.DefaultSilence), drawn here as
+	// the 100 ms bound on the receipt once was, which a busy node no longer
+	// trips. The agent never read the request: nothing is written for it.
 	if !w.quiet && w.s.chance(0.02) {
-		return client.Result{Outcome: client.Fallback, Reason: "node agent: no acknowledgement within 100ms"}
+		return client.Result{Outcome: client.Fallback, Reason: fmt.Sprintf("node agent: silent for %s in which its process was idle (wedged)", client.DefaultSilence)}
 	}
 	j, free, reason, detail := ag.srv.Take(req)
 	if reason != "" {

@@ -82,7 +82,7 @@ func (b *bencher) checkpointDir() string { return filepath.Join(b.rig.Dir, "chec
 func (s agentSides) onNode(k int) side {
 	sd := s.agent
 	a := s.agents[k%len(s.agents)]
-	sd.env = []string{wire.EnvSocket + "=" + a.Socket, wire.EnvAckTimeout + "=" + testcni.AgentAckTimeout.String()}
+	sd.env = []string{wire.EnvSocket + "=" + a.Socket}
 	return sd
 }
 
