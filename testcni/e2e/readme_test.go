@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/harvester/harvester-ipam/testcni"
@@ -56,6 +59,15 @@ var (
 func readmeBlocks(t *testing.T) map[string]readmeBlock {
 	return readmeBlocksOf(t, "README.md")
 }
+
+// readmeDocs is the reference, whose marked blocks (the log level raised and
+// read, which the README's troubleshooting points to) TestKubeletREADME runs.
+const readmeDocs = "docs/reference.md"
+
+// readmeBlockNames are README.md's blocks, each run by TestKubeletREADME.
+var readmeBlockNames = []string{"image", "import", "push", "install", "monitoring", "verify", "inspect", "release-now", "cni-error",
+	"node", "wb-restart", "orphaned", "after-upgrade", "reconciler", "passnow", "events", "longhorn-restart", "giveback",
+	"preflight", "upgrade", "standin-off", "standin-on", "uninstall"}
 
 // readmeBlocksOf are the marked blocks of file (from the repository's root).
 func readmeBlocksOf(t *testing.T, file string) map[string]readmeBlock {
@@ -152,10 +164,15 @@ func samplesMatch(sample []string, out string) error {
 // loose match to what it promises.
 func TestREADMEBlocksParse(t *testing.T) {
 	blocks := readmeBlocks(t)
-	for _, name := range []string{"image", "import", "push", "install", "verify", "inspect", "passnow", "loglevel", "readlog", "giveback", "preflight", "upgrade", "uninstall"} {
+	for _, name := range readmeBlockNames {
 		assert.Contains(t, blocks, name, "README.md's block %s", name)
 	}
+	assert.Len(t, blocks, len(readmeBlockNames), "every README.md block is one TestKubeletREADME runs")
 	assert.Equal(t, "node", blocks["import"].where)
+	docs := readmeBlocksOf(t, readmeDocs)
+	for _, name := range []string{"loglevel", "readlog"} {
+		assert.Contains(t, docs, name, "%s's block %s", readmeDocs, name)
+	}
 	addon := readmeBlocksOf(t, addonREADME)
 	for _, name := range []string{"addon-repo", "addon-apply", "addon-enable", "addon-loglevel", "addon-upgrade", "addon-standin-off", "addon-disable"} {
 		assert.Contains(t, addon, name, "%s's block %s", addonREADME, name)
@@ -164,7 +181,7 @@ func TestREADMEBlocksParse(t *testing.T) {
 		assert.True(t, strings.HasSuffix(c[0].cmd, "\nEOF"), "a here-document is the command's, up to its end: %q", c[0].cmd)
 		assert.Equal(t, "addon.harvesterhci.io/harvester-ipam patched", c[0].sample[0], "and its output follows it")
 	}
-	assert.NoError(t, samplesMatch([]string{"NAME  READY", "harvester-ipam-...  1/1", "..."}, "x\nNAME READY STATUS\nharvester-ipam-x7k2p 1/1 Running\n"))
+	assert.NoError(t, samplesMatch([]string{"NAME  READY", "harvester-ipam-...  2/2", "..."}, "x\nNAME READY STATUS\nharvester-ipam-x7k2p 2/2 Running\n"))
 	assert.Error(t, samplesMatch([]string{"daemon set"}, "Waiting for daemon set\n"))
 	assert.Error(t, samplesMatch([]string{"b", "a"}, "a\nb\n"), "in order")
 }
@@ -280,20 +297,28 @@ func (s *readmeShell) command(ctx context.Context, where, script string) *exec.C
 // TestKubeletREADME runs README.md's operator commands as written, with the
 // chart's default values, on a cluster with a real kubelet where whereabouts
 // runs as Harvester deploys it: the image built and imported with RKE2's ctr
-// and socket, helm install, verify, inspect, the log level raised and read,
-// the preflight, an upgrade, the image pushed to a registry and pulled from
-// it, helm uninstall, and the give-back on a node that was down at an
-// uninstall. Every marked block runs; each step checks what an operator
-// would (the bytes at whereabouts' name, the node's files).
+// and socket, helm install, verify, inspect, every troubleshooting block (a
+// node's pods, a pod's CNI error, the reconciler, a pass, the Events and the
+// audit, whereabouts restarted, a share manager's new sandbox, the stand-in
+// off and on, old pools deleted), the log level raised and read (the
+// reference's blocks), monitoring on, the preflight, an upgrade, helm
+// uninstall, the give-back on a node that was down at an uninstall, the image
+// pushed to a registry and pulled from it, and whereabouts upgraded as a
+// Harvester upgrade does, each node's real binary then checked. Every marked
+// block runs; each step checks what an operator would (the bytes at
+// whereabouts' name, the node's files).
 func TestKubeletREADME(t *testing.T) {
 	t.Parallel()
 	blocks := readmeBlocks(t)
+	docs := readmeBlocksOf(t, readmeDocs)
 	ctx := longCtx(t)
 	wb, err := rig.WhereaboutsImage(ctx, testcni.V093)
 	require.NoError(t, err)
+	wbNext, err := rig.WhereaboutsImage(ctx, testcni.V094)
+	require.NoError(t, err)
 	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: "readme", NoWebhook: true})
 	require.NoError(t, err)
-	nd, err := c.StartNode(ctx, c.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: []testcni.Image{wb}})
+	nd, err := c.StartNode(ctx, c.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: []testcni.Image{wb, wbNext}})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -310,7 +335,8 @@ func TestKubeletREADME(t *testing.T) {
 	require.NoError(t, err)
 	k := &kubeletNode{c: c, nd: nd, nad: "storagenetwork-readme"}
 	longhorn := k.pods(t, "instance-manager", 2)
-	_, err = nd.WaitPodsReady(ctx, longhorn, time.Time{}, 3*time.Minute)
+	shareManager := k.pods(t, "share-manager-pvc", 1)[0]
+	_, err = nd.WaitPodsReady(ctx, append(append([]testcni.Pod(nil), longhorn...), shareManager), time.Time{}, 3*time.Minute)
 	require.NoError(t, err)
 	wbBytes, err := os.ReadFile(rig.Tools["whereabouts-"+testcni.V093])
 	require.NoError(t, err)
@@ -335,8 +361,16 @@ func TestKubeletREADME(t *testing.T) {
 		return fmt.Sprintf("unknown (%d bytes)", len(b))
 	}
 	sh := newReadmeShell(t, c, nd)
-	sh.yours["REGISTRY"] = "localhost:5000/harvester"
 	appVersion := chartAppVersion(t)
+	sh.yours["REGISTRY"] = "localhost:5000/harvester"
+	sh.yours["NODE"] = nd.Name
+	sh.yours["IMAGE"] = "rancher/harvester-ipam:" + appVersion
+	standing := func(what string) {
+		t.Helper()
+		require.Eventually(t, func() bool { return at("whereabouts") == "harvester-ipam "+appVersion }, time.Minute, 200*time.Millisecond,
+			"%s: harvester-ipam stands in at the name (now %s)", what, at("whereabouts"))
+		assert.Equal(t, "whereabouts "+testcni.V093, at("whereabouts.real"), "%s: the real whereabouts aside, byte for byte", what)
+	}
 
 	// Install: the image built, imported on the node with RKE2's ctr and
 	// socket, the chart with its defaults.
@@ -345,17 +379,57 @@ func TestKubeletREADME(t *testing.T) {
 	require.NoError(t, copyFileTo(archive, filepath.Join(sh.nodeDir, "harvester-ipam-image.tar")))
 	sh.run(blocks["import"])
 	sh.run(blocks["install"])
-	assert.Equal(t, "harvester-ipam "+appVersion, at("whereabouts"), "harvester-ipam stands in at the name")
-	assert.Equal(t, "whereabouts "+testcni.V093, at("whereabouts.real"), "the real whereabouts aside, byte for byte")
-
+	standing("installed")
 	sh.run(blocks["verify"])
 	sh.run(blocks["inspect"])
+
+	// Troubleshooting, each block as a row sends the operator to it.
+	sh.run(blocks["node"])
+	if outs := sh.out["node"]; assert.NotEmpty(t, outs) {
+		assert.Contains(t, outs[0], "harvester-ipam-agent-", "the node's pods: the agent's")
+		assert.Contains(t, strings.Join(outs, ""), "harvester-ipam stands in at /host/opt/cni/bin/whereabouts", "the node's installer verifies")
+	}
+	sh.yours["POD"] = longhorn[0].Name
+	sh.run(blocks["cni-error"])
+	assert.Regexp(t, `Name:\s+`+longhorn[0].Name, strings.Join(sh.out["cni-error"], ""), "the pod described, its events with it")
+	sh.run(blocks["reconciler"])
+	assert.Contains(t, strings.Join(sh.out["reconciler"], ""), "cronjob.batch/harvester-ipam-reconciler")
 	// A pass now, in CronJob mode: a Job from the CronJob.
 	sh.run(blocks["passnow"])
+	sh.run(blocks["release-now"])
+	sh.run(blocks["events"])
 
-	// The log level raised: the node's settings written, and the next ADD
-	// logs at debug to the file, which the debugging pod reads.
-	sh.run(blocks["loglevel"])
+	// whereabouts' pod restarted: its install step writes the name, and
+	// harvester-ipam takes it back.
+	oldWB, err := c.PodOf(ctx, "kube-system", "name=whereabouts", nd.Name)
+	require.NoError(t, err)
+	sh.run(blocks["wb-restart"])
+	require.Eventually(t, func() bool {
+		p, err := c.PodOf(ctx, "kube-system", "name=whereabouts", nd.Name)
+		return err == nil && p != "" && p != oldWB
+	}, time.Minute, 200*time.Millisecond, "whereabouts' DaemonSet makes the node a new pod")
+	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
+	standing("whereabouts' pod restarted")
+
+	// A share manager's new sandbox: deleted, as the README says of it.
+	sh.yours["POD"] = shareManager.Name
+	sh.run(blocks["longhorn-restart"])
+	require.Eventually(t, func() bool {
+		_, err := c.Kube.CoreV1().Pods(shareManager.Namespace).Get(ctx, shareManager.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 2*time.Minute, time.Second, "the share manager's pod is deleted")
+
+	// The stand-in off: whereabouts' own bytes back, nothing aside; on again.
+	sh.run(blocks["standin-off"])
+	assert.Equal(t, "whereabouts "+testcni.V093, at("whereabouts"), "the stand-in off: whereabouts at its name")
+	assert.Equal(t, "missing", at("whereabouts.real"))
+	sh.run(blocks["standin-on"])
+	standing("the stand-in on again")
+
+	// The log level raised (the reference's blocks): the node's settings
+	// written, and the next ADD logs at debug to the file, which the
+	// debugging pod reads.
+	sh.run(docs["loglevel"])
 	settings := filepath.Join(nd.Etc, "cni", "net.d", "harvester-ipam.d", "harvester-ipam.conf")
 	require.Eventually(t, func() bool {
 		b, _ := os.ReadFile(settings)
@@ -370,11 +444,21 @@ func TestKubeletREADME(t *testing.T) {
 	}
 	_, err = nd.WaitPodsReady(ctx, longhorn[:1], before, 3*time.Minute)
 	require.NoError(t, err)
-	sh.run(blocks["readlog"])
+	sh.run(docs["readlog"])
 	assert.Contains(t, strings.Join(sh.out["readlog"], ""), "[debug] harvester-ipam ADD", "the debugging pod shows the plugin's debug log")
+
+	// Monitoring on (the reconciler as a Deployment), old pools deleted.
+	require.NoError(t, c.InstallMonitoringCRDs(ctx))
+	require.NoError(t, c.EnsureNamespace(ctx, "cattle-dashboards"))
+	sh.run(blocks["monitoring"])
+	sh.run(blocks["orphaned"])
+	d, err := c.Kube.AppsV1().Deployments("kube-system").Get(ctx, "harvester-ipam-reconciler", metav1.GetOptions{})
+	require.NoError(t, err)
+	assert.Contains(t, d.Spec.Template.Spec.Containers[0].Args, "--delete-orphaned-pools", "the reconciler deletes old pools")
 
 	// The preflight and an upgrade.
 	sh.run(blocks["preflight"])
+	assert.Equal(t, "1", sh.vars["NEED"], "NEED: the number of nodes")
 	sh.run(blocks["upgrade"])
 
 	// Uninstall: the real whereabouts back at its name, nothing aside.
@@ -449,11 +533,29 @@ func TestKubeletREADME(t *testing.T) {
 		}
 		return false
 	}, time.Minute, time.Second, "the DaemonSets' new pods pulled %s from the registry (an event of one of them)", ref)
-	require.Eventually(t, func() bool { return at("whereabouts") == "harvester-ipam "+appVersion }, time.Minute, 200*time.Millisecond,
-		"the image pulled from the registry stands in (now %s)", at("whereabouts"))
+	standing("the image pulled from the registry")
+
+	// A Harvester upgrade deploys whereabouts again, a newer one: each
+	// node's real binary aside is then the new whereabouts, as the block
+	// shows (the same sha256 twice).
+	require.NoError(t, c.DeployHarvesterWhereabouts(ctx, testcni.V094))
+	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
+	nextSum := sha(t, rig.Tools["whereabouts-"+testcni.V094])
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(nd.BinDir, "whereabouts.real"))
+		return err == nil && sha256.Sum256(b) == nextSum && at("whereabouts") == "harvester-ipam "+appVersion
+	}, 2*time.Minute, 200*time.Millisecond, "whereabouts %s aside, harvester-ipam at the name (now %s)", testcni.V094, at("whereabouts"))
+	sh.run(blocks["after-upgrade"])
+	if outs := sh.out["after-upgrade"]; assert.NotEmpty(t, outs) {
+		want := hex.EncodeToString(nextSum[:])[:12]
+		assert.Contains(t, outs[0], "node "+nd.Name+": "+want+" "+want, "the node's whereabouts and the binary aside: the same, the new whereabouts")
+	}
 
 	for name := range blocks {
 		assert.True(t, sh.ran[name], "README.md's block %s was not run", name)
+	}
+	for name := range docs {
+		assert.True(t, sh.ran[name], "%s's block %s was not run", readmeDocs, name)
 	}
 }
 
