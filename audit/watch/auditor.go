@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -45,6 +46,9 @@ type Auditor struct {
 	Now func() time.Time
 	// EventErrors counts the Events that could not be recorded.
 	EventErrors int
+	// behindSince is when looks began to find an informer that does not
+	// follow the cluster (zero: every one follows).
+	behindSince time.Time
 }
 
 func (a *Auditor) now() time.Time {
@@ -59,11 +63,30 @@ func (a *Auditor) now() time.Time {
 // open stays open rather than closing for want of a list.
 func (a *Auditor) Look(ctx context.Context) (audit.Change, audit.Result, error) {
 	s, err := a.Source.Snapshot(ctx)
+	if errors.Is(err, ErrNotFollowing) {
+		// Judge nothing: what was open stays open, what was pending
+		// waits. Said once per outage, and by the metric at every look.
+		if a.behindSince.IsZero() {
+			a.behindSince = a.now()
+			a.logf("audit: not judging while an informer does not follow the cluster (an API server restart: each reconnects on its own backoff): %v", err)
+		}
+		if a.Metrics != nil {
+			a.Metrics.setFollowing(false)
+		}
+		return audit.Change{}, audit.Result{}, err
+	}
 	if err == nil && s.NADsErr != nil {
 		err = fmt.Errorf("audit: list NADs: %w", s.NADsErr)
 	}
 	if err != nil {
 		return audit.Change{}, audit.Result{}, err
+	}
+	if !a.behindSince.IsZero() {
+		a.logf("audit: every informer follows the cluster again, after %s: judging again", a.now().Sub(a.behindSince).Round(time.Second))
+		a.behindSince = time.Time{}
+	}
+	if a.Metrics != nil {
+		a.Metrics.setFollowing(true)
 	}
 	r := audit.Judge(s, a.Options)
 	c := a.Tracker.Observe(a.now(), r.Findings)
@@ -115,7 +138,9 @@ func (a *Auditor) Run(ctx context.Context, changed <-chan struct{}, interval, se
 		}
 		next := interval
 		c, _, err := a.Look(ctx)
-		if err != nil {
+		if errors.Is(err, ErrNotFollowing) {
+			next = min(next, 5*time.Second) // and the source pokes when they follow again
+		} else if err != nil {
 			a.logf("audit: %v", err)
 		} else if !c.NextDue.IsZero() {
 			// A moment past due, so that the look finds it due.

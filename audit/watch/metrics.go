@@ -17,6 +17,9 @@ type Collector struct {
 	figures  []audit.Figures
 	networks []string
 	looked   bool
+	// following: at the last look every informer followed the cluster
+	// (known once a look was tried).
+	following, tried bool
 }
 
 var (
@@ -26,6 +29,9 @@ var (
 	freeDesc = prometheus.NewDesc("harvester_ipam_audit_free",
 		"Addresses whereabouts can still hand out on the network (every pool of its NAD), for networks Longhorn's pods use.",
 		[]string{"network"}, nil)
+	followingDesc = prometheus.NewDesc("harvester_ipam_audit_following",
+		"1 when every informer the audit reads followed the cluster at the last look; 0 while one does not (an API server restart, each reconnecting on its own backoff): the audit judges nothing meanwhile, and the findings series show the last look it judged.",
+		nil, nil)
 	needDesc = prometheus.NewDesc("harvester_ipam_audit_need",
 		"Addresses the network's Longhorn pods need at once: max(nodes, instance managers) + share managers + backing-image managers using it (docs/audit.md).",
 		[]string{"network"}, nil)
@@ -40,8 +46,15 @@ func (c *Collector) set(open []audit.Open, figures []audit.Figures, networks []s
 	c.open, c.figures, c.networks, c.looked = open, figures, networks, true
 }
 
+func (c *Collector) setFollowing(ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.following, c.tried = ok, true
+}
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- followingDesc
 	ch <- findingsDesc
 	ch <- freeDesc
 	ch <- needDesc
@@ -51,6 +64,13 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.tried {
+		v := 0.0
+		if c.following {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(followingDesc, prometheus.GaugeValue, v)
+	}
 	if !c.looked {
 		return
 	}

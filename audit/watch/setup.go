@@ -115,15 +115,16 @@ func Seen(ctx context.Context, rc *rest.Config, r *reconcile.Reconciler, cfg Con
 	return nil
 }
 
-// Watch starts the Deployment's audit: informers, and a look at every
-// change, when a finding is due, and at least every interval, until ctx
-// ends. It returns once the informers have listed.
-func Watch(ctx context.Context, rc *rest.Config, namespace string, cfg Config, interval time.Duration, m *Collector) error {
+// Watch starts the Deployment's audit: informers (the pods' and nodes' of
+// shared, those the reconciler's passes read, when it is not nil), and a
+// look at every change, when a finding is due, and at least every
+// interval, until ctx ends. It returns once the informers have listed.
+func Watch(ctx context.Context, rc *rest.Config, namespace string, cfg Config, interval time.Duration, m *Collector, shared *Shared) error {
 	kube, dyn, err := clients(rc)
 	if err != nil {
 		return err
 	}
-	src, err := NewWatchSource(ctx, rc, kube, dyn, namespace, 2*time.Minute)
+	src, err := NewWatchSource(ctx, rc, kube, dyn, namespace, 2*time.Minute, shared)
 	if err != nil {
 		return err
 	}

@@ -17,8 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	apiwatch "k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -88,9 +86,11 @@ func (l *ListSource) Snapshot(ctx context.Context) (audit.Snapshot, error) {
 
 // WatchSource serves each look from informers of the pods, nodes, pools,
 // reservations and NADs, and says when any of them changed: the Deployment
-// re-judges then, not at its next pass.
+// re-judges then, not at its next pass. A look while an informer does not
+// follow the cluster (Following) judges nothing.
 type WatchSource struct {
 	namespace string
+	following *Following
 	pods      toolscache.SharedIndexInformer
 	nodes     toolscache.SharedIndexInformer
 	pools     toolscache.SharedIndexInformer
@@ -99,12 +99,70 @@ type WatchSource struct {
 	changed   chan struct{}
 }
 
-// NewWatchSource starts the informers (they stop with ctx) and waits, at
+// Shared are the cluster-wide pod and node informers of the reconciler's
+// Deployment: one of each, read by the reconciler's passes
+// (reconcile.NewCachedClusterFrom) and by the audit, each pod trimmed to
+// what either reads (audit.TrimPod keeps all that the reconciler's judge
+// reads: names, phase, node, deletion, network-status), their lists and
+// watches followed (Following).
+type Shared struct {
+	Pods, Nodes toolscache.SharedIndexInformer
+	Following   *Following
+}
+
+// NewShared makes the informers; Start runs them.
+func NewShared(kube kubernetes.Interface) (*Shared, error) {
+	f := NewFollowing()
+	pods := toolscache.NewSharedIndexInformer(f.ListerWatcher("pods", &toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return kube.CoreV1().Pods("").List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
+			return kube.CoreV1().Pods("").Watch(ctx, o)
+		},
+	}), &corev1.Pod{}, 0, toolscache.Indexers{toolscache.NamespaceIndex: toolscache.MetaNamespaceIndexFunc})
+	nodes := toolscache.NewSharedIndexInformer(f.ListerWatcher("nodes", &toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return kube.CoreV1().Nodes().List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
+			return kube.CoreV1().Nodes().Watch(ctx, o)
+		},
+	}), &corev1.Node{}, 0, toolscache.Indexers{})
+	for _, inf := range []toolscache.SharedIndexInformer{pods, nodes} {
+		if err := inf.SetTransform(trim); err != nil {
+			return nil, fmt.Errorf("pod and node informers' transform: %w", err)
+		}
+	}
+	return &Shared{Pods: pods, Nodes: nodes, Following: f}, nil
+}
+
+// Start runs the informers until ctx ends, and waits, at most syncTimeout,
+// until they have listed.
+func (sh *Shared) Start(ctx context.Context, syncTimeout time.Duration) error {
+	go sh.Pods.Run(ctx.Done())
+	go sh.Nodes.Run(ctx.Done())
+	sctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	if !toolscache.WaitForCacheSync(sctx.Done(), sh.Pods.HasSynced, sh.Nodes.HasSynced) {
+		return fmt.Errorf("pod and node informers not synced after %s", syncTimeout)
+	}
+	return nil
+}
+
+// NewWatchSource starts the informers of the pools, reservations and NADs
+// (they stop with ctx), and those of shared when it is nil, and waits, at
 // most syncTimeout, until they have listed.
-func NewWatchSource(ctx context.Context, rc *rest.Config, kube kubernetes.Interface, dyn dynamic.Interface, namespace string, syncTimeout time.Duration) (*WatchSource, error) {
-	w := &WatchSource{namespace: namespace, changed: make(chan struct{}, 1)}
-	f := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(trim))
-	w.pods, w.nodes = f.Core().V1().Pods().Informer(), f.Core().V1().Nodes().Informer()
+func NewWatchSource(ctx context.Context, rc *rest.Config, kube kubernetes.Interface, dyn dynamic.Interface, namespace string, syncTimeout time.Duration, shared *Shared) (*WatchSource, error) {
+	if shared == nil {
+		var err error
+		if shared, err = NewShared(kube); err != nil {
+			return nil, err
+		}
+		if err := shared.Start(ctx, syncTimeout); err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+	}
 	wb, params, err := shim.WhereaboutsClient(rc)
 	if err != nil {
 		return nil, err
@@ -125,9 +183,30 @@ func NewWatchSource(ctx context.Context, rc *rest.Config, kube kubernetes.Interf
 			},
 		}
 	}
-	w.pools = toolscache.NewSharedIndexInformer(lw("ippools", func() runtime.Object { return &shim.PoolList{} }), &shim.Pool{}, 0, toolscache.Indexers{})
-	w.orips = toolscache.NewSharedIndexInformer(lw("overlappingrangeipreservations", func() runtime.Object { return &shim.ReservationList{} }), &shim.Reservation{}, 0, toolscache.Indexers{})
-	w.nads = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0).ForResource(reconcile.NADResource).Informer()
+	return newWatchSource(ctx, namespace, shared,
+		lw("ippools", func() runtime.Object { return &shim.PoolList{} }),
+		lw("overlappingrangeipreservations", func() runtime.Object { return &shim.ReservationList{} }),
+		&toolscache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return dyn.Resource(reconcile.NADResource).Namespace(metav1.NamespaceAll).List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (apiwatch.Interface, error) {
+				return dyn.Resource(reconcile.NADResource).Namespace(metav1.NamespaceAll).Watch(ctx, o)
+			},
+		}, syncTimeout)
+}
+
+// newWatchSource is NewWatchSource on the given list-watches of the pools,
+// reservations and NADs.
+func newWatchSource(ctx context.Context, namespace string, shared *Shared, pools, orips, nads toolscache.ListerWatcher, syncTimeout time.Duration) (*WatchSource, error) {
+	f := shared.Following
+	w := &WatchSource{namespace: namespace, following: f, pods: shared.Pods, nodes: shared.Nodes, changed: make(chan struct{}, 1)}
+	w.pools = toolscache.NewSharedIndexInformer(f.ListerWatcher("ippools", pools), &shim.Pool{}, 0, toolscache.Indexers{})
+	w.orips = toolscache.NewSharedIndexInformer(f.ListerWatcher("overlappingrangeipreservations", orips), &shim.Reservation{}, 0, toolscache.Indexers{})
+	w.nads = toolscache.NewSharedIndexInformer(f.ListerWatcher("network-attachment-definitions", nads), &unstructured.Unstructured{}, 0, toolscache.Indexers{})
+	f.mu.Lock()
+	f.onFollow = w.poke // every informer follows again: look
+	f.mu.Unlock()
 	poke := toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { w.poke() },
 		UpdateFunc: func(old, cur any) {
@@ -147,7 +226,6 @@ func NewWatchSource(ctx context.Context, rc *rest.Config, kube kubernetes.Interf
 			return nil, fmt.Errorf("audit informer transform: %w", err)
 		}
 	}
-	f.Start(ctx.Done())
 	go w.pools.Run(ctx.Done())
 	go w.orips.Run(ctx.Done())
 	go w.nads.Run(ctx.Done())
@@ -192,6 +270,9 @@ func (w *WatchSource) Changed() <-chan struct{} { return w.changed }
 // informers: the audit only reads them.
 func (w *WatchSource) Snapshot(context.Context) (audit.Snapshot, error) {
 	s := audit.Snapshot{PoolNamespace: w.namespace, Nodes: len(w.nodes.GetStore().ListKeys())}
+	if err := w.following.Err(); err != nil {
+		return s, fmt.Errorf("audit: %w", err)
+	}
 	for _, o := range w.pods.GetStore().List() {
 		if p, ok := o.(*corev1.Pod); ok {
 			s.Pods = append(s.Pods, p)

@@ -40,6 +40,16 @@ func NewCachedCluster(ctx context.Context, kube kubernetes.Interface, dyn dynami
 	return c, nil
 }
 
+// NewCachedClusterFrom is NewCachedCluster on pod and node informers the
+// caller runs, and shares (the reconciler's Deployment shares them with the
+// audit: one cluster-wide pod informer, not two). Each pod must keep what
+// judge reads: names, phase, node, deletion and network-status (audit's
+// TrimPod keeps more). The pod informer must index by namespace.
+func NewCachedClusterFrom(kube kubernetes.Interface, dyn dynamic.Interface, callTimeout time.Duration, pageSize int64, pods, nodes cache.SharedIndexInformer) Cluster {
+	fresh := NewKubeCluster(kube, dyn, callTimeout, pageSize).(*kubeCluster)
+	return &cachedCluster{kubeCluster: fresh, pods: pods, nodes: nodes}
+}
+
 // Fresh is the cluster read straight from the API server: the look right
 // before a release.
 func (c *cachedCluster) Fresh() Cluster { return c.kubeCluster }

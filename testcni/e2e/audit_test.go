@@ -66,7 +66,12 @@ func TestAuditReportsWhatBreaks(t *testing.T) {
 	t.Logf("after %s: %s", time.Since(start).Round(time.Second), ev.Message)
 	assert.Equal(t, corev1.EventTypeWarning, ev.Type)
 	assert.Contains(t, ev.Message, network)
-	assert.Contains(t, ev.Message, "Next: kubectl -n "+e.PodNamespace+" delete pod "+missing.Name)
+	// An instance manager (by its name) is never to be deleted: its node
+	// into maintenance instead (audit's TestAdviceIsSafeForEachKindOfPod).
+	assert.Contains(t, ev.Message, "is a Longhorn instance manager")
+	assert.Contains(t, ev.Message, "Do not delete it.")
+	assert.NotContains(t, ev.Message, "delete pod "+missing.Name)
+	assert.Regexp(t, `Next: kubectl (cordon \S+|-n \S+ get pod `+missing.Name+` -o wide)$`, ev.Message)
 	series := fmt.Sprintf(`harvester_ipam_audit_findings{kind="%%s",network="%s"} `, network)
 	require.Eventually(t, func() bool { return strings.Contains(metrics(), fmt.Sprintf(series, audit.MissingAddress)+"1\n") },
 		10*time.Second, 200*time.Millisecond, "the metric says so")

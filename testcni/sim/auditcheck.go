@@ -2,10 +2,14 @@ package sim
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
@@ -53,6 +57,11 @@ type auditor struct {
 	// (nadsOf).
 	nads   []reconcile.NAD
 	nadsOf string
+	// order shuffles every list a look reads (NADs, pools, reservations,
+	// pods), as an informer store's List returns them in an order that
+	// changes from look to look (issue 44): a finding is a function of the
+	// world, not of that order. nil: in the order the world keeps.
+	order *rand.Rand
 }
 
 // lookSettle is how long after a change the look is: the watch mode's
@@ -93,7 +102,7 @@ func (au *auditor) look() []string {
 	au.pending = time.Time{}
 	w.stats["audit: looks"]++
 	snap := w.snapshot(au.nadsNow())
-	ch := au.tracker.Observe(now, au.judge(snap, audit.Options{}).Findings)
+	ch := au.tracker.Observe(now, au.judge(au.shuffled(snap), audit.Options{}).Findings)
 	facts := w.facts(snap)
 	for k, f := range facts {
 		f.looks = 1
@@ -138,6 +147,23 @@ func (au *auditor) look() []string {
 			f, f.since.Format("15:04:05.000"), now.Sub(f.since), au.tracker.Grace(f.kind), f.what))
 	}
 	return bad
+}
+
+// shuffled is s with each list in another order, in slices of its own.
+func (au *auditor) shuffled(s audit.Snapshot) audit.Snapshot {
+	if au.order == nil {
+		return s
+	}
+	r := au.order
+	s.NADs = append([]reconcile.NAD(nil), s.NADs...)
+	s.Pools = append([]shim.Pool(nil), s.Pools...)
+	s.Reservations = append([]shim.Reservation(nil), s.Reservations...)
+	s.Pods = append([]*corev1.Pod(nil), s.Pods...)
+	r.Shuffle(len(s.NADs), func(i, j int) { s.NADs[i], s.NADs[j] = s.NADs[j], s.NADs[i] })
+	r.Shuffle(len(s.Pools), func(i, j int) { s.Pools[i], s.Pools[j] = s.Pools[j], s.Pools[i] })
+	r.Shuffle(len(s.Reservations), func(i, j int) { s.Reservations[i], s.Reservations[j] = s.Reservations[j], s.Reservations[i] })
+	r.Shuffle(len(s.Pods), func(i, j int) { s.Pods[i], s.Pods[j] = s.Pods[j], s.Pods[i] })
+	return s
 }
 
 // reached says whether a time set is now or past.

@@ -140,6 +140,9 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	}
 	if o.Audit {
 		au := newAuditor(w)
+		// The order each of its lists comes in, from a source of its own
+		// (the schedule's story is the same with the audit and without).
+		au.order = rand.New(rand.NewPCG(seed, 0xa0d1))
 		s.look, s.lookAt = au.look, au.nextLook
 	}
 	if s.chance(0.5) {

@@ -82,7 +82,7 @@ func Inspect(ctx context.Context, o Options) error {
 		o.AuditWait = 30 * time.Second
 	}
 	var requests atomic.Int64
-	r, rc, err := newReconciler(ctx, o, &requests, false)
+	r, rc, _, err := newReconciler(ctx, o, &requests, false)
 	if err != nil {
 		return err
 	}
@@ -121,12 +121,12 @@ func Inspect(ctx context.Context, o Options) error {
 func Run(ctx context.Context, o Options) error {
 	o.defaults()
 	var requests atomic.Int64
-	r, rc, err := newReconciler(ctx, o, &requests, o.Interval > 0)
+	r, rc, shared, err := newReconciler(ctx, o, &requests, o.Interval > 0)
 	if err != nil {
 		return err
 	}
 	if o.Interval > 0 {
-		if err := loop(ctx, r, rc, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
+		if err := loop(ctx, r, rc, shared, o, &requests); err != nil && !errors.Is(err, context.Canceled) {
 			return err
 		}
 		return nil
@@ -154,8 +154,9 @@ func Standby(ctx context.Context) {
 }
 
 // newReconciler connects to the cluster; a loop (cached) reads pods and nodes
-// from informers, a single pass lists them.
-func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, cached bool) (*reconcile.Reconciler, *rest.Config, error) {
+// from informers, which it returns for the audit to share, a single pass
+// lists them.
+func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, cached bool) (*reconcile.Reconciler, *rest.Config, *watch.Shared, error) {
 	var rc *rest.Config
 	var err error
 	if o.Kubeconfig != "" {
@@ -164,7 +165,7 @@ func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, cache
 		rc, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("kubeconfig: %w", err)
+		return nil, nil, nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	rc.UserAgent = "harvester-ipam-reconciler"
 	rc.QPS, rc.Burst = 50, 100
@@ -177,27 +178,34 @@ func newReconciler(ctx context.Context, o Options, requests *atomic.Int64, cache
 	})
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	api, err := shim.NewKubeAPI(rc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	cluster := reconcile.NewKubeCluster(kube, dyn, 10*time.Second, 500)
+	var shared *watch.Shared
 	if cached {
-		if cluster, err = reconcile.NewCachedCluster(ctx, kube, dyn, 10*time.Second, 500, 2*time.Minute); err != nil {
-			return nil, nil, err
+		// One cluster-wide pod informer and one node informer, for the
+		// passes and the audit alike (issue 44: not two of each).
+		if shared, err = watch.NewShared(kube); err != nil {
+			return nil, nil, nil, err
 		}
+		if err := shared.Start(ctx, 2*time.Minute); err != nil {
+			return nil, nil, nil, err
+		}
+		cluster = reconcile.NewCachedClusterFrom(kube, dyn, 10*time.Second, 500, shared.Pods, shared.Nodes)
 	}
 	return &reconcile.Reconciler{
 		Store:   shim.New(api, o.Namespace, shim.Options{Identity: "harvester-ipam-reconciler/" + hostname()}),
 		Cluster: cluster,
 		Grace:   o.Grace, DryRun: o.DryRun, DeleteOrphanedPools: o.DeleteOrphanedPools,
-	}, rc, nil
+	}, rc, shared, nil
 }
 
 type roundTripper func(*http.Request) (*http.Response, error)
@@ -233,13 +241,13 @@ func pass(ctx context.Context, r *reconcile.Reconciler, o Options, requests *ato
 	return nil
 }
 
-func loop(ctx context.Context, r *reconcile.Reconciler, rc *rest.Config, o Options, requests *atomic.Int64) error {
+func loop(ctx context.Context, r *reconcile.Reconciler, rc *rest.Config, shared *watch.Shared, o Options, requests *atomic.Int64) error {
 	m := newMetrics(o.Namespace)
 	// The audit watches on its own; without it (its informers refused) the
 	// reconciler still releases, and the log says why.
 	audits := watch.NewCollector()
 	m.reg.MustRegister(audits)
-	if err := watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr, DaemonSet: o.DaemonSet}, o.Interval, audits); err != nil {
+	if err := watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr, DaemonSet: o.DaemonSet}, o.Interval, audits, shared); err != nil {
 		fmt.Fprintln(o.Stderr, "harvester-ipam-reconciler: the audit does not run:", err)
 	}
 	if o.MetricsAddr != "" {
