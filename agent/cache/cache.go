@@ -43,8 +43,6 @@ type Objects struct {
 	// informers are, by informer ("namespace/resource"), how many watches
 	// it opened and, while its copy may not follow, why.
 	informers map[string]*informerState
-	// now is the clock (time.Now; tests set it).
-	now func() time.Time
 }
 
 // informerState is what an informer's watches say of its copy.
@@ -68,7 +66,7 @@ type breakage struct {
 // New is an empty copy.
 func New() *Objects {
 	return &Objects{pools: map[key]*shim.Pool{}, reservations: map[key]*shim.Reservation{}, listed: map[string]bool{},
-		watched: map[string]uint64{}, advanced: make(chan struct{}), informers: map[string]*informerState{}, now: time.Now}
+		watched: map[string]uint64{}, advanced: make(chan struct{}), informers: map[string]*informerState{}}
 }
 
 // Following says why the copy may no longer follow the cluster (nil when it
@@ -88,7 +86,9 @@ func New() *Objects {
 // lists): so its first event or bookmark shows that the copy follows again.
 // Until it delivers, the copy does not (a quiet namespace's bookmark comes
 // within about a minute; a write of a pool, the plugin's own included, at
-// once).
+// once). A list's objects and a watch's events reach the copy a moment
+// after they are seen here (the informer's queue): what must see a given
+// write waits for it with Follows.
 func (o *Objects) Following() error {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
@@ -104,7 +104,7 @@ func (o *Objects) Following() error {
 	sort.Strings(which)
 	b := o.informers[which[0]].broken
 	return fmt.Errorf("the watch of %s failed %s ago (%v) and has neither listed again nor had a new watch deliver",
-		which[0], o.now().Sub(b.since).Round(time.Second), b.err)
+		which[0], time.Now().Sub(b.since).Round(time.Second), b.err)
 }
 
 func (o *Objects) informer(namespace, resource string) *informerState {
@@ -135,7 +135,7 @@ func (o *Objects) failed(namespace, resource string, watch uint64, err error) {
 	defer o.mu.Unlock()
 	st := o.informer(namespace, resource)
 	if st.broken == nil {
-		st.broken = &breakage{since: o.now()}
+		st.broken = &breakage{since: time.Now()}
 	}
 	st.broken.err = err
 	st.broken.watch = max(st.broken.watch, watch)
@@ -145,9 +145,17 @@ func (o *Objects) failed(namespace, resource string, watch uint64, err error) {
 // namespace delivered an event or a bookmark: a watch opened after the last
 // failure that delivers follows the cluster.
 func (o *Objects) delivered(namespace, resource string, watch uint64) {
+	// Every event comes here: most find nothing to clear, under the read
+	// lock.
+	o.mu.RLock()
+	st := o.informers[namespace+"/"+resource]
+	clears := st != nil && st.broken != nil && watch > st.broken.watch
+	o.mu.RUnlock()
+	if !clears {
+		return
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	st := o.informer(namespace, resource)
 	if st.broken != nil && watch > st.broken.watch {
 		st.broken = nil
 	}

@@ -155,6 +155,38 @@ plant A7u '(the same bug)' agent/alloc/reserve.go \
   's#\tif a\.o\.Pools == nil \{\n\t\treturn false#\tif true {\n\t\treturn false#' \
   ./agent/alloc '^TestAReservationAnotherPoolMayShareIsCreatedUnderTheLease$'
 
+# Issue 44's agent and GC lines that nothing held: each changed by one line
+# got through every test and the simulation; now each is caught by its unit
+# test. C1: the agent's own patch taken as proof that its watch follows; C2:
+# a watch refused at its start left unrecorded; C3: a declined request keeps
+# its slot (C3t through Take); C4: GC looks the sandbox's sibling records up
+# under a wrong key; C5: a resumed watch that delivers never clears the
+# failure (item 6); C6: the readiness probe served while the copy is behind.
+plant C1 "the agent's own patch taken as proof that its watch follows" agent/cache/cache.go \
+  's#(p, err := a\.API\.PatchPool\(ctx, namespace, name, patch\)\n\tif err == nil \{\n\t\ta\.Objects\.SawPool\(p\))\n#$1; a.Objects.WatchedPool(namespace, p.ResourceVersion)\n#' \
+  ./agent '^TestAReservationIsMadeWithoutTheLeaseOnlyOnceTheWatchShowedItsPatch$'
+plant C1c '(the same bug)' agent/cache/cache.go \
+  's#(p, err := a\.API\.PatchPool\(ctx, namespace, name, patch\)\n\tif err == nil \{\n\t\ta\.Objects\.SawPool\(p\))\n#$1; a.Objects.WatchedPool(namespace, p.ResourceVersion)\n#' \
+  ./agent/cache '^TestTheAnswerToTheAgentsOwnWriteNeverMakesTheCopyFollow$'
+plant C2 'a watch refused at its start left unrecorded' agent/cache/informer.go \
+  's#\t\t\t\to\.failed\(namespace, resource, n, err\)\n#\t\t\t\t_ = n\n#' \
+  ./agent/cache '^TestTheCopyFollowsAgainOnlyOnceItListsOrANewWatchDelivers$'
+plant C3 'a declined request keeps its in-flight slot' agent/conn.go \
+  's#(if j, reason, detail = s\.admit\(req\); reason != "" \{\n)\t\t\tfree\(\)\n#$1\t\t\t_ = free\n#' \
+  ./agent '^TestADeclinedRequestGivesItsSlotBack$'
+plant C3t '(the same bug, through Take)' agent/conn.go \
+  's#(j, reason, detail = s\.admit\(req\)\n\tif reason != "" \{\n)\t\tfree\(\)\n#$1\t\t_ = free\n#' \
+  ./agent '^TestADeclinedRequestGivesItsSlotBack$'
+plant C4 "GC looks a sandbox's sibling records up under a wrong key" plugin/gc.go \
+  's#sib\.of\(rec\.Namespace, pl\.Name\)#sib.of(pl.Name, rec.Namespace)#' \
+  ./plugin '^TestGCLeavesAnAddressTheSandboxsOtherInterfaceRecorded$'
+plant C5 'a watch the reflector resumed that delivers never clears its failure' agent/cache/informer.go \
+  's#\t\t\t\t\to\.delivered\(namespace, resource, n\)\n#\t\t\t\t\t_ = n\n#' \
+  ./agent/cache '^TestTheCopyFollowsAgainOnlyOnceItListsOrANewWatchDelivers$'
+plant C6 'the readiness probe served while the copy does not follow' agent/admit.go \
+  's#if d := s\.declinesAll\(\); d != nil \{\n\t\treturn d\n\t\}\n\tif req\.Env#if d := s.declinesAll(); d != nil && !(d.reason == "behind" && req.Command == wire.Probe) {\n\t\treturn d\n\t}\n\tif req.Env#' \
+  ./agent '^TestAnAgentWhoseCopyDoesNotFollowDeclines$'
+
 # The stand-in (install/standin): each bug of the review that found ways to
 # lose whereabouts' binary, planted again, is caught by its unit test and by
 # the bin-dir model (TestModel explores every interleaving of every scenario).
