@@ -265,7 +265,7 @@ func TestKubeletAddonREADME(t *testing.T) {
 }
 
 // addonsObjectRE matches a command on harvester-ipam's own objects, which
-// the README's table puts in harvester-system for the add-on.
+// the README's Install puts in harvester-system for the add-on.
 var addonsObjectRE = regexp.MustCompile(`(ds|deploy|cronjob|job)/harvester-ipam|app\.kubernetes\.io/name=harvester-ipam`)
 
 // dedent removes the indentation of a block's first line from every line.
