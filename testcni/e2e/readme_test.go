@@ -316,7 +316,10 @@ func TestKubeletREADME(t *testing.T) {
 	require.NoError(t, err)
 	wbNext, err := rig.WhereaboutsImage(ctx, testcni.V094)
 	require.NoError(t, err)
-	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: "readme", NoWebhook: true})
+	// The README's monitoring block turns the reconciler into a Deployment
+	// and waits for its rollout: the cluster runs the controllers that roll
+	// one out.
+	c, err := rig.StartCluster(ctx, testcni.ClusterOptions{Name: "readme", NoWebhook: true, Controllers: []string{"deployment-controller", "replicaset-controller"}})
 	require.NoError(t, err)
 	nd, err := c.StartNode(ctx, c.Default, testcni.NodeOptions{Kubelet: true, NoWhereabouts: true, Images: []testcni.Image{wb, wbNext}})
 	require.NoError(t, err)
