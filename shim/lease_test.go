@@ -753,7 +753,9 @@ func TestAGroupTakesItsNameOnTheLeaseOnlyAsItWroteIt(t *testing.T) {
 // request under it may take, not the store's 10 s call timeout: a
 // reservation's create made under the Lease must not land after the 5 s
 // Lease may have passed to whereabouts. Alone and in a Group. (A read that
-// lands late changes nothing: it keeps the store's timeout.)
+// lands late changes nothing: it keeps the store's timeout; so does a
+// release's removal of its own entries, safe whenever it lands:
+// TestAReleaseInOneTurnOutlastsASlowPatchOfItsEntries.)
 func TestRequestsUnderTheLeaseAreBoundedByItsCallTimeout(t *testing.T) {
 	for _, group := range []bool{false, true} {
 		t.Run(fmt.Sprintf("group %v", group), func(t *testing.T) {

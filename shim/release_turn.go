@@ -88,7 +88,9 @@ func (l *Locked) removeFirst(ctx context.Context, jobs []*releaseJob) (latest st
 				}
 				var got []Allocation
 				var after *Pool
-				got, after, err = l.s.removeOnce(ctx, pool, chunk, base)
+				// As long as the write takes: the next Keep (the next chunk's,
+				// or before the list) says whether the turn goes on.
+				got, after, err = l.s.removeOnce(mayLandLate(ctx), pool, chunk, base)
 				done = append(done, got...)
 				base = after
 				if len(got) > 0 && after != nil {
