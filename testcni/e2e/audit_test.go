@@ -169,12 +169,15 @@ func startWatchingReconciler(t *testing.T, kubeconfig, namespace string, extra .
 	require.NoError(t, l.Close())
 	var out syncBuffer
 	args := append([]string{"--kubeconfig", kubeconfig, "--namespace", namespace, "--interval", "1m", "--metrics-addr", addr}, extra...)
-	cmd := exec.CommandContext(ctx(t), rig.ReconcilerBinary(), args...)
+	// It lives as long as the test that watches with it (TestKubelet's
+	// whole life, more than ctx's 5 minutes on a busy machine): killed at
+	// the test's end, never by a timeout of its own.
+	cmd := exec.Command(rig.ReconcilerBinary(), args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	metrics = func() string {
-		resp, err := http.Get("http://" + addr + "/metrics")
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
 		if err != nil {
 			return ""
 		}
