@@ -599,6 +599,8 @@ unit_of() {
     crane) echo "crane rest 90" ;;
     helm-controller) echo "helm-controller rest 150" ;;
     promtool) echo "promtool rest 180" ;;
+    whereabouts-e2e-node-slice-*|node-slice-controller-*|whereabouts-manifests-*) echo "conformance-${1##*-} rest 150" ;;
+    whereabouts-e2e-*) echo "conformance-${1#whereabouts-e2e-} rest 150" ;;
     *) echo "$1 rest 60" ;;
   esac
 }
@@ -670,7 +672,10 @@ case "${1:-all}" in
       for v in $WHEREABOUTS_VERSIONS; do build_whereabouts "$v"; whereabouts_scripts "$v"; whereabouts_crds "$v"; done
       build_multus; monitoring_crds; build_webhook
       # The add-on's and the registry's tools, in the lane that ends first.
-      build_crane; build_helm_controller; harvester_crds; k3s_crds; build_promtool) & rest=$!
+      build_crane; build_helm_controller; harvester_crds; k3s_crds; build_promtool
+      # whereabouts' own end-to-end suites (make conformance, which make
+      # test runs), once a version.
+      for v in $CONFORMANCE_VERSIONS; do build_conformance "$v"; done) & rest=$!
     ok=0
     wait "$rest" || ok=$?
     wait "$big" || ok=$?
