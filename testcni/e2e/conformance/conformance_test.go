@@ -250,12 +250,12 @@ func failedAll(ctx context.Context, suites []conformance.Suite, side conformance
 }
 
 // Versions are whereabouts' versions whose suites run (CONFORMANCE_VERSIONS,
-// space-separated, else v0.9.4 and v0.9.3).
+// space-separated, else v0.9.4: make test's).
 func Versions() []string {
 	if v := strings.Fields(os.Getenv("CONFORMANCE_VERSIONS")); len(v) > 0 {
 		return v
 	}
-	return []string{testcni.V094, testcni.V093}
+	return []string{testcni.V094}
 }
 
 // wanted says whether a suite runs (CONFORMANCE_SUITES, space-separated,
