@@ -193,5 +193,7 @@ func standby(args []string) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Said once it catches SIGTERM: what the container's log shows.
+	fmt.Fprintln(os.Stderr, "harvester-ipam-reconciler: standing by until stopped (the chart's diagnostics container: kubectl exec runs the reconciler here)")
 	cli.Standby(ctx)
 }

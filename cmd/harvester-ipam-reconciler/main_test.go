@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -91,11 +93,19 @@ func TestHelpAndVersion(t *testing.T) {
 func TestStandbyWaitsUntilStopped(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "standby")
 	cmd.Env = append(os.Environ(), "RECONCILER_TEST_RUN_MAIN=1", "KUBERNETES_SERVICE_HOST=", "KUBERNETES_SERVICE_PORT=")
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
+	// Its first line says it catches SIGTERM now: a SIGTERM before it would
+	// kill it (the default), however long a busy machine takes to start it.
+	first, err := bufio.NewReader(stderr).ReadString('\n')
+	require.NoError(t, err, "standby says it stands by")
+	assert.Contains(t, first, "standing by until stopped")
+	var out strings.Builder
+	copied := make(chan struct{})
+	go func() { _, _ = io.Copy(&out, stderr); close(copied) }()
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() { <-copied; done <- cmd.Wait() }()
 	select {
 	case err := <-done:
 		t.Fatalf("standby exited by itself: %v: %s", err, out.String())
