@@ -34,6 +34,12 @@ const (
 	// V093 is what Harvester's current chart ships: its DEL matches the
 	// container ID and the ifname.
 	V093 = "v0.9.3"
+	// V092 is what Harvester v1.7.0 to v1.7.2 ship (RKE2's
+	// hardened-whereabouts v0.9.2): v0.9.3's plugin, pod controller and
+	// reconciler but a log line (cmd, pkg/allocate, pkg/storage and
+	// pkg/config are unchanged between them; its generated clientset and
+	// its reconciler's "could not read file" message differ).
+	V092 = "v0.9.2"
 	// V094 is whereabouts' next release: v0.9.3's allocator, DEL and Lease;
 	// its reconciler runs as a Deployment of its own.
 	V094 = "v0.9.4"
@@ -46,10 +52,10 @@ const (
 )
 
 // Delegates are the whereabouts versions the end-to-end suite runs on.
-var Delegates = []string{V094, V093, V080, V070}
+var Delegates = []string{V094, V093, V092, V080, V070}
 
 // Allocators are the Delegates whose CNI binary allocates and releases
-// differently. v0.9.4's is v0.9.3's: cmd/whereabouts, pkg/allocate and
+// differently. v0.9.2's is v0.9.3's (V092), and v0.9.4's is v0.9.3's: cmd/whereabouts, pkg/allocate and
 // pkg/storage are unchanged, and pkg/config only gives its "IPAM config
 // missing 'ipam' key" error a type; what changed is its pod controller, its
 // reconciler (a Deployment of its own), its node-slice controller and its

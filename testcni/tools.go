@@ -17,10 +17,10 @@ type Tools map[string]string
 // toolNames are the ones every rig needs.
 var toolNames = []string{"etcd", "kube-apiserver", "kubelet", "kube-controller-manager", "kube-scheduler", "busybox",
 	"cnitool", "bridge", "host-local", "loopback", "macvlan",
-	"whereabouts-v0.9.4", "whereabouts-v0.9.3", "whereabouts-v0.8.0", "whereabouts-v0.7.0",
-	"ip-control-loop-v0.9.4", "ip-control-loop-v0.9.3", "ip-control-loop-v0.8.0", "ip-control-loop-v0.7.0",
-	"whereabouts-reconciler-v0.9.4", "whereabouts-script-v0.9.4", "whereabouts-script-v0.9.3", "whereabouts-script-v0.8.0", "whereabouts-script-v0.7.0",
-	"whereabouts-crds-v0.9.4", "whereabouts-crds-v0.9.3", "whereabouts-crds-v0.8.0", "whereabouts-crds-v0.7.0",
+	"whereabouts-v0.9.4", "whereabouts-v0.9.3", "whereabouts-v0.9.2", "whereabouts-v0.8.0", "whereabouts-v0.7.0",
+	"ip-control-loop-v0.9.4", "ip-control-loop-v0.9.3", "ip-control-loop-v0.9.2", "ip-control-loop-v0.8.0", "ip-control-loop-v0.7.0",
+	"whereabouts-reconciler-v0.9.4", "whereabouts-script-v0.9.4", "whereabouts-script-v0.9.3", "whereabouts-script-v0.9.2", "whereabouts-script-v0.8.0", "whereabouts-script-v0.7.0",
+	"whereabouts-crds-v0.9.4", "whereabouts-crds-v0.9.3", "whereabouts-crds-v0.9.2", "whereabouts-crds-v0.8.0", "whereabouts-crds-v0.7.0",
 	"multus", "helm", "monitoring-crds", "promtool", "webhook", "webhook-crds",
 	"kubectl", "crane", "helm-controller", "harvester-crds", "k3s-crds"}
 
@@ -29,6 +29,7 @@ var toolNames = []string{"etcd", "kube-apiserver", "kubelet", "kube-controller-m
 var toolFiles = map[string]string{
 	"whereabouts-script-v0.9.4": "token-watcher.sh",
 	"whereabouts-script-v0.9.3": "token-watcher.sh",
+	"whereabouts-script-v0.9.2": "token-watcher.sh",
 	"harvester-crds":            "harvesterhci.io_addons.yaml",
 	"k3s-crds":                  "k3s.cattle.io_addons.yaml",
 }

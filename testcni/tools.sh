@@ -47,7 +47,8 @@ PROMETHEUS_RELEASE=3.16.0
 WHEREABOUTS_V093_SUM=h1:DbI2Xyst/FTZONuZ/O5EjHw/DaddrzSW2g/jmMXxWdQ=
 # v0.9.4, the next release, likewise.
 WHEREABOUTS_V094_SUM=h1:P45pLCyZ7iXLPBtlczbzSYV+AQCPCa9j7qfULKJ4ARM=
-WHEREABOUTS_VERSIONS="v0.9.4 v0.9.3 v0.8.0 v0.7.0"
+# v0.9.2 (Harvester v1.7.0 to v1.7.2) the checksum database knows.
+WHEREABOUTS_VERSIONS="v0.9.4 v0.9.3 v0.9.2 v0.8.0 v0.7.0"
 # The versions whose own end-to-end suites `make conformance` runs, built on
 # its first run (testcni/tools.sh conformance; not in all): v0.9.4's by
 # default, any other of WHEREABOUTS_VERSIONS on demand
