@@ -112,11 +112,13 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	for _, p := range []testcni.Pod{done, gone, same} {
 		require.NoError(t, parts.WaitLog(c, "ip-control-loop", "deleted pod ["+p.Ref()+"]", 1, 30*time.Second))
 	}
-	if testcni.AtLeast(e.WB, testcni.V093) {
-		// It releases what the gone pod held, by its container ID and ifname.
+	if testcni.AtLeast(e.WB, testcni.V092) {
+		// It releases what the gone pod held, by its container ID and ifname
+		// (v0.9.2's pod controller is v0.9.3's: pkg/controlloop is unchanged
+		// between them).
 		require.NoError(t, waitReleased(c, n, gone), "the pod controller did not release %s of %s:\n%s", goneIP, gone.Ref(), parts.Log("ip-control-loop"))
 	} else {
-		// Before v0.9.3 its deallocation has no namespace for whereabouts'
+		// Before v0.9.2 (here: v0.8.0, v0.7.0) its deallocation has no namespace for whereabouts'
 		// Lease (nor a container ID): its one worker waits for that Lease
 		// for ever, and the pod controller releases nothing.
 		require.NoError(t, parts.WaitLog(c, "ip-control-loop", "an empty namespace may not be set", 1, 30*time.Second))
