@@ -55,8 +55,8 @@ const (
 var Delegates = []string{V094, V093, V092, V080, V070}
 
 // Allocators are the Delegates whose CNI binary allocates and releases
-// differently. v0.9.2's is v0.9.3's (V092), and v0.9.4's is v0.9.3's: cmd/whereabouts, pkg/allocate and
-// pkg/storage are unchanged, and pkg/config only gives its "IPAM config
+// differently. v0.9.2's is v0.9.3's (see V092). v0.9.4's is v0.9.3's too:
+// cmd/whereabouts, pkg/allocate and pkg/storage are unchanged, and pkg/config only gives its "IPAM config
 // missing 'ipam' key" error a type; what changed is its pod controller, its
 // reconciler (a Deployment of its own), its node-slice controller and its
 // install-cni.sh. A test of harvester-ipam under load, crashes or outages

@@ -118,9 +118,10 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 		// between them).
 		require.NoError(t, waitReleased(c, n, gone), "the pod controller did not release %s of %s:\n%s", goneIP, gone.Ref(), parts.Log("ip-control-loop"))
 	} else {
-		// Before v0.9.2 (here: v0.8.0, v0.7.0) its deallocation has no namespace for whereabouts'
-		// Lease (nor a container ID): its one worker waits for that Lease
-		// for ever, and the pod controller releases nothing.
+		// Before v0.9.2 (here: v0.8.0, v0.7.0) its deallocation has no
+		// namespace for whereabouts' Lease (nor a container ID): its one
+		// worker waits for that Lease for ever, and the pod controller
+		// releases nothing.
 		require.NoError(t, parts.WaitLog(c, "ip-control-loop", "an empty namespace may not be set", 1, 30*time.Second))
 	}
 	// One whereabouts reconciler run after all that. It may fail: up to
