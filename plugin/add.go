@@ -75,6 +75,11 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	}
 	p.at("add-after-delegate")
 	ph.Mark(cfg.Options.Delegate)
+	if err := a.handedOver(ctx); err != nil {
+		// The allocation stands; what was not handed over is the next
+		// ADD's, a DEL's or the reconciler's to release.
+		log.Errorf("%v", err)
+	}
 	a.recordAddresses(res)
 	ph.Mark("record")
 	out, err := res.GetAsVersion(cfg.CNIVersion)
@@ -98,6 +103,9 @@ type adding struct {
 	// recorder is an allocator that records the first address it chooses
 	// itself (nil: the record is written here, before anything else).
 	recorder RecordingAllocator
+	// handOver says the reclaim left an earlier sandbox's entry on this
+	// interface for the allocation to take over.
+	handOver bool
 }
 
 // checkpoint records the attachment before anything is allocated, so that
@@ -133,11 +141,40 @@ func (a *adding) checkpoint(ctx context.Context) error {
 // reclaimer is Plugin.reclaim or Plugin.reclaimFresh.
 type reclaimer func(ctx context.Context, store *shim.Store, cp checkpoint.Dir, pool, network string, earlier shim.Picker, podRef string, log *logger) error
 
-// reclaim releases what earlier sandboxes of the pod hold in each pool.
+// reclaim releases what earlier sandboxes of the pod hold in each pool, but
+// their entries on this ADD's interface: whereabouts (v0.8.0 and later, and
+// the node agent's allocator) hands such an entry to the new sandbox in the
+// write that allocates, so that the pod keeps its address and nothing ever
+// reads the pod without it, as with whereabouts alone. A look that saw one
+// has handedOver check, after the allocation, that it was.
 func (a *adding) reclaim(ctx context.Context, how reclaimer) error {
-	earlier := shim.EarlierSandboxes(a.pod.Ref(), a.args.ContainerID)
+	earlier := shim.EarlierSandboxes(a.pod.Ref(), a.args.ContainerID, a.args.IfName)
+	onIfce := shim.EarlierOnInterface(a.pod.Ref(), a.args.ContainerID, a.args.IfName)
+	pick := func(p *shim.Pool) []string {
+		if len(onIfce(p)) > 0 {
+			a.handOver = true
+		}
+		return earlier(p)
+	}
+	return a.releaseEach(ctx, how, pick)
+}
+
+// handedOver, once the allocation is written, releases an entry of an
+// earlier sandbox on this ADD's interface that the allocation did not take
+// over (a whereabouts that hands nothing over): the reclaim's release,
+// later. The earlier sandbox's record stays for its DEL, which finds
+// nothing of its own left (or, before the hand-over, its entry: released,
+// the allocation's write then fails on it and chooses again).
+func (a *adding) handedOver(ctx context.Context) error {
+	if !a.handOver {
+		return nil
+	}
+	return a.releaseEach(ctx, a.p.reclaim, shim.EarlierOnInterface(a.pod.Ref(), a.args.ContainerID, a.args.IfName))
+}
+
+func (a *adding) releaseEach(ctx context.Context, how reclaimer, pick shim.Picker) error {
 	for _, pool := range a.cfg.Pools {
-		if err := how(ctx, a.store, a.cp, pool.Name, a.cfg.IPAM.NetworkName, earlier, a.pod.Ref(), a.log); err != nil {
+		if err := how(ctx, a.store, a.cp, pool.Name, a.cfg.IPAM.NetworkName, pick, a.pod.Ref(), a.log); err != nil {
 			return storeError(fmt.Sprintf("release earlier sandboxes of %s from pool %s", a.pod.Ref(), pool.Name), err)
 		}
 	}
@@ -267,13 +304,30 @@ func (p *Plugin) reclaimFrom(ctx context.Context, store *shim.Store, cp checkpoi
 		return err
 	}
 	// An earlier sandbox on this node may never get its DEL (a reboot that
-	// lost containerd's state): its records of this pool are done with.
+	// lost containerd's state): its records of this pool are done with,
+	// unless it holds an entry the release left (one on another interface
+	// that the ADD leaves for whereabouts to hand over): its DEL may still
+	// have that one to release.
 	seen := map[string]bool{}
 	for _, e := range plan.Entries {
-		if seen[e.ContainerID] {
+		seen[e.ContainerID] = true
+	}
+	if plan.Base != nil {
+		released := map[string]bool{}
+		for _, e := range plan.Entries {
+			released[e.Offset] = true
+		}
+		for off, e := range plan.Base.Spec.Allocations {
+			if !released[off] && seen[e.ContainerID] {
+				seen[e.ContainerID] = false
+			}
+		}
+	}
+	for _, e := range plan.Entries {
+		if !seen[e.ContainerID] {
 			continue
 		}
-		seen[e.ContainerID] = true
+		seen[e.ContainerID] = false
 		if _, err := cp.ForgetPool(e.ContainerID, store.Namespace(), pool); err != nil {
 			log.Errorf("forget the checkpoint of %s: %v", e.ContainerID, err)
 		}

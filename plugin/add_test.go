@@ -35,10 +35,13 @@ func TestAddReclaimsEarlierSandboxesThenDelegates(t *testing.T) {
 	assert.Equal(t, "longhorn-system/im-a", rec.PodRef)
 	assert.Equal(t, "kube-system", rec.Namespace)
 
-	for _, want := range []string{"released 192.168.50.2 from pool 192.168.50.0-24", "was container old1, pod longhorn-system/im-a",
-		"released 192.168.50.3", "reservation 192.168.50.3 deleted"} {
+	// old1's entry on lhnet1 is whereabouts' to hand over (it keeps its
+	// address and reservation); old2's, without an ifname, is released.
+	for _, want := range []string{"released 192.168.50.3 from pool 192.168.50.0-24", "was container old2, pod longhorn-system/im-a",
+		"reservation 192.168.50.3 deleted"} {
 		assert.Contains(t, r.log.String(), want)
 	}
+	assert.NotContains(t, r.log.String(), "released 192.168.50.2 ")
 	assert.NotContains(t, r.log.String(), "t0ken")
 }
 
@@ -150,10 +153,13 @@ func TestAddPassesTheDelegatesErrorOn(t *testing.T) {
 // A sandbox that never got its DEL leaves its checkpoint; once the next
 // sandbox's ADD released its entries, the record is forgotten too, or such
 // records pile up on the node forever (Multus never forwards GC).
+// old1's entry on lhnet1 is whereabouts' to hand over: its record stays, for
+// its DEL, which finds nothing of its own left.
 func TestAddForgetsTheRecordsOfWhatItReleased(t *testing.T) {
 	r := newRig(t, crashLoopedPool()...)
+	r.record(t, "old2", "192.168.50.3/24")
 	r.record(t, "old1", "192.168.50.2/24")
-	other := checkpoint.Record{ContainerID: "old1", IfName: "lhnet2", Network: "othernet", PodRef: "longhorn-system/im-a",
+	other := checkpoint.Record{ContainerID: "old2", IfName: "lhnet2", Network: "othernet", PodRef: "longhorn-system/im-a",
 		Kubeconfig: r.kubeconfig(), Namespace: "kube-system", Pools: []checkpoint.Pool{{Name: "10.9.0.0-24", Range: "10.9.0.0/24"}}}
 	require.NoError(t, checkpoint.Dir(r.cpDir).Write(other))
 	require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
@@ -163,7 +169,7 @@ func TestAddForgetsTheRecordsOfWhatItReleased(t *testing.T) {
 	for _, rec := range recs {
 		left = append(left, rec.ContainerID+":"+rec.IfName)
 	}
-	assert.ElementsMatch(t, []string{"new:lhnet1", "old1:lhnet2"}, left, "old1's record of this pool is gone; its record of another pool stays")
+	assert.ElementsMatch(t, []string{"new:lhnet1", "old1:lhnet1", "old2:lhnet2"}, left, "old2's record of this pool is gone; its record of another pool stays")
 	assert.NotContains(t, r.log.String(), "forget the checkpoint", "forgetting went well: no error logged")
 }
 
@@ -309,7 +315,43 @@ func TestAddWhoseReclaimFailsNamesTheAddresses(t *testing.T) {
 	}
 	err := r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", "")))
 	assert.Equal(t, cnitypes.ErrTryAgainLater, cniCode(t, err))
-	assert.Contains(t, err.Error(), "release the reservations of 192.168.50.2, 192.168.50.3 from pool kube-system/192.168.50.0-24")
+	assert.Contains(t, err.Error(), "release the reservations of 192.168.50.3 from pool kube-system/192.168.50.0-24")
 	assert.Empty(t, r.calls(), "nothing delegated")
 	assert.Len(t, r.pool(), 3, "nothing released")
+}
+
+// whereabouts v0.8.0 and later hand a new sandbox the entry its pod held on
+// the same interface, in the one write that allocates: the pod keeps its
+// address, and nothing reading the pool sees the pod without it (whereabouts'
+// own suite polls for that: "can recover from an exhausted IP pool"). The
+// ADD leaves that entry to whereabouts; it releases the earlier sandboxes'
+// others (another interface's, v0.7.0's without an ifname) before, as ever.
+func TestAddLeavesThePodsEntryOnItsInterfaceForWhereaboutsToHandOver(t *testing.T) {
+	for _, v := range []string{fake.V093, fake.V080} {
+		t.Run(v, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			r.wb.Version = v
+			var gaps []string
+			r.api.Hook = func(c *fake.Call) error {
+				// Before every request, the writes so far: the pod's entry on
+				// lhnet1 is in the pool all along.
+				if p := r.api.Pool("kube-system", poolName); p != nil {
+					if a, ok := p.Spec.Allocations["2"]; !ok || a.PodRef != "longhorn-system/im-a" {
+						gaps = append(gaps, c.Verb+" "+c.Resource+" "+c.Name)
+					}
+				}
+				return nil
+			}
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+
+			assert.Empty(t, gaps, "requests that found the pod without its entry on lhnet1")
+			assert.Equal(t, map[string]alloc{
+				"2": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"},
+				"4": {ContainerID: "b1", PodRef: "longhorn-system/im-b", IfName: "lhnet1"},
+			}, r.pool(), "the pod keeps its address on lhnet1; the earlier sandbox's other entry is released")
+			assert.Equal(t, []string{"192.168.50.2=longhorn-system/im-a", "192.168.50.4=longhorn-system/im-b"}, r.orips())
+			assert.Contains(t, r.log.String(), "released 192.168.50.3 from pool 192.168.50.0-24")
+			assert.NotContains(t, r.log.String(), "released 192.168.50.2 ", "the entry whereabouts hands over is not released")
+		})
+	}
 }

@@ -25,7 +25,7 @@ func TestTheLogGoesWhereTheConfigSays(t *testing.T) {
 		wantStderr string // and this is on stderr
 		fresh      bool   // the file is not there before: it is made
 	}{
-		{"no log_file: stderr", func(string) string { return "" }, false, "released 192.168.50.2 from pool", false},
+		{"no log_file: stderr", func(string) string { return "" }, false, "released 192.168.50.3 from pool", false},
 		{"a log_file", func(dir string) string { return `,"log_file":"` + filepath.Join(dir, "wb.log") + `"` }, true, "", false},
 		{"a log_file not there yet: made", func(dir string) string { return `,"log_file":"` + filepath.Join(dir, "wb.log") + `"` }, true, "", true},
 		{"a log_file that cannot be opened: stderr, saying so", func(dir string) string { return `,"log_file":"` + dir + `"` }, false,
@@ -47,14 +47,14 @@ func TestTheLogGoesWhereTheConfigSays(t *testing.T) {
 			b, _ := os.ReadFile(filepath.Join(dir, "wb.log"))
 			if tt.wantFile {
 				assert.True(t, strings.HasPrefix(string(b), before), "whereabouts' lines kept: %q", b)
-				assert.Contains(t, string(b), "[verbose] harvester-ipam ADD new: released 192.168.50.2 from pool")
+				assert.Contains(t, string(b), "[verbose] harvester-ipam ADD new: released 192.168.50.3 from pool")
 				assert.Empty(t, r.log.String(), "nothing on stderr")
 				return
 			}
 			assert.Empty(t, b)
 			assert.Contains(t, r.log.String(), tt.wantStderr)
-			if tt.wantStderr != "released 192.168.50.2 from pool" {
-				assert.Contains(t, r.log.String(), "released 192.168.50.2 from pool", "the log itself, on stderr")
+			if tt.wantStderr != "released 192.168.50.3 from pool" {
+				assert.Contains(t, r.log.String(), "released 192.168.50.3 from pool", "the log itself, on stderr")
 			}
 		})
 	}
@@ -258,7 +258,7 @@ func TestTheLogLevelIsWhereaboutsOwn(t *testing.T) {
 			r := newRig(t, crashLoopedPool()...)
 			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", `,"log_level":"`+tt.level+`"`))))
 			assert.Equal(t, tt.debug, strings.Contains(r.log.String(), "[debug] harvester-ipam ADD new: took "), "%s", r.log.String())
-			assert.Equal(t, tt.verbose, strings.Contains(r.log.String(), "[verbose] harvester-ipam ADD new: released 192.168.50.2"), "%s", r.log.String())
+			assert.Equal(t, tt.verbose, strings.Contains(r.log.String(), "[verbose] harvester-ipam ADD new: released 192.168.50.3"), "%s", r.log.String())
 		})
 	}
 }

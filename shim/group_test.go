@@ -244,7 +244,7 @@ func TestAGroupReleasesTogether(t *testing.T) {
 			defer wg.Done()
 			s := groupStore(api, c, g)
 			ctx := context.Background()
-			plan, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p"+strconv.Itoa(i), "new"))
+			plan, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p"+strconv.Itoa(i), "new", ""))
 			require.NoError(t, err)
 			deleted, err := s.ReleaseReservations(ctx, plan)
 			require.NoError(t, err)
@@ -401,7 +401,7 @@ func TestReleasesWaitingBehindALostHoldGetANewOne(t *testing.T) {
 	s := shim.New(api, ns, shim.Options{Clock: c, Random: func() float64 { return 0.5 }, Group: g})
 	ctx := context.Background()
 	plan := func(pod string) shim.Plan {
-		p, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes(pod, "new"))
+		p, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes(pod, "new", ""))
 		require.NoError(t, err)
 		return p
 	}
@@ -515,7 +515,7 @@ func TestAGroupRunsUnderItsCallersScheduler(t *testing.T) {
 				defer wg.Done()
 				s := store()
 				ctx := context.Background()
-				plan, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p"+strconv.Itoa(i), "new"))
+				plan, err := s.Plan(ctx, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p"+strconv.Itoa(i), "new", ""))
 				if !assert.NoError(t, err) {
 					return
 				}

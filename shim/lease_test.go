@@ -333,7 +333,7 @@ func TestTheLeaseIsRenewedAndItsLossStopsTheDeletes(t *testing.T) {
 			}
 			return nil
 		}
-		_, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
+		_, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new", ""))
 		assert.Len(t, deleted, 30)
 		assert.GreaterOrEqual(t, renewals, 1+3+1, "taken, renewed at least every 1.5 s of 6 s, handed back")
 	})
@@ -354,7 +354,7 @@ func TestTheLeaseIsRenewedAndItsLossStopsTheDeletes(t *testing.T) {
 			}
 			return nil
 		}
-		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new"))
+		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "new", ""))
 		require.NoError(t, err)
 		deleted, err := s.ReleaseReservations(context.Background(), plan)
 		require.Error(t, err)

@@ -76,24 +76,3 @@ func (s *Store) MarkReservation(ctx context.Context, o *Reservation, key, value 
 	}
 	return true, nil
 }
-
-// ClaimReservation makes o, a reservation of the pod, the container's: its
-// containerid (and ifname, where given) set by a patch that tests the
-// version read. False, without an error, when o changed or went meanwhile:
-// the caller reads it again.
-func (s *Store) ClaimReservation(ctx context.Context, o *Reservation, containerID, ifName string) (ok bool, err error) {
-	ops := []PatchOp{{Op: "add", Path: "/spec/containerid", Value: containerID}}
-	if ifName != "" {
-		ops = append(ops, PatchOp{Op: "add", Path: "/spec/ifname", Value: ifName})
-	}
-	cctx, cancel := s.callWrite(ctx)
-	defer cancel()
-	_, err = s.api.PatchReservation(cctx, s.namespace, o.Name, Guarded(o.ResourceVersion, ops...))
-	switch {
-	case apierrors.IsNotFound(err), apierrors.IsConflict(err), apierrors.IsInvalid(err):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("claim reservation %s/%s for %s: %w", s.namespace, o.Name, containerID, err)
-	}
-	return true, nil
-}

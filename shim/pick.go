@@ -21,15 +21,40 @@ type Picker func(p *Pool) []string
 
 // EarlierSandboxes picks the allocations of podRef held by any sandbox other
 // than keepID, whatever their ifname (an empty one, written before
-// whereabouts v0.8, too). It never picks keepID's own, nor another pod's.
-func EarlierSandboxes(podRef, keepID string) Picker {
+// whereabouts v0.8, too), but those on the interface handedOver names:
+// whereabouts v0.8.0 and later (and the node agent's allocator) hand the
+// pod's entry on an interface to its next sandbox's ADD on that interface,
+// in the write that allocates, so that the pod keeps its address and is
+// never seen without it. handedOver "" picks them all. It never picks
+// keepID's own, nor another pod's.
+func EarlierSandboxes(podRef, keepID, handedOver string) Picker {
 	return func(p *Pool) []string {
 		if podRef == "" || keepID == "" {
 			return nil
 		}
 		var out []string
 		for off, a := range p.Spec.Allocations {
-			if a.PodRef == podRef && a.ContainerID != keepID {
+			if a.PodRef == podRef && a.ContainerID != keepID && (handedOver == "" || a.IfName != handedOver) {
+				out = append(out, off)
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+}
+
+// EarlierOnInterface picks what EarlierSandboxes(podRef, keepID, ifName)
+// leaves: the entries of podRef's earlier sandboxes on interface ifName,
+// which whereabouts hands to the ADD on ifName. One still there after that ADD allocated was not handed
+// over (a whereabouts that does not) and is released then.
+func EarlierOnInterface(podRef, keepID, ifName string) Picker {
+	return func(p *Pool) []string {
+		if podRef == "" || keepID == "" || ifName == "" {
+			return nil
+		}
+		var out []string
+		for off, a := range p.Spec.Allocations {
+			if a.PodRef == podRef && a.ContainerID != keepID && a.IfName == ifName {
 				out = append(out, off)
 			}
 		}

@@ -115,9 +115,39 @@ func TestLostAttachment(t *testing.T) {
 
 func TestEarlierSandboxes(t *testing.T) {
 	p := storageNetwork()[0].(*shim.Pool)
-	assert.Equal(t, []string{"4", "5", "6"}, shim.EarlierSandboxes("longhorn-system/im-a", "current")(p))
-	assert.Empty(t, shim.EarlierSandboxes("", "current")(p))
-	assert.Empty(t, shim.EarlierSandboxes("longhorn-system/im-a", "")(p))
+	for _, tt := range []struct {
+		name      string
+		pod, keep string
+		ifName    string
+		want      []string
+	}{
+		{"every earlier sandbox's", "longhorn-system/im-a", "current", "", []string{"4", "5", "6"}},
+		{"but the one on lhnet1, whereabouts' to hand over", "longhorn-system/im-a", "current", "lhnet1", []string{"5", "6"}},
+		{"on lhnet9, the same way", "longhorn-system/im-a", "current", "lhnet9", []string{"4", "5"}},
+		{"no pod", "", "current", "lhnet1", nil},
+		{"no sandbox to keep", "longhorn-system/im-a", "", "lhnet1", nil},
+		{"another pod's never", "longhorn-system/im-b", "other", "", []string{"8"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, shim.EarlierSandboxes(tt.pod, tt.keep, tt.ifName)(p))
+		})
+	}
+}
+
+func TestEarlierOnInterface(t *testing.T) {
+	p := storageNetwork()[0].(*shim.Pool)
+	for _, tt := range []struct {
+		name, ifName string
+		want         []string
+	}{
+		{"lhnet1", "lhnet1", []string{"4"}},
+		{"lhnet9", "lhnet9", []string{"6"}},
+		{"no interface: none (v0.7.0's entries are released before)", "", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, shim.EarlierOnInterface("longhorn-system/im-a", "current", tt.ifName)(p))
+		})
+	}
 }
 
 func TestExactly(t *testing.T) {

@@ -305,7 +305,7 @@ func TestReleasesWithACopyGoTogether(t *testing.T) {
 			defer wg.Done()
 			s := shim.New(cp, ns, shim.Options{Clock: c, Group: g})
 			p := cp.LocalPool(ns, "10.0.0.0-24")
-			plan, err := shim.PlanOf(p, "", shim.EarlierSandboxes("ns/p"+strconv.Itoa(i), "new"))
+			plan, err := shim.PlanOf(p, "", shim.EarlierSandboxes("ns/p"+strconv.Itoa(i), "new", ""))
 			require.NoError(t, err)
 			removed, deleted, err := s.Release(context.Background(), plan)
 			require.NoError(t, err)

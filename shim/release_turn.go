@@ -368,10 +368,16 @@ func (s *Store) reservationCandidates(ctx context.Context, plan Plan) ([]candida
 	return out, nil
 }
 
-// Owns says whether a reservation is an entry's: same podref, and the same
-// container when the reservation names one (whereabouts before v0.8 did).
+// Owns says whether a reservation is an entry's: the same podref, as
+// whereabouts v0.8.0 and later judge it (they write no containerid, and
+// their DEL deletes the reservation of the address it frees). A containerid
+// it names (whereabouts v0.7.0's, the node agent's) may be an earlier
+// sandbox's of the pod: whereabouts hands the pod's entry on an interface to
+// its next sandbox and keeps the reservation as it is. Whether another entry
+// of the pod still holds the address is the release's judgement, under the
+// Lease (invariant 3).
 func Owns(o *Reservation, a Allocation) bool {
-	return o.Spec.PodRef == a.PodRef && (o.Spec.ContainerID == "" || o.Spec.ContainerID == a.ContainerID)
+	return o.Spec.PodRef == a.PodRef
 }
 
 // Holders indexes, by the name of their reservation under networkName, the

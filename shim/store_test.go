@@ -203,7 +203,7 @@ func TestRelease(t *testing.T) {
 		wantPool    []string
 	}{{
 		name: "earlier sandboxes of the pod, any ifname, an empty one too",
-		pick: shim.EarlierSandboxes("longhorn-system/im-a", "current"),
+		pick: shim.EarlierSandboxes("longhorn-system/im-a", "current", ""),
 		// .3 is the current sandbox's; .7 and .8 are another pod's, even with the ID old1;
 		// .6's reservation is another pod's.
 		wantRemoved: []string{"192.168.50.4", "192.168.50.5", "192.168.50.6"},
@@ -211,7 +211,7 @@ func TestRelease(t *testing.T) {
 		wantPool:    []string{"3", "7", "8"},
 	}, {
 		name:     "the current sandbox is never its own earlier sandbox",
-		pick:     shim.EarlierSandboxes("longhorn-system/im-c", "current"),
+		pick:     shim.EarlierSandboxes("longhorn-system/im-c", "current", ""),
 		wantPool: []string{"3", "4", "5", "6", "7", "8"},
 	}, {
 		name:        "one attachment, by ifname",
@@ -254,7 +254,7 @@ func TestRelease(t *testing.T) {
 
 func TestReleaseEverythingLeavesAnEmptyMap(t *testing.T) {
 	s, api, _ := newStore(fake.NewPool("10.0.0.0-30", "10.0.0.0/30", map[string]alloc{"1": {ContainerID: "a", PodRef: "ns/p", IfName: "eth1"}}))
-	removed, _ := release(t, s, "10.0.0.0-30", "", shim.EarlierSandboxes("ns/p", "b"))
+	removed, _ := release(t, s, "10.0.0.0-30", "", shim.EarlierSandboxes("ns/p", "b", ""))
 	assert.Equal(t, []string{"10.0.0.1"}, ipsOf(removed))
 	assert.Empty(t, offsets(t, api, "10.0.0.0-30")) // and not null: checked inside
 }
@@ -313,7 +313,7 @@ func TestRemoveRetriesConflicts(t *testing.T) {
 				}
 				return nil
 			}
-			plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
+			plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current", ""))
 			require.NoError(t, err)
 			removed, err := s.RemoveAllocations(context.Background(), plan)
 			require.NoError(t, err)
@@ -330,7 +330,7 @@ func TestRemoveRetriesConflicts(t *testing.T) {
 // entry to a new sandbox of the pod: that entry is the new sandbox's now.
 func TestRemoveKeepsAnEntryThatChangedHands(t *testing.T) {
 	s, api, _ := newStore(storageNetwork()...)
-	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
+	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current", ""))
 	require.NoError(t, err)
 	p := api.Pool(ns, storage)
 	p.Spec.Allocations["4"] = alloc{ContainerID: "newer", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
@@ -353,7 +353,7 @@ func TestRemoveGivesUpAfterBoundedRetries(t *testing.T) {
 		}
 		return nil
 	}
-	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
+	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current", ""))
 	require.NoError(t, err)
 	_, err = s.RemoveAllocations(context.Background(), plan)
 	require.Error(t, err)
@@ -518,6 +518,23 @@ func TestReservationsStayWhileThePodHoldsTheAddress(t *testing.T) {
 	}
 }
 
+// whereabouts v0.8.0 and later hand a pod's entry on an interface to its
+// next sandbox and keep its reservation as it is: one the node agent wrote
+// names the earlier container. The new sandbox's DEL releases the entry and
+// the reservation with it (the pod's, held by no other entry of the pod), or
+// the reservation stays with no entry (TestAPIServerRestartDuringAStorm on
+// the agent, with the hand-over: "reservation ... has no allocation").
+func TestAReservationNamingAnEarlierSandboxGoesWithThePodsLastEntry(t *testing.T) {
+	old := fake.NewReservation("192.168.50.4", "longhorn-system/im-a")
+	old.Spec.ContainerID = "earlier"
+	s, api, _ := newStore(fake.NewPool(storage, "192.168.50.0/24", map[string]alloc{
+		"4": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}), old)
+	removed, deleted := release(t, s, storage, "", shim.Attachment("new", "lhnet1", nil, nil))
+	assert.Len(t, removed, 1)
+	assert.Equal(t, []string{"192.168.50.4"}, deleted)
+	assert.NotContains(t, reservations(api), "192.168.50.4")
+}
+
 // Whereabouts' own DEL deleted the reservation already: nothing to judge, and
 // no Lease is taken (whereabouts waits for nobody).
 func TestNoLeaseWithoutAReservationToJudge(t *testing.T) {
@@ -560,7 +577,7 @@ func TestManyReleases(t *testing.T) {
 		}
 		return nil
 	}
-	removed, deleted := release(t, s, "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "current"))
+	removed, deleted := release(t, s, "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "current", ""))
 	assert.Len(t, removed, 2500)
 	assert.Len(t, deleted, 25)
 	assert.Equal(t, []int{2501, 1501, 501}, sizes, "patches of at most 1000 removals")
@@ -848,7 +865,7 @@ func TestReservationsAreLookedUpOneByOneUpTo20(t *testing.T) {
 				}
 				return nil
 			}
-			removed, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current"))
+			removed, deleted := release(t, s, "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current", ""))
 			assert.Len(t, removed, tt.entries)
 			assert.Len(t, deleted, tt.entries)
 			assert.Equal(t, tt.wantGets, gets)
@@ -869,7 +886,7 @@ func TestThePoolsAreListedOnceUnderTheLease(t *testing.T) {
 		}
 		return nil
 	}
-	plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current"))
+	plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current", ""))
 	require.NoError(t, err)
 	deleted, err := s.ReleaseReservations(context.Background(), plan)
 	require.NoError(t, err)
@@ -888,7 +905,7 @@ func TestAFailedReleaseNamesItsAddresses(t *testing.T) {
 		{10, "release 10.0.0.10, 10.0.0.11, 10.0.0.2, 10.0.0.3, 10.0.0.4, 10.0.0.5, 10.0.0.6, 10.0.0.7, and 2 more from pool kube-system/10.0.0.0-24"},
 	} {
 		s, api, _ := newStore(manyOld(tt.n)...)
-		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current"))
+		plan, err := s.Plan(context.Background(), "10.0.0.0-24", "", shim.EarlierSandboxes("ns/p", "current", ""))
 		require.NoError(t, err)
 		api.Hook = func(c *fake.Call) error {
 			if c.Verb == "patch" {
@@ -913,7 +930,7 @@ func TestEachChunkOfARemovalReadsThePoolOnce(t *testing.T) {
 			allocs[strconv.Itoa(2+i)] = alloc{ContainerID: "old", PodRef: "ns/p"}
 		}
 		s, api, _ := newStore(fake.NewPool("10.0.0.0-16", "10.0.0.0/16", allocs))
-		plan, err := s.Plan(context.Background(), "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "new"))
+		plan, err := s.Plan(context.Background(), "10.0.0.0-16", "", shim.EarlierSandboxes("ns/p", "new", ""))
 		require.NoError(t, err)
 		gets, patches := 0, 0
 		api.Hook = func(c *fake.Call) error {
@@ -939,7 +956,7 @@ func TestEachChunkOfARemovalReadsThePoolOnce(t *testing.T) {
 // pause, since no writer is racing it now.
 func TestARemovalOnAStalePlanReadsAgainAtOnce(t *testing.T) {
 	s, api, c := newStore(storageNetwork()...)
-	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current"))
+	plan, err := s.Plan(context.Background(), storage, "", shim.EarlierSandboxes("longhorn-system/im-a", "current", ""))
 	require.NoError(t, err)
 	p := api.Pool(ns, storage)
 	p.Spec.Allocations["20"] = alloc{ContainerID: "someone", PodRef: "ns/other", IfName: "eth1"}
@@ -965,7 +982,7 @@ func TestOwns(t *testing.T) {
 	}{
 		{"ns/p", "", true},
 		{"ns/p", "c1", true},
-		{"ns/p", "c2", false},
+		{"ns/p", "c2", true}, // an earlier sandbox's of the pod: the pod's (below)
 		{"ns/q", "", false},
 		{"ns/q", "c1", false},
 	} {

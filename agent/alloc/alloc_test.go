@@ -445,10 +445,10 @@ func TestAStaleHintNeverMakesARangeFull(t *testing.T) {
 
 // A reservation of the pod that names an earlier container (whereabouts
 // v0.7.0's CRD requires containerid; the agent writes it on every version)
-// is kept for the new sandbox, as whereabouts keeps it, and made the new
-// sandbox's: left naming the earlier container, the new sandbox's DEL would
-// not own it (shim.Owns) and leave it to the reconciler, a leak per restart.
-func TestThePodsOwnReservationOfAnEarlierContainerIsMadeTheNewOnes(t *testing.T) {
+// is kept for the new sandbox as it is, as whereabouts keeps it: nothing
+// more is written for it (a write that could fail and leave the ADD half
+// done), and the new sandbox's DEL releases it with the entry (shim.Owns).
+func TestThePodsOwnReservationOfAnEarlierContainerIsKeptAsItIs(t *testing.T) {
 	api := fake.New()
 	old := fake.NewReservation("10.0.0.1", "longhorn-system/im-a")
 	old.Spec.ContainerID = "old"
@@ -458,7 +458,7 @@ func TestThePodsOwnReservationOfAnEarlierContainerIsMadeTheNewOnes(t *testing.T)
 	assert.Equal(t, "10.0.0.1", ips[0].IP.String())
 	o, err := api.GetReservation(context.Background(), ns, "10.0.0.1")
 	require.NoError(t, err)
-	assert.Equal(t, "c1", o.Spec.ContainerID, "the new sandbox's DEL owns it")
+	assert.Equal(t, "old", o.Spec.ContainerID, "kept as it is")
 	assert.Equal(t, "longhorn-system/im-a", o.Spec.PodRef)
 }
 
@@ -473,13 +473,16 @@ func TestThePodsOwnReservationIsKept(t *testing.T) {
 }
 
 // whereabouts v0.8.0+ hands the pod's entry on this interface over to a new
-// sandbox, keeping its reservation (the earlier container's). The ADD's
-// reclaim releases earlier sandboxes first; an entry of one still in the
-// pool the allocator writes on is one the reclaim did not see (it looked at
-// a copy that was behind): the allocator writes nothing and says so, and the
-// plugin releases it on a fresh read before it asks again.
+// sandbox, keeping its reservation (the earlier container's), in the one
+// write that allocates: so does the allocator, and the pod keeps its address
+// without a moment without its entry (the ADD's reclaim leaves that entry
+// to it). An entry of an earlier sandbox on another interface, or without
+// an ifname, still in the pool the allocator writes on is one the reclaim did
+// not see (it looked at a copy that was behind): the allocator writes
+// nothing and says so, and the plugin releases it on a fresh read before it
+// asks again.
 func TestAnEntryOfAnEarlierSandboxIsLeftToTheReclaim(t *testing.T) {
-	for _, ifname := range []string{"lhnet1", "lhnet2", ""} {
+	for _, ifname := range []string{"lhnet2", ""} {
 		t.Run("ifname "+ifname, func(t *testing.T) {
 			api := fake.New()
 			pool := map[string]shim.IPAllocation{"7": {ContainerID: "old", PodRef: "longhorn-system/im-a", IfName: ifname}}
@@ -492,6 +495,21 @@ func TestAnEntryOfAnEarlierSandboxIsLeftToTheReclaim(t *testing.T) {
 			assert.Equal(t, pool, api.Pool(ns, "10.0.0.0-24").Spec.Allocations)
 		})
 	}
+	t.Run("ifname lhnet1, the request's: handed over", func(t *testing.T) {
+		api := fake.New()
+		api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{"7": {ContainerID: "old", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}),
+			fake.NewReservation("10.0.0.7", "longhorn-system/im-a"))
+		n := patches(api)
+		ips, err := alloc.New(alloc.Options{}).Allocate(context.Background(), req(api, ipam("10.0.0.0/24"), "new"))
+		require.NoError(t, err)
+		assert.Equal(t, "10.0.0.7", ips[0].IP.String(), "the pod keeps its address")
+		assert.Equal(t, map[string]shim.IPAllocation{"7": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}},
+			api.Pool(ns, "10.0.0.0-24").Spec.Allocations)
+		assert.Equal(t, int32(1), n.Load(), "one write")
+		o, err := api.GetReservation(context.Background(), ns, "10.0.0.7")
+		require.NoError(t, err)
+		assert.Equal(t, "longhorn-system/im-a", o.Spec.PodRef, "its reservation kept")
+	})
 }
 
 func TestAnADDRunAgainGetsItsAddressWithoutAWrite(t *testing.T) {
@@ -714,9 +732,10 @@ func TestAGiveUpRemovesOnlyTheMembersOwnEntry(t *testing.T) {
 
 // Two sandboxes of one pod in one group (which the kubelet never makes; a
 // lost ADD and the runtime's retry may): the second would take over the
-// entry the first adds, so it waits for the next round, where the first's
-// entry is an earlier sandbox's. Each is answered, one with an address, the
-// other with an error; neither is left waiting.
+// entry the first adds, so it waits for the next round, where it takes over
+// the first's entry as whereabouts would (the same pod, the same
+// interface). Each is answered, with the one address; neither is left
+// waiting, and the pool holds the second's entry.
 func TestAMemberThatWouldTakeOverAnotherMembersEntryIsAnswered(t *testing.T) {
 	api := fake.New()
 	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
@@ -756,18 +775,13 @@ func TestAMemberThatWouldTakeOverAnotherMembersEntryIsAnswered(t *testing.T) {
 			t.Fatalf("a member was answered with neither an address nor an error (answers so far: %v)", got)
 		}
 	}
-	served, failed := 0, 0
 	for _, ans := range got {
-		if ans.err == nil {
-			served++
-			assert.Equal(t, "10.0.0.1", ans.ips[0].IP.String())
-		} else {
-			failed++
-			assert.ErrorIs(t, ans.err, shim.ErrEarlierSandbox)
-		}
+		require.NoError(t, ans.err)
+		assert.Equal(t, "10.0.0.1", ans.ips[0].IP.String())
 	}
-	assert.Equal(t, 1, served)
-	assert.Equal(t, 1, failed)
+	entries := api.Pool(ns, "10.0.0.0-24").Spec.Allocations
+	require.Len(t, entries, 1)
+	assert.Contains(t, []string{"c1", "c2"}, entries["1"].ContainerID, "one sandbox's entry")
 }
 
 // A member that leaves the group after a round whose patch conflicted (its

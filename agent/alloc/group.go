@@ -253,7 +253,7 @@ func (a *Batcher) choose(base *shim.Pool, batch []*member) (chosen []choice, fai
 		// The pool as it is written on (the patch tests this version) is
 		// where the ADD's "no earlier sandbox" is decided: its reclaim may
 		// have looked at a copy that was behind.
-		if earlier := shim.EarlierSandboxes(m.podRef, m.containerID)(base); len(earlier) > 0 {
+		if earlier := shim.EarlierSandboxes(m.podRef, m.containerID, m.ifName)(base); len(earlier) > 0 {
 			failed = append(failed, failure{m, fmt.Errorf("allocate in pool %s/%s for %s: %w (offsets %s)",
 				base.Namespace, base.Name, m.podRef, shim.ErrEarlierSandbox, strings.Join(earlier, ", "))})
 			continue

@@ -123,38 +123,26 @@ func (a *Batcher) shared(m *member, rv string) bool {
 }
 
 // keepOwn makes sure the pod's reservation of an address stays: under the
-// Lease, it is read again and created if a release deleted it meanwhile.
-// One that names an earlier container of the pod is made this one's, so
-// that this sandbox's DEL owns it (shim.Owns).
+// Lease, it is read again and created if a release deleted it meanwhile. One
+// that names an earlier container of the pod is kept as it is, as whereabouts
+// keeps it: it is the pod's, and the new sandbox's DEL releases it with the
+// entry (shim.Owns).
 func (a *Batcher) keepOwn(ctx context.Context, m *member, name string, spec shim.ReservationSpec) error {
 	return m.store.Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
-		for try := 1; ; try++ {
-			o, err := l.Reservation(ctx, name)
-			if err != nil {
+		o, err := l.Reservation(ctx, name)
+		if err != nil {
+			return err
+		}
+		if o == nil {
+			o, err = m.store.Reserve(ctx, name, spec)
+			if err != nil || o == nil {
 				return err
 			}
-			if o == nil {
-				break
-			}
-			if o.Spec.PodRef != m.podRef {
-				return fmt.Errorf("reservation %s/%s went to %s", m.store.Namespace(), name, o.Spec.PodRef)
-			}
-			if o.Spec.ContainerID == "" || o.Spec.ContainerID == m.containerID {
-				return nil
-			}
-			claimed, err := m.store.ClaimReservation(ctx, o, m.containerID, "")
-			if err != nil || claimed {
-				return err
-			}
-			if try >= 5 {
-				return fmt.Errorf("reservation %s/%s kept changing", m.store.Namespace(), name)
-			}
 		}
-		existing, err := m.store.Reserve(ctx, name, spec)
-		if err == nil && existing != nil && existing.Spec.PodRef != m.podRef {
-			return fmt.Errorf("reservation %s/%s went to %s", m.store.Namespace(), name, existing.Spec.PodRef)
+		if o.Spec.PodRef != m.podRef {
+			return fmt.Errorf("reservation %s/%s went to %s", m.store.Namespace(), name, o.Spec.PodRef)
 		}
-		return err
+		return nil
 	})
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,13 +34,18 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 	points := []struct {
 		point, verb string
 		nadGone     bool // DEL from the checkpoint: no delegate, harvester-ipam writes the pool
+		// earlierOn is the interface of the pod's earlier sandbox (lhnet1
+		// unless set): its entry on the ADD's own interface is whereabouts'
+		// to hand over, so only one on another is released before the
+		// delegate runs.
+		earlierOn string
 	}{
-		{"add-after-checkpoint", "ADD", false},
-		{"add-after-reservations", "ADD", false}, // the reclaim deleted the reservation, not yet the entry
-		{"add-after-reclaim", "ADD", false},
-		{"add-after-delegate", "ADD", false},    // allocated, the checkpoint not updated
-		{"del-after-reservations", "DEL", true}, // the reservation deleted, not yet the entry
-		{"del-after-release", "DEL", false},     // released, the checkpoint not removed
+		{"add-after-checkpoint", "ADD", false, ""},
+		{"add-after-reservations", "ADD", false, "lhnet2"}, // the reclaim deleted the reservation, not yet the entry
+		{"add-after-reclaim", "ADD", false, ""},
+		{"add-after-delegate", "ADD", false, ""},    // allocated, the checkpoint not updated
+		{"del-after-reservations", "DEL", true, ""}, // the reservation deleted, not yet the entry
+		{"del-after-release", "DEL", false, ""},     // released, the checkpoint not removed
 	}
 	for i, tt := range points {
 		t.Run(tt.point, func(t *testing.T) {
@@ -79,7 +85,9 @@ func testCrashAtEveryStep(t *testing.T, e *env) {
 				require.NoError(t, rig.CreatePod(c, p, testcni.PodState{Phase: corev1.PodPending}))
 			}
 			bystander := add(t, n, other)
-			first := add(t, n, pod)
+			first, err := rig.NewSandbox(n, pod, cmp.Or(tt.earlierOn, "lhnet1"))
+			require.NoError(t, err)
+			require.NoError(t, first.Add(c), "ADD of a sandbox of %s", pod.Ref())
 			live := []*testcni.Sandbox{bystander}
 
 			switch tt.verb {

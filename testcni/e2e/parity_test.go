@@ -71,12 +71,22 @@ type parityCase struct {
 	seeds      []paritySeed
 	steps      []parityStep
 	// reclaims says that harvester-ipam releases what the pod's earlier
-	// sandbox holds before whereabouts allocates (its point), where
-	// whereabouts v0.8.0 and later would hand that entry over and v0.7.0
-	// would keep it and allocate another: what the pod gets may differ from
-	// whereabouts alone's, never between harvester-ipam's two paths.
-	// reclaims070 says so for whereabouts v0.7.0 only.
+	// sandboxes hold (its point) where whereabouts alone keeps it: on
+	// another interface before whereabouts allocates, and, on whereabouts
+	// v0.7.0, which hands nothing over, on the ADD's own interface once it
+	// has allocated. What the pod gets may then differ from whereabouts
+	// alone's. reclaims070 says so for whereabouts v0.7.0 only. (On the
+	// ADD's own interface, whereabouts v0.8.0 and later hand the entry over
+	// in the write that allocates, as alone.)
 	reclaims, reclaims070 string
+	// handOver070 says why, on whereabouts v0.7.0 only, harvester-ipam's
+	// two paths may differ: an earlier sandbox's entry on the ADD's own
+	// interface (one a v0.8.0 or later whereabouts wrote, on CRDs that keep
+	// the ifname) is left for the allocation to hand over, which the node
+	// agent's allocator does, as v0.8.0 and later do, and v0.7.0 does not:
+	// it allocates another, and the exec path releases the earlier entry
+	// after. The pod holds one address on either path.
+	handOver070 string
 }
 
 // parityPaths are the three runs of a case.
@@ -182,8 +192,8 @@ var parityShapes = []func(net4, net6 string) parityCase{
 					"9": {ContainerID: "old9", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}})},
 				{orip: seedORIP(n4+".9", "", "old9", "longhorn-system/im-a", "lhnet1")},
 			}, steps: two(),
-			reclaims:    "whereabouts v0.8.0+ hands the pod the entry of its earlier sandbox (.9); harvester-ipam releases it first, and whereabouts then allocates the lowest free (.1)",
-			reclaims070: "whereabouts v0.7.0 alone keeps the earlier sandbox's entry (.9) and allocates another (.1): the pod holds two; harvester-ipam releases .9 first"}
+			reclaims070: "whereabouts v0.7.0 alone keeps the earlier sandbox's entry (.9) and allocates another (.1): the pod holds two; harvester-ipam releases .9 once v0.7.0 has allocated",
+			handOver070: "on whereabouts v0.7.0 the node agent hands the pod its earlier sandbox's entry on lhnet1 (.9), as v0.8.0 and later do; the exec path's v0.7.0 allocates another (.1) and harvester-ipam then releases .9: one address either way"}
 	},
 	func(n4, _ string) parityCase {
 		return parityCase{name: "ADD of the same pod and interface from a new container", ipam: map[string]any{"range": n4 + ".0/24"},
@@ -423,6 +433,9 @@ func parityDiff(wb string, pc parityCase, runs map[string]*parityRun) []parityDi
 			why = pc.reclaims070
 		}
 		reclaim := pair.a == pathAlone && why != ""
+		if pair.b == pathAgent && wb == testcni.V070 && pc.handOver070 != "" {
+			reclaim, why = true, pc.handOver070
+		}
 		for i := range pc.steps {
 			x, y := pair.x.outs[i], pair.y.outs[i]
 			step := fmt.Sprintf("step %d (%s %s of %s)", i+1, pc.steps[i].verb, pc.steps[i].container, pc.steps[i].pod)
