@@ -137,6 +137,12 @@ func TestEveryAlertCarriesTheChartsLabel(t *testing.T) {
 	if len(cron) != 3 {
 		t.Errorf("cronjob mode renders %d alerts: want the three kube-state-metrics can raise", len(cron))
 	}
+	_, dep := chartRules(t, root, "harvester-system", modes["deployment"]...)
+	for _, name := range []string{"HarvesterIPAMAuditNotJudging"} {
+		if _, ok := dep[name]; !ok {
+			t.Errorf("deployment mode: no alert %s: a silent loss (issue 44) goes unnoticed", name)
+		}
+	}
 }
 
 func moduleRoot(t *testing.T) string {
@@ -371,11 +377,12 @@ func TestChartReconcilerAlertsFireAsRendered(t *testing.T) {
 	available := ksm("kube_deployment_status_replicas_available", 1, "namespace", ns, "deployment", rec)
 	unavailable := ksm("kube_deployment_status_replicas_available", 0, "namespace", ns, "deployment", rec)
 	otherPasses := series{map[string]string{"__name__": "harvester_ipam_reconciler_passes_total", "namespace": "kube-system", "job": "harvester-ipam-metrics"}, 3}
+	following := reconciler("harvester_ipam_audit_following", 1)
 	assertRulesFire(t, root, file, alerts,
 		ruleCase{name: "deployment: healthy", at: 20 * time.Minute,
-			series: []series{passes, success, available}},
+			series: []series{passes, success, available, following}},
 		ruleCase{name: "deployment: no replica available", at: 20 * time.Minute,
-			series: []series{passes, success, unavailable},
+			series: []series{passes, success, unavailable, following},
 			fire:   []firing{{name: "HarvesterIPAMReconcilerAbsent", labels: without(unavailable.labels, "__name__"), value: 0}}},
 		ruleCase{name: "deployment: not scraped (another release's series are no stand-in)", at: 20 * time.Minute,
 			series: []series{available, otherPasses},
@@ -406,4 +413,62 @@ func TestTheAuditNamesTheReleasesDaemonSet(t *testing.T) {
 			t.Errorf("%s: the diagnostics container has no HARVESTER_IPAM_DAEMONSET=prod-harvester-ipam", mode)
 		}
 	}
+}
+
+// The audit not judging is an alert (issue 44): harvester_ipam_audit_following
+// 0 for 5m, longer than an API server restart and the reflectors' backoff
+// (up to about a minute); and, scraped through the ServiceMonitor, the
+// gauge absent while the reconciler's own series are there (an audit that
+// never started: the gauge has no series before its first look, and a
+// Watch that failed is not tried again). Not before its for:, not while it
+// is 1, not for another release's series, and not with no series at all
+// (HarvesterIPAMReconcilerAbsent's).
+func TestChartAuditNotJudgingFiresAsRendered(t *testing.T) {
+	root := moduleRoot(t)
+	const ns, rec = "harvester-system", "harvester-ipam-reconciler"
+	file, alerts := chartRules(t, root, ns, "reconciler.mode=deployment", "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true")
+	scrape := map[string]string{"job": "harvester-ipam-metrics", "namespace": ns, "service": "harvester-ipam-metrics", "endpoint": "metrics", "pod": rec + "-5d8f7c9b4-x2x7q", "container": "reconcile", "instance": "10.52.0.7:9420"}
+	reconciler := func(name string, value float64) series {
+		l := without(scrape)
+		l["__name__"] = name
+		return series{l, value}
+	}
+	passes := reconciler("harvester_ipam_reconciler_passes_total", 12)
+	success := reconciler("harvester_ipam_reconciler_last_success_timestamp_seconds", 1500)
+	available := ksm("kube_deployment_status_replicas_available", 1, "namespace", ns, "deployment", rec)
+	healthy := []series{passes, success, available}
+	following := reconciler("harvester_ipam_audit_following", 1)
+	behind := reconciler("harvester_ipam_audit_following", 0)
+	otherBehind := series{map[string]string{"__name__": "harvester_ipam_audit_following", "namespace": "kube-system", "job": "harvester-ipam-metrics"}, 0}
+	const hold = 5 * time.Minute
+	notJudging := firing{name: "HarvesterIPAMAuditNotJudging", labels: without(behind.labels, "__name__"), value: 0}
+	assertRulesFire(t, root, file, alerts,
+		ruleCase{name: "audit: following", at: 20 * time.Minute,
+			series: append(healthy, following)},
+		ruleCase{name: "audit: not following, before for:", at: hold - 30*time.Second,
+			series: append(healthy, behind)},
+		ruleCase{name: "audit: not following, past for:", at: hold + 30*time.Second,
+			series: append(healthy, behind), fire: []firing{notJudging}},
+		ruleCase{name: "audit: not following for long", at: 20 * time.Minute,
+			series: append(healthy, behind), fire: []firing{notJudging}},
+		ruleCase{name: "audit: another release's not following", at: 20 * time.Minute,
+			series: append(healthy, following, otherBehind)},
+		ruleCase{name: "audit: never started, before for:", at: hold - 30*time.Second,
+			series: healthy},
+		ruleCase{name: "audit: never started (the gauge absent, the reconciler scraped)", at: hold + 30*time.Second,
+			series: healthy, fire: []firing{{name: "HarvesterIPAMAuditNotJudging", labels: map[string]string{"namespace": ns}, value: 1}}},
+		ruleCase{name: "audit: no series at all", at: 20 * time.Minute,
+			series: []series{available},
+			fire:   []firing{{name: "HarvesterIPAMReconcilerAbsent", labels: map[string]string{"namespace": ns}, value: 1}}},
+	)
+
+	// Without the ServiceMonitor the reconciler's series may come from
+	// elsewhere (or nowhere): only the gauge at 0 fires.
+	file, alerts = chartRules(t, root, ns, "reconciler.mode=deployment", "monitoring.prometheusRule.enabled=true")
+	assertRulesFire(t, root, file, alerts,
+		ruleCase{name: "audit, no ServiceMonitor: the gauge absent", at: 20 * time.Minute,
+			series: healthy},
+		ruleCase{name: "audit, no ServiceMonitor: not following", at: hold + 30*time.Second,
+			series: append(healthy, behind), fire: []firing{notJudging}},
+	)
 }

@@ -26,6 +26,7 @@ var reconcilerMetrics = map[string]bool{
 	"harvester_ipam_reconciler_last_success_timestamp_seconds": true,
 	"harvester_ipam_reconciler_pass_duration_seconds":          true,
 	"harvester_ipam_audit_findings":                            true, "harvester_ipam_audit_free": true, "harvester_ipam_audit_need": true,
+	"harvester_ipam_audit_following": true,
 }
 
 var metricName = regexp.MustCompile(`\bharvester_ipam_[a-z_]+`)
@@ -229,6 +230,8 @@ func checkMonitoring(t *testing.T, objs []unstructured.Unstructured) {
 			"HarvesterIPAMAddressShared":            `harvester_ipam_audit_findings{kind="SharedAddress"} > 0`,
 			"HarvesterIPAMPodPoolMismatch":          `harvester_ipam_audit_findings{kind=~"PodPoolMismatch|EntryReservationMismatch"} > 0`,
 			"HarvesterIPAMHeadroomLow":              `harvester_ipam_audit_findings{kind="Headroom"} > 0`,
+			"HarvesterIPAMAuditNotJudging": `harvester_ipam_audit_following{namespace="harvester-system"} == 0 or ` +
+				`(absent(harvester_ipam_audit_following{namespace="harvester-system"}) and on() harvester_ipam_reconciler_passes_total{namespace="harvester-system"})`,
 			"HarvesterIPAMReconcilerAbsent": `absent(harvester_ipam_reconciler_passes_total{namespace="harvester-system"}) or ` +
 				`kube_deployment_status_replicas_available{namespace="harvester-system",deployment="harvester-ipam-reconciler"} < 1`,
 		}, alerts)
