@@ -129,16 +129,20 @@ func TestEveryAlertCarriesTheChartsLabel(t *testing.T) {
 		}
 	}
 	_, cron := chartRules(t, root, "harvester-system", modes["cronjob"]...)
-	for _, name := range []string{"HarvesterIPAMReconcilerJobFailed", "HarvesterIPAMReconcilerNotSucceeding", "HarvesterIPAMReconcilerAbsent"} {
+	for _, name := range []string{"HarvesterIPAMReconcilerJobFailed", "HarvesterIPAMReconcilerNotSucceeding", "HarvesterIPAMReconcilerAbsent", "HarvesterIPAMAgentNotServing"} {
 		if _, ok := cron[name]; !ok {
 			t.Errorf("cronjob mode: no alert %s", name)
 		}
 	}
-	if len(cron) != 3 {
-		t.Errorf("cronjob mode renders %d alerts: want the three kube-state-metrics can raise", len(cron))
+	if len(cron) != 4 {
+		t.Errorf("cronjob mode renders %d alerts: want the four kube-state-metrics can raise", len(cron))
+	}
+	_, noAgent := chartRules(t, root, "harvester-system", append(modes["cronjob"], "agent.enabled=false")...)
+	if _, ok := noAgent["HarvesterIPAMAgentNotServing"]; ok || len(noAgent) != 3 {
+		t.Errorf("cronjob mode without the agent renders %d alerts (HarvesterIPAMAgentNotServing: %v): want the reconciler's three", len(noAgent), ok)
 	}
 	_, dep := chartRules(t, root, "harvester-system", modes["deployment"]...)
-	for _, name := range []string{"HarvesterIPAMAuditNotJudging"} {
+	for _, name := range []string{"HarvesterIPAMAuditNotJudging", "HarvesterIPAMAgentNotServing"} {
 		if _, ok := dep[name]; !ok {
 			t.Errorf("deployment mode: no alert %s: a silent loss (issue 44) goes unnoticed", name)
 		}
@@ -471,4 +475,86 @@ func TestChartAuditNotJudgingFiresAsRendered(t *testing.T) {
 		ruleCase{name: "audit, no ServiceMonitor: not following", at: hold + 30*time.Second,
 			series: append(healthy, behind), fire: []firing{notJudging}},
 	)
+}
+
+// A node agent that serves no request is an alert (issue 44), in either
+// mode: its own harvester_ipam_agent_declining{reason} is served on the
+// node's loopback only (agent.metricsPort, 127.0.0.1; the chart scrapes
+// no agent), but an agent that declines every request fails its readiness
+// probe, and kube-state-metrics, which rancher-monitoring scrapes, says so
+// by pod and node. For 10m: a rollout or a restart declines briefly
+// (docs/agent.md). Not while it is Ready, not for another DaemonSet's pod
+// (the installer's, of the same release), not on a node that is not
+// Ready, and not with no series.
+func TestChartAgentNotServingFiresAsRendered(t *testing.T) {
+	root := moduleRoot(t)
+	const ns, ds, pod, node = "harvester-system", "harvester-ipam-agent", "harvester-ipam-agent-x7k2p", "harvester-node-1"
+	ready := func(pod, uid string, ok bool) []series {
+		v := map[bool]float64{true: 1, false: 0}
+		return []series{
+			ksm("kube_pod_status_ready", v[ok], "namespace", ns, "pod", pod, "uid", uid, "condition", "true"),
+			ksm("kube_pod_status_ready", v[!ok], "namespace", ns, "pod", pod, "uid", uid, "condition", "false"),
+			ksm("kube_pod_status_ready", 0, "namespace", ns, "pod", pod, "uid", uid, "condition", "unknown"),
+		}
+	}
+	info := func(pod, uid, owner string) series {
+		return ksm("kube_pod_info", 1, "namespace", ns, "pod", pod, "uid", uid, "node", node, "host_ip", "10.0.0.11", "pod_ip", "10.0.0.11",
+			"created_by_kind", "DaemonSet", "created_by_name", owner, "priority_class", "system-node-critical", "host_network", "true")
+	}
+	nodeReady := func(ok bool) []series {
+		v := map[bool]float64{true: 1, false: 0}
+		return []series{
+			ksm("kube_node_status_condition", v[ok], "node", node, "condition", "Ready", "status", "true"),
+			ksm("kube_node_status_condition", v[!ok], "node", node, "condition", "Ready", "status", "false"),
+		}
+	}
+	cat := func(parts ...[]series) []series {
+		var out []series
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	agent := info(pod, "7d1e", ds)
+	installer := info("harvester-ipam-q8z4n", "3b9c", "harvester-ipam")
+	notReady := ready(pod, "7d1e", false)
+	notServing := firing{name: "HarvesterIPAMAgentNotServing", value: 0,
+		labels: map[string]string{"job": "kube-state-metrics", "instance": "10.52.0.9:8080", "namespace": ns, "pod": pod, "uid": "7d1e", "condition": "true", "node": node}}
+	const hold = 10 * time.Minute
+	for _, mode := range [][]string{
+		{"monitoring.prometheusRule.enabled=true"},
+		{"reconciler.mode=deployment", "monitoring.prometheusRule.enabled=true"},
+	} {
+		file, alerts := chartRules(t, root, ns, mode...)
+		// The reconciler's own alerts quiet: its CronJob (or Deployment)
+		// healthy, as kube-state-metrics and its scrape say.
+		var quiet []series
+		if len(mode) == 1 {
+			quiet = []series{
+				ksm("kube_cronjob_info", 1, "namespace", ns, "cronjob", "harvester-ipam-reconciler", "schedule", "*/10 * * * *"),
+				ksm("kube_cronjob_spec_suspend", 0, "namespace", ns, "cronjob", "harvester-ipam-reconciler"),
+				ksm("kube_cronjob_status_last_successful_time", 1500, "namespace", ns, "cronjob", "harvester-ipam-reconciler"),
+			}
+		} else {
+			quiet = []series{
+				ksm("kube_deployment_status_replicas_available", 1, "namespace", ns, "deployment", "harvester-ipam-reconciler"),
+				{map[string]string{"__name__": "harvester_ipam_reconciler_last_success_timestamp_seconds", "namespace": ns}, 1500},
+				{map[string]string{"__name__": "harvester_ipam_audit_following", "namespace": ns}, 1},
+			}
+		}
+		assertRulesFire(t, root, file, alerts,
+			ruleCase{name: mode[0] + ": the agent Ready", at: 20 * time.Minute,
+				series: cat(quiet, ready(pod, "7d1e", true), []series{agent}, nodeReady(true))},
+			ruleCase{name: mode[0] + ": not Ready, before for:", at: hold - 30*time.Second,
+				series: cat(quiet, notReady, []series{agent}, nodeReady(true))},
+			ruleCase{name: mode[0] + ": not Ready, past for:", at: hold + 30*time.Second,
+				series: cat(quiet, notReady, []series{agent}, nodeReady(true)), fire: []firing{notServing}},
+			ruleCase{name: mode[0] + ": the installer not Ready (another alert's)", at: 20 * time.Minute,
+				series: cat(quiet, ready(pod, "7d1e", true), []series{agent}, ready("harvester-ipam-q8z4n", "3b9c", false), []series{installer}, nodeReady(true))},
+			ruleCase{name: mode[0] + ": not Ready on a node that is not Ready", at: 20 * time.Minute,
+				series: cat(quiet, notReady, []series{agent}, nodeReady(false))},
+			ruleCase{name: mode[0] + ": no series", at: 20 * time.Minute,
+				series: quiet},
+		)
+	}
 }
