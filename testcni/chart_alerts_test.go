@@ -129,13 +129,23 @@ func TestEveryAlertCarriesTheChartsLabel(t *testing.T) {
 		}
 	}
 	_, cron := chartRules(t, root, "harvester-system", modes["cronjob"]...)
-	for _, name := range []string{"HarvesterIPAMReconcilerJobFailed", "HarvesterIPAMReconcilerNotSucceeding", "HarvesterIPAMReconcilerAbsent"} {
+	for _, name := range []string{"HarvesterIPAMReconcilerJobFailed", "HarvesterIPAMReconcilerNotSucceeding", "HarvesterIPAMReconcilerAbsent", "HarvesterIPAMAgentNotServing"} {
 		if _, ok := cron[name]; !ok {
 			t.Errorf("cronjob mode: no alert %s", name)
 		}
 	}
-	if len(cron) != 3 {
-		t.Errorf("cronjob mode renders %d alerts: want the three kube-state-metrics can raise", len(cron))
+	if len(cron) != 4 {
+		t.Errorf("cronjob mode renders %d alerts: want the four kube-state-metrics can raise", len(cron))
+	}
+	_, noAgent := chartRules(t, root, "harvester-system", append(modes["cronjob"], "agent.enabled=false")...)
+	if _, ok := noAgent["HarvesterIPAMAgentNotServing"]; ok || len(noAgent) != 3 {
+		t.Errorf("cronjob mode without the agent renders %d alerts (HarvesterIPAMAgentNotServing: %v): want the reconciler's three", len(noAgent), ok)
+	}
+	_, dep := chartRules(t, root, "harvester-system", modes["deployment"]...)
+	for _, name := range []string{"HarvesterIPAMAuditNotJudging", "HarvesterIPAMAgentNotServing"} {
+		if _, ok := dep[name]; !ok {
+			t.Errorf("deployment mode: no alert %s: a silent loss (issue 44) goes unnoticed", name)
+		}
 	}
 }
 
@@ -371,11 +381,12 @@ func TestChartReconcilerAlertsFireAsRendered(t *testing.T) {
 	available := ksm("kube_deployment_status_replicas_available", 1, "namespace", ns, "deployment", rec)
 	unavailable := ksm("kube_deployment_status_replicas_available", 0, "namespace", ns, "deployment", rec)
 	otherPasses := series{map[string]string{"__name__": "harvester_ipam_reconciler_passes_total", "namespace": "kube-system", "job": "harvester-ipam-metrics"}, 3}
+	following := reconciler("harvester_ipam_audit_following", 1)
 	assertRulesFire(t, root, file, alerts,
 		ruleCase{name: "deployment: healthy", at: 20 * time.Minute,
-			series: []series{passes, success, available}},
+			series: []series{passes, success, available, following}},
 		ruleCase{name: "deployment: no replica available", at: 20 * time.Minute,
-			series: []series{passes, success, unavailable},
+			series: []series{passes, success, unavailable, following},
 			fire:   []firing{{name: "HarvesterIPAMReconcilerAbsent", labels: without(unavailable.labels, "__name__"), value: 0}}},
 		ruleCase{name: "deployment: not scraped (another release's series are no stand-in)", at: 20 * time.Minute,
 			series: []series{available, otherPasses},
@@ -405,5 +416,145 @@ func TestTheAuditNamesTheReleasesDaemonSet(t *testing.T) {
 		if !regexp.MustCompile(`name: HARVESTER_IPAM_DAEMONSET\n\s+value: prod-harvester-ipam\n`).MatchString(s) {
 			t.Errorf("%s: the diagnostics container has no HARVESTER_IPAM_DAEMONSET=prod-harvester-ipam", mode)
 		}
+	}
+}
+
+// The audit not judging is an alert (issue 44): harvester_ipam_audit_following
+// 0 for 5m, longer than an API server restart and the reflectors' backoff
+// (up to about a minute); and, scraped through the ServiceMonitor, the
+// gauge absent while the reconciler's own series are there (an audit that
+// never started: the gauge has no series before its first look, and a
+// Watch that failed is not tried again). Not before its for:, not while it
+// is 1, not for another release's series, and not with no series at all
+// (HarvesterIPAMReconcilerAbsent's).
+func TestChartAuditNotJudgingFiresAsRendered(t *testing.T) {
+	root := moduleRoot(t)
+	const ns, rec = "harvester-system", "harvester-ipam-reconciler"
+	file, alerts := chartRules(t, root, ns, "reconciler.mode=deployment", "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true")
+	scrape := map[string]string{"job": "harvester-ipam-metrics", "namespace": ns, "service": "harvester-ipam-metrics", "endpoint": "metrics", "pod": rec + "-5d8f7c9b4-x2x7q", "container": "reconcile", "instance": "10.52.0.7:9420"}
+	reconciler := func(name string, value float64) series {
+		l := without(scrape)
+		l["__name__"] = name
+		return series{l, value}
+	}
+	passes := reconciler("harvester_ipam_reconciler_passes_total", 12)
+	success := reconciler("harvester_ipam_reconciler_last_success_timestamp_seconds", 1500)
+	available := ksm("kube_deployment_status_replicas_available", 1, "namespace", ns, "deployment", rec)
+	healthy := []series{passes, success, available}
+	following := reconciler("harvester_ipam_audit_following", 1)
+	behind := reconciler("harvester_ipam_audit_following", 0)
+	otherBehind := series{map[string]string{"__name__": "harvester_ipam_audit_following", "namespace": "kube-system", "job": "harvester-ipam-metrics"}, 0}
+	const hold = 5 * time.Minute
+	notJudging := firing{name: "HarvesterIPAMAuditNotJudging", labels: without(behind.labels, "__name__"), value: 0}
+	assertRulesFire(t, root, file, alerts,
+		ruleCase{name: "audit: following", at: 20 * time.Minute,
+			series: append(healthy, following)},
+		ruleCase{name: "audit: not following, before for:", at: hold - 30*time.Second,
+			series: append(healthy, behind)},
+		ruleCase{name: "audit: not following, past for:", at: hold + 30*time.Second,
+			series: append(healthy, behind), fire: []firing{notJudging}},
+		ruleCase{name: "audit: not following for long", at: 20 * time.Minute,
+			series: append(healthy, behind), fire: []firing{notJudging}},
+		ruleCase{name: "audit: another release's not following", at: 20 * time.Minute,
+			series: append(healthy, following, otherBehind)},
+		ruleCase{name: "audit: never started, before for:", at: hold - 30*time.Second,
+			series: healthy},
+		ruleCase{name: "audit: never started (the gauge absent, the reconciler scraped)", at: hold + 30*time.Second,
+			series: healthy, fire: []firing{{name: "HarvesterIPAMAuditNotJudging", labels: map[string]string{"namespace": ns}, value: 1}}},
+		ruleCase{name: "audit: no series at all", at: 20 * time.Minute,
+			series: []series{available},
+			fire:   []firing{{name: "HarvesterIPAMReconcilerAbsent", labels: map[string]string{"namespace": ns}, value: 1}}},
+	)
+
+	// Without the ServiceMonitor the reconciler's series may come from
+	// elsewhere (or nowhere): only the gauge at 0 fires.
+	file, alerts = chartRules(t, root, ns, "reconciler.mode=deployment", "monitoring.prometheusRule.enabled=true")
+	assertRulesFire(t, root, file, alerts,
+		ruleCase{name: "audit, no ServiceMonitor: the gauge absent", at: 20 * time.Minute,
+			series: healthy},
+		ruleCase{name: "audit, no ServiceMonitor: not following", at: hold + 30*time.Second,
+			series: append(healthy, behind), fire: []firing{notJudging}},
+	)
+}
+
+// A node agent that serves no request is an alert (issue 44), in either
+// mode: its own harvester_ipam_agent_declining{reason} is served on the
+// node's loopback only (agent.metricsPort, 127.0.0.1; the chart scrapes
+// no agent), but an agent that declines every request fails its readiness
+// probe, and kube-state-metrics, which rancher-monitoring scrapes, says so
+// by pod and node. For 10m: a rollout or a restart declines briefly
+// (docs/agent.md). Not while it is Ready, not for another DaemonSet's pod
+// (the installer's, of the same release), not on a node that is not
+// Ready, and not with no series.
+func TestChartAgentNotServingFiresAsRendered(t *testing.T) {
+	root := moduleRoot(t)
+	const ns, ds, pod, node = "harvester-system", "harvester-ipam-agent", "harvester-ipam-agent-x7k2p", "harvester-node-1"
+	ready := func(pod, uid string, ok bool) []series {
+		v := map[bool]float64{true: 1, false: 0}
+		return []series{
+			ksm("kube_pod_status_ready", v[ok], "namespace", ns, "pod", pod, "uid", uid, "condition", "true"),
+			ksm("kube_pod_status_ready", v[!ok], "namespace", ns, "pod", pod, "uid", uid, "condition", "false"),
+			ksm("kube_pod_status_ready", 0, "namespace", ns, "pod", pod, "uid", uid, "condition", "unknown"),
+		}
+	}
+	info := func(pod, uid, owner string) series {
+		return ksm("kube_pod_info", 1, "namespace", ns, "pod", pod, "uid", uid, "node", node, "host_ip", "10.0.0.11", "pod_ip", "10.0.0.11",
+			"created_by_kind", "DaemonSet", "created_by_name", owner, "priority_class", "system-node-critical", "host_network", "true")
+	}
+	nodeReady := func(ok bool) []series {
+		v := map[bool]float64{true: 1, false: 0}
+		return []series{
+			ksm("kube_node_status_condition", v[ok], "node", node, "condition", "Ready", "status", "true"),
+			ksm("kube_node_status_condition", v[!ok], "node", node, "condition", "Ready", "status", "false"),
+		}
+	}
+	cat := func(parts ...[]series) []series {
+		var out []series
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	agent := info(pod, "7d1e", ds)
+	installer := info("harvester-ipam-q8z4n", "3b9c", "harvester-ipam")
+	notReady := ready(pod, "7d1e", false)
+	notServing := firing{name: "HarvesterIPAMAgentNotServing", value: 0,
+		labels: map[string]string{"job": "kube-state-metrics", "instance": "10.52.0.9:8080", "namespace": ns, "pod": pod, "uid": "7d1e", "condition": "true", "node": node}}
+	const hold = 10 * time.Minute
+	for _, mode := range [][]string{
+		{"monitoring.prometheusRule.enabled=true"},
+		{"reconciler.mode=deployment", "monitoring.prometheusRule.enabled=true"},
+	} {
+		file, alerts := chartRules(t, root, ns, mode...)
+		// The reconciler's own alerts quiet: its CronJob (or Deployment)
+		// healthy, as kube-state-metrics and its scrape say.
+		var quiet []series
+		if len(mode) == 1 {
+			quiet = []series{
+				ksm("kube_cronjob_info", 1, "namespace", ns, "cronjob", "harvester-ipam-reconciler", "schedule", "*/10 * * * *"),
+				ksm("kube_cronjob_spec_suspend", 0, "namespace", ns, "cronjob", "harvester-ipam-reconciler"),
+				ksm("kube_cronjob_status_last_successful_time", 1500, "namespace", ns, "cronjob", "harvester-ipam-reconciler"),
+			}
+		} else {
+			quiet = []series{
+				ksm("kube_deployment_status_replicas_available", 1, "namespace", ns, "deployment", "harvester-ipam-reconciler"),
+				{map[string]string{"__name__": "harvester_ipam_reconciler_last_success_timestamp_seconds", "namespace": ns}, 1500},
+				{map[string]string{"__name__": "harvester_ipam_audit_following", "namespace": ns}, 1},
+			}
+		}
+		assertRulesFire(t, root, file, alerts,
+			ruleCase{name: mode[0] + ": the agent Ready", at: 20 * time.Minute,
+				series: cat(quiet, ready(pod, "7d1e", true), []series{agent}, nodeReady(true))},
+			ruleCase{name: mode[0] + ": not Ready, before for:", at: hold - 30*time.Second,
+				series: cat(quiet, notReady, []series{agent}, nodeReady(true))},
+			ruleCase{name: mode[0] + ": not Ready, past for:", at: hold + 30*time.Second,
+				series: cat(quiet, notReady, []series{agent}, nodeReady(true)), fire: []firing{notServing}},
+			ruleCase{name: mode[0] + ": the installer not Ready (another alert's)", at: 20 * time.Minute,
+				series: cat(quiet, ready(pod, "7d1e", true), []series{agent}, ready("harvester-ipam-q8z4n", "3b9c", false), []series{installer}, nodeReady(true))},
+			ruleCase{name: mode[0] + ": not Ready on a node that is not Ready", at: 20 * time.Minute,
+				series: cat(quiet, notReady, []series{agent}, nodeReady(false))},
+			ruleCase{name: mode[0] + ": no series", at: 20 * time.Minute,
+				series: quiet},
+		)
 	}
 }

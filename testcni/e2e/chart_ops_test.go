@@ -26,14 +26,16 @@ var reconcilerMetrics = map[string]bool{
 	"harvester_ipam_reconciler_last_success_timestamp_seconds": true,
 	"harvester_ipam_reconciler_pass_duration_seconds":          true,
 	"harvester_ipam_audit_findings":                            true, "harvester_ipam_audit_free": true, "harvester_ipam_audit_need": true,
+	"harvester_ipam_audit_following": true,
 }
 
 var metricName = regexp.MustCompile(`\bharvester_ipam_[a-z_]+`)
 
 // kubeStateMetric is a kube-state-metrics series an alert may use: what
 // rancher-monitoring scrapes of the reconciler's Deployment, CronJob and
-// Jobs (the chart's tests in testcni run those alerts through promtool).
-var kubeStateMetric = regexp.MustCompile(`\bkube_(deployment_status_replicas_available|job_status_failed|cronjob_info|cronjob_spec_suspend|cronjob_status_last_successful_time)\b`)
+// Jobs, and of the node agent's pods (the chart's tests in testcni run
+// those alerts through promtool).
+var kubeStateMetric = regexp.MustCompile(`\bkube_(deployment_status_replicas_available|job_status_failed|cronjob_info|cronjob_spec_suspend|cronjob_status_last_successful_time|pod_status_ready)\b`)
 
 // metricsIn are the harvester_ipam_* names an expression uses; any other
 // name fails the test.
@@ -229,8 +231,13 @@ func checkMonitoring(t *testing.T, objs []unstructured.Unstructured) {
 			"HarvesterIPAMAddressShared":            `harvester_ipam_audit_findings{kind="SharedAddress"} > 0`,
 			"HarvesterIPAMPodPoolMismatch":          `harvester_ipam_audit_findings{kind=~"PodPoolMismatch|EntryReservationMismatch"} > 0`,
 			"HarvesterIPAMHeadroomLow":              `harvester_ipam_audit_findings{kind="Headroom"} > 0`,
+			"HarvesterIPAMAuditNotJudging": `harvester_ipam_audit_following{namespace="harvester-system"} == 0 or ` +
+				`(absent(harvester_ipam_audit_following{namespace="harvester-system"}) and on() harvester_ipam_reconciler_passes_total{namespace="harvester-system"})`,
 			"HarvesterIPAMReconcilerAbsent": `absent(harvester_ipam_reconciler_passes_total{namespace="harvester-system"}) or ` +
 				`kube_deployment_status_replicas_available{namespace="harvester-system",deployment="harvester-ipam-reconciler"} < 1`,
+			"HarvesterIPAMAgentNotServing": `(kube_pod_status_ready{namespace="harvester-system",condition="true"} == 0) * on(namespace, pod) group_left(node) ` +
+				`max by (namespace, pod, node) (kube_pod_info{namespace="harvester-system",created_by_kind="DaemonSet",created_by_name="harvester-ipam-agent"}) ` +
+				`unless on(node) (kube_node_status_condition{condition="Ready",status="true"} == 0)`,
 		}, alerts)
 	}
 
