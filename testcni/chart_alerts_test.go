@@ -368,12 +368,7 @@ func TestChartReconcilerAlertsFireAsRendered(t *testing.T) {
 	)
 
 	file, alerts = chartRules(t, root, ns, "reconciler.mode=deployment", "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true")
-	scrape := map[string]string{"job": "harvester-ipam-metrics", "namespace": ns, "service": "harvester-ipam-metrics", "endpoint": "metrics", "pod": rec + "-5d8f7c9b4-x2x7q", "container": "reconcile", "instance": "10.52.0.7:9420"}
-	reconciler := func(name string, value float64) series {
-		l := without(scrape)
-		l["__name__"] = name
-		return series{l, value}
-	}
+	reconciler := reconcilerSeries(ns, rec)
 	passes := reconciler("harvester_ipam_reconciler_passes_total", 12)
 	// A success "now" at every evaluation: its age stays under 1800 s
 	// within the test's 40 minutes.
@@ -431,12 +426,7 @@ func TestChartAuditNotJudgingFiresAsRendered(t *testing.T) {
 	root := moduleRoot(t)
 	const ns, rec = "harvester-system", "harvester-ipam-reconciler"
 	file, alerts := chartRules(t, root, ns, "reconciler.mode=deployment", "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true")
-	scrape := map[string]string{"job": "harvester-ipam-metrics", "namespace": ns, "service": "harvester-ipam-metrics", "endpoint": "metrics", "pod": rec + "-5d8f7c9b4-x2x7q", "container": "reconcile", "instance": "10.52.0.7:9420"}
-	reconciler := func(name string, value float64) series {
-		l := without(scrape)
-		l["__name__"] = name
-		return series{l, value}
-	}
+	reconciler := reconcilerSeries(ns, rec)
 	passes := reconciler("harvester_ipam_reconciler_passes_total", 12)
 	success := reconciler("harvester_ipam_reconciler_last_success_timestamp_seconds", 1500)
 	available := ksm("kube_deployment_status_replicas_available", 1, "namespace", ns, "deployment", rec)
@@ -556,5 +546,17 @@ func TestChartAgentNotServingFiresAsRendered(t *testing.T) {
 			ruleCase{name: mode[0] + ": no series", at: 20 * time.Minute,
 				series: quiet},
 		)
+	}
+}
+
+// reconcilerSeries makes a series of the reconciler's Deployment rec in ns
+// as the ServiceMonitor scrapes it (its job, service, pod and instance
+// labels).
+func reconcilerSeries(ns, rec string) func(name string, value float64) series {
+	scrape := map[string]string{"job": "harvester-ipam-metrics", "namespace": ns, "service": "harvester-ipam-metrics", "endpoint": "metrics", "pod": rec + "-5d8f7c9b4-x2x7q", "container": "reconcile", "instance": "10.52.0.7:9420"}
+	return func(name string, value float64) series {
+		l := without(scrape)
+		l["__name__"] = name
+		return series{l, value}
 	}
 }
