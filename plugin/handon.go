@@ -37,18 +37,26 @@ func unmanagedAdd(args *skel.CmdArgs) string {
 	if !namesDelegate(args.StdinData) {
 		return ""
 	}
-	var c struct {
-		IPAM struct {
-			NodeSliceSize json.RawMessage `json:"node_slice_size"`
-		} `json:"ipam"`
-	}
-	if json.Unmarshal(args.StdinData, &c) == nil && len(c.IPAM.NodeSliceSize) > 0 && string(c.IPAM.NodeSliceSize) != "null" {
+	if nodeSlices(args.StdinData) {
 		return "node_slice_size"
 	}
 	if _, err := conf.ParseArgs(args.Args); err != nil {
 		return "no pod in CNI_ARGS"
 	}
 	return ""
+}
+
+// nodeSlices says whether a config asks for whereabouts' node slices
+// (ipam.node_slice_size, any value but null: whereabouts' to judge).
+// harvester-ipam manages none of them, and the node agent declines every
+// verb of such a config, so the plugin does not ask it (see through).
+func nodeSlices(stdin []byte) bool {
+	var c struct {
+		IPAM struct {
+			NodeSliceSize json.RawMessage `json:"node_slice_size"`
+		} `json:"ipam"`
+	}
+	return json.Unmarshal(stdin, &c) == nil && len(c.IPAM.NodeSliceSize) > 0 && string(c.IPAM.NodeSliceSize) != "null"
 }
 
 // handOnAdd runs the real whereabouts' ADD on the config as it came.

@@ -25,7 +25,8 @@ import (
 const answerGrace = 10 * time.Second
 
 // through is a verb offered to the node agent first: its answer when it
-// serves, the verb done here otherwise. An ADD the agent took and lost (the
+// serves, the verb done here otherwise (and at once for a node-slice
+// config, which the agent never serves). An ADD the agent took and lost (the
 // connection broke after go) is done here too, after the attachment's
 // entries are released: see addAfterLost. A DEL, CHECK, GC or STATUS lost
 // is done again here as it is: each is idempotent.
@@ -33,6 +34,13 @@ func (p *Plugin) through(command string) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
 		if p.Agent == nil {
 			return p.Run(context.Background(), command, args)
+		}
+		if nodeSlices(args.StdinData) {
+			// The agent declines every verb of it (agent.admitLoaded):
+			// not asked, which on a busy node costs a wait for its CPU.
+			here := *p
+			here.fallback = "node_slice_size: whereabouts' own, not offered to the node agent"
+			return here.Run(context.Background(), command, args)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), p.timeout()+answerGrace)
 		res := p.Agent.Do(ctx, requestOf(command, args))

@@ -448,3 +448,35 @@ func TestAFullRangeTheAgentAnswersIsExplainedHere(t *testing.T) {
 	assert.Contains(t, err.Error(), "pool kube-system/192.168.50.0-24 (192.168.50.0/24) holds 256 entries")
 	assert.Contains(t, err.Error(), "gone or finished")
 }
+
+// askedAgent counts the verbs offered to it and declines each, as the node
+// agent declines every verb of a node-slice config.
+type askedAgent struct{ asked []string }
+
+func (a *askedAgent) Do(_ context.Context, req wire.Request) client.Result {
+	a.asked = append(a.asked, req.Command)
+	return client.Result{Outcome: client.Fallback, Reason: "node agent declined: node_slice_size"}
+}
+
+// A node-slice network is whereabouts' own on every verb, and the agent
+// declines each: the plugin does not ask it. On a busy node a round trip to
+// an agent of little CPU weight, only to be declined, made every pod of
+// such a network slower than whereabouts alone (whereabouts' node-slice
+// suite, on the rig: up to 1.5x per spec).
+func TestANodeSliceVerbIsNotOfferedToTheAgent(t *testing.T) {
+	for _, verb := range []string{wire.Add, wire.Del, wire.Check, wire.GC, wire.Status} {
+		t.Run(verb, func(t *testing.T) {
+			r := newRig(t, crashLoopedPool()...)
+			agent := &askedAgent{}
+			r.p.Agent = agent
+			_ = through(r.p, verb, args(t, "new", "lhnet1", podArgs, r.standInConfig("0.3.1", `,"node_slice_size":"/26"`)))
+			assert.Empty(t, agent.asked)
+		})
+	}
+	// Any other config is offered first, as ever.
+	r := newRig(t, crashLoopedPool()...)
+	agent := &askedAgent{}
+	r.p.Agent = agent
+	_ = through(r.p, wire.Add, args(t, "new", "lhnet1", podArgs, r.standInConfig("0.3.1", "")))
+	assert.Equal(t, []string{wire.Add}, agent.asked)
+}

@@ -400,3 +400,33 @@ func (c *Cluster) Clean(ctx context.Context) error {
 // the ReplicaSets' tier label (but tier=node, whereabouts' reconciler's own),
 // the StatefulSets' app=web.
 var suitePods = []string{"tier,tier!=node", "app=web"}
+
+// DumpPools writes every IPPool's entries in the suites' namespaces to
+// path, one line an entry (pool, offset, pod, container, interface), and
+// the pods that exist then: what a spec left, for the next spec's log to
+// be read against.
+func (c *Cluster) DumpPools(ctx context.Context, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for _, ns := range suiteNamespaces {
+		pools, err := c.Rig.WB.WhereaboutsV1alpha1().IPPools(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return fmt.Errorf("list the IPPools in %s: %w", ns, err)
+		}
+		for _, p := range pools.Items {
+			fmt.Fprintf(&b, "pool %s/%s (%s): %d entries\n", ns, p.Name, p.Spec.Range, len(p.Spec.Allocations))
+			for off, a := range p.Spec.Allocations {
+				fmt.Fprintf(&b, "  %s %s %s %s\n", off, a.PodRef, a.ContainerID, a.IfName)
+			}
+		}
+		pods, err := c.Rig.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return fmt.Errorf("list the pods in %s: %w", ns, err)
+		}
+		for _, p := range pods.Items {
+			fmt.Fprintf(&b, "pod %s/%s %s\n", ns, p.Name, p.Status.Phase)
+		}
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}

@@ -229,6 +229,14 @@ func runSpec(t *testing.T, c *conformance.Cluster, s conformance.Suite, sp confo
 	if err := c.Clean(ctx); err != nil {
 		t.Errorf("%s: %v", name, err)
 	}
+	// What the spec left in the pools, once its pods are gone: a leak shows
+	// here before the next spec meets it.
+	if r.Log == "" {
+		return r
+	}
+	if err := c.DumpPools(ctx, strings.TrimSuffix(r.Log, ".log")+".pools"); err != nil {
+		t.Logf("%s: %v", name, err)
+	}
 	return r
 }
 
