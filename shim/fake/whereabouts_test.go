@@ -17,7 +17,7 @@ import (
 // another here.
 type quick struct{}
 
-func (quick) Now() time.Time                                  { return time.Now() }
+func (quick) Now() time.Time                                   { return time.Now() }
 func (quick) Sleep(ctx context.Context, _ time.Duration) error { return ctx.Err() }
 
 // held lists each pool's entries as "pool offset container/ifname" and
