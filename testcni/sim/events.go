@@ -141,7 +141,7 @@ func (w *world) event(a *actor) {
 		}
 	case r < 90 && w.o.sabotage: // someone edits a pool by hand: not a step the product takes
 		for _, att := range w.live() {
-			p := w.api.Pool(poolNS, att.net.pool())
+			p := w.api.Pool(poolNS, att.net.pools()[0])
 			for off, e := range p.Spec.Allocations {
 				if e.ContainerID == att.sb.id {
 					delete(p.Spec.Allocations, off)

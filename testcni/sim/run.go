@@ -247,7 +247,7 @@ func (w *world) leftovers(rng *rand.Rand) {
 	if len(allocs) == 0 {
 		return
 	}
-	w.api.Put(append(objs, fake.NewPool(storage.pool(), storage.rng, allocs))...)
+	w.api.Put(append(objs, fake.NewPool(storage.pools()[0], storage.rng, allocs))...)
 	w.tr.add("left by whereabouts v0.7.0: %d entries", len(allocs))
 }
 
