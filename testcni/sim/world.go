@@ -265,13 +265,15 @@ type world struct {
 	dir  string
 	flat string
 
-	nets  []*network
-	nodes []*node
-	pods  map[string]*pod // current incarnation by ref
-	all   []*pod          // every incarnation
-	sbs   []*sandbox
-	uids  int
-	ids   int
+	nets []*network
+	// gcNets are the networks CNI GC runs on now and then (events.go).
+	gcNets []*network
+	nodes  []*node
+	pods   map[string]*pod // current incarnation by ref
+	all    []*pod          // every incarnation
+	sbs    []*sandbox
+	uids   int
+	ids    int
 
 	faultsUntil time.Time
 	// quiet stops faults and crashes: the world settles.
