@@ -134,10 +134,23 @@ func (w *world) facts(s audit.Snapshot) map[string]*fact {
 // entry, naming its pod, or its pod's network-status).
 func (w *world) sharedFacts(v *apiView, add func(*fact)) {
 	groups := map[string][]address{}
+	byDesign := map[string]map[string]bool{} // ip -> domains
 	for _, x := range w.inUse() {
 		if w.runningPod(x.att.sb.pod) {
 			k := x.domain() + "|" + x.ip.String()
 			groups[k] = append(groups[k], x)
+			if x.att.net.noOverlap {
+				if byDesign[x.ip.String()] == nil {
+					byDesign[x.ip.String()] = map[string]bool{}
+				}
+				byDesign[x.ip.String()][x.domain()] = true
+			}
+		}
+	}
+	for _, ip := range sortedKeys(byDesign) {
+		if len(byDesign[ip]) > 1 {
+			// What the audit must not call two pods on one address.
+			w.stats["audit: looks at one address in two pools with reservations off"]++
 		}
 	}
 	for _, k := range sortedKeys(groups) {
