@@ -407,3 +407,34 @@ func TestRegressionSeeds(t *testing.T) {
 		})
 	}
 }
+
+// Regression seeds of the NAD kinds (Options.NADKinds, on as `make sim`
+// plays them): each broke an invariant on the code before a fix, or with
+// a bug planted again (tools/mutate/behaviours.sh), and must hold now.
+func TestNADKindRegressionSeeds(t *testing.T) {
+	for _, tt := range []struct {
+		what string
+		seed uint64
+		wb   string
+	}{
+		// A network of two pools on v0.7.0's CRDs: the next sandbox's ADD
+		// released the earlier one's entry in the first pool and was killed
+		// in the second's release; it had forgotten the earlier sandbox's
+		// whole record at the first, and the agent's DEL of that sandbox
+		// left the second pool's entry (its ifname pruned).
+		{"an ADD released one of two pools and forgot the record of both", 97, fake.V070},
+		// Two NADs with reservations off hand one address each from its own
+		// pool: an audit that calls that two pods on one address is caught.
+		{"one address from two pools with reservations off, by design", 8, fake.V093},
+	} {
+		t.Run(tt.what, func(t *testing.T) {
+			res, err := Run(tt.seed, DefaultOptions(tt.wb))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Violations) > 0 {
+				t.Fatalf("seed %d: %v\n%s\n%s", tt.seed, res.Violations, res.Trace, res.State)
+			}
+		})
+	}
+}
