@@ -53,6 +53,11 @@ type Whereabouts struct {
 	// takes: whereabouts walks a list made from a map, in no set order. Nil
 	// takes the lowest offset.
 	Pick func(n int) int
+	// Unreserved, when set, is told each address an ADD allocated and left
+	// without its reservation, reservations on: an earlier range of the
+	// ADD found the pod's own reservation at its address (whereabouts'
+	// skipOverlappingRangeUpdate, v0.8.0 to v0.9.4), whereabouts' own bug.
+	Unreserved func(ip net.IP)
 }
 
 // Request is one ADD or DEL, as whereabouts reads it from its config and
@@ -145,6 +150,7 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request, rng Ra
 	}
 	poolName := names.Pool(rng.Range, r.NetworkName)
 	var chosen net.IP
+	var found bool
 	for attempt := 0; attempt < 100; attempt++ {
 		if err := l.Keep(ctx); err != nil {
 			return nil, err
@@ -164,8 +170,8 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request, rng Ra
 		if p.Spec.Allocations == nil {
 			p.Spec.Allocations = map[string]whereaboutsv1alpha1.IPAllocation{}
 		}
-		chosen = nil
-		skip := *skipReservation
+		// found: this range's address has the pod's own reservation.
+		chosen, found = nil, false
 		reserved := map[string]bool{}
 		for _, off := range sortedOffsets(p) {
 			a := p.Spec.Allocations[off]
@@ -195,7 +201,7 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request, rng Ra
 				if o != nil && (!w.newer() || o.Spec.PodRef != r.PodRef) {
 					continue // held in an overlapping range
 				}
-				skip = skip || o != nil
+				found = o != nil
 			}
 			chosen = ip
 			off, _ := iphelpers.IPGetOffset(ip, ipnet.IP)
@@ -208,13 +214,13 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request, rng Ra
 		if chosen == nil {
 			return nil, fmt.Errorf("%s %s", ErrRangeFull, rng.Range)
 		}
-		if w.newer() && !r.NoOverlapping && !skip {
+		if w.newer() && !r.NoOverlapping && !found {
 			// whereabouts looks at the reservation of a reused address too.
 			o, err := w.API.GetReservation(ctx, w.Namespace, names.Reservation(chosen, r.NetworkName))
 			if err != nil && !apierrors.IsNotFound(err) {
 				return nil, fmt.Errorf("k8s get OverlappingRangeIPReservation error: %w", err)
 			}
-			skip = o != nil && o.Spec.PodRef == r.PodRef
+			found = o != nil && o.Spec.PodRef == r.PodRef
 		}
 		if err := l.Keep(ctx); err != nil {
 			return nil, err
@@ -226,12 +232,17 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request, rng Ra
 		if err != nil {
 			return nil, fmt.Errorf("IPAM error updating pool: %w", err)
 		}
-		*skipReservation = skip
 		break
 	}
 	if chosen == nil {
 		return nil, fmt.Errorf("%s %s: the pool kept changing", ErrRangeFull, rng.Range)
 	}
+	if !r.NoOverlapping && *skipReservation && !found && w.Unreserved != nil {
+		// An earlier range found the pod's own reservation: this range's
+		// address gets none.
+		w.Unreserved(chosen)
+	}
+	*skipReservation = *skipReservation || found
 	if !r.NoOverlapping && !*skipReservation {
 		if err := l.Keep(ctx); err != nil {
 			return nil, err

@@ -2,6 +2,7 @@ package fake_test
 
 import (
 	"context"
+	"net"
 	"sort"
 	"testing"
 	"time"
@@ -50,10 +51,12 @@ func TestWhereaboutsAllocatesInEveryRange(t *testing.T) {
 		before  []any
 		req     fake.Request
 		// unheld is an entry removed by hand between ADD and DEL: pool and offset.
-		unheld   [2]string
-		wantIPs  []string
-		afterAdd []string
-		afterDel []string
+		unheld  [2]string
+		wantIPs []string
+		// unreserved are what Unreserved is told.
+		unreserved []string
+		afterAdd   []string
+		afterDel   []string
 	}{
 		{name: "range and ipRanges: an address and a reservation in each", version: fake.V093, req: dual,
 			wantIPs:  []string{"10.0.3.2", "fd00:5::1"},
@@ -76,7 +79,7 @@ func TestWhereaboutsAllocatesInEveryRange(t *testing.T) {
 		{name: "the pod's own reservation in the first range skips the second's", version: fake.V093, req: dual,
 			before: []any{fake.NewPool("10.0.3.0-28", "10.0.3.0/28", map[string]shim.IPAllocation{"5": {ContainerID: "c0", PodRef: "ns/a", IfName: "net1"}}),
 				fake.NewReservation("10.0.3.5", "ns/a")},
-			wantIPs:  []string{"10.0.3.5", "fd00:5::1"},
+			wantIPs: []string{"10.0.3.5", "fd00:5::1"}, unreserved: []string{"fd00:5::1"},
 			afterAdd: []string{"10.0.3.0-28 5 c1/net1", "10.0.3.5 ns/a", "fd00-5---120 1 c1/net1"}},
 		// v0.7.0 hands nothing back, and skips an address reserved for
 		// anyone: each range reserves its own.
@@ -91,7 +94,9 @@ func TestWhereaboutsAllocatesInEveryRange(t *testing.T) {
 			ctx := context.Background()
 			api := fake.New()
 			api.Put(tt.before...)
-			wb := &fake.Whereabouts{API: api, Version: tt.version, Namespace: "kube-system", Options: shim.Options{Clock: quick{}, LeaseRetry: time.Millisecond}}
+			var unreserved []string
+			wb := &fake.Whereabouts{API: api, Version: tt.version, Namespace: "kube-system", Options: shim.Options{Clock: quick{}, LeaseRetry: time.Millisecond},
+				Unreserved: func(ip net.IP) { unreserved = append(unreserved, ip.String()) }}
 			ips, err := wb.AddAll(ctx, tt.req)
 			require.NoError(t, err)
 			var got []string
@@ -99,6 +104,7 @@ func TestWhereaboutsAllocatesInEveryRange(t *testing.T) {
 				got = append(got, ip.String())
 			}
 			assert.Equal(t, tt.wantIPs, got)
+			assert.Equal(t, tt.unreserved, unreserved, "the addresses whereabouts' ADD left without their reservation")
 			assert.Equal(t, tt.afterAdd, held(api), "after ADD")
 			if tt.unheld[0] != "" {
 				p := api.Pool("kube-system", tt.unheld[0])
