@@ -109,7 +109,7 @@ func (w *world) checkLive() []string {
 			if !w.holds(byName[x.pool], att, x.ip) {
 				bad = append(bad, fmt.Sprintf("the entry of live attachment %s at %s was freed", att, x.ip))
 			}
-			if !x.reserved() {
+			if !x.mustBeReserved() {
 				continue
 			}
 			o := res[x.reservation()]

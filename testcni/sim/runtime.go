@@ -41,7 +41,8 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 	a.setEnv()
 	a.inCall = n
 	defer func() { a.env, a.inCall = nil, nil }()
-	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
+	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick,
+		Unreserved: func(ip net.IP) { w.unreserved(att, ip) }}
 	del := &fake.Delegate{WB: wb}
 	args := &skel.CmdArgs{ContainerID: sb.id, IfName: att.ifname, Netns: env["CNI_NETNS"], Args: cniArgs, Path: w.bin, StdinData: stdin}
 	var out bytes.Buffer
@@ -382,4 +383,16 @@ func readExisting(read map[string]bool, err error) bool {
 		}
 	}
 	return false
+}
+
+// unreserved records that whereabouts' ADD of att left ip without its
+// reservation (fake.Whereabouts.Unreserved): whereabouts' own bug, not the
+// product's to keep.
+func (w *world) unreserved(att *attachment, ip net.IP) {
+	if att.unreserved == nil {
+		att.unreserved = map[string]bool{}
+	}
+	att.unreserved[ip.String()] = true
+	w.tr.add("whereabouts' ADD of %s leaves %s without its reservation: an earlier range's address had the pod's own (its skipOverlappingRangeUpdate)", att.name(), ip)
+	w.stats["whereabouts' ADD leaves an address of a later range unreserved"]++
 }

@@ -426,6 +426,14 @@ func TestNADKindRegressionSeeds(t *testing.T) {
 		// Two NADs with reservations off hand one address each from its own
 		// pool: an audit that calls that two pods on one address is caught.
 		{"one address from two pools with reservations off, by design", 8, fake.V093},
+		// The model: a dual-stack ADD on the exec path found the pod's own
+		// reservation at its IPv4 address (the agent's, made after its
+		// client left), and whereabouts created none for the IPv6 one (its
+		// skipOverlappingRangeUpdate, one for every range): whereabouts' own
+		// bug, which the checker blamed on the product. The audit reports
+		// it (EntryReservationMismatch).
+		{"the model: whereabouts reserves no later range once an earlier had the pod's own", 2910, fake.V093},
+		{"the model: whereabouts reserves no later range once an earlier had the pod's own, v0.8.0", 2910, fake.V080},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			res, err := Run(tt.seed, DefaultOptions(tt.wb))

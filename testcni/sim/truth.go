@@ -21,7 +21,9 @@ import (
 //
 //   - whereabouts' own hazards (freedByWhereabouts: its DEL deleted a live
 //     attachment's reservation across overlapping ranges; its pod
-//     controller freeing a stopping sandbox's entry, podControllerFreed):
+//     controller freeing a stopping sandbox's entry, podControllerFreed;
+//     its ADD over several ranges leaving a later range's address without
+//     its reservation once an earlier one's had the pod's own, unreserved):
 //     real inconsistencies, reported when the API shows them (a pod that
 //     is gone shows nothing);
 //   - Multus' partial network-status (startSandbox names only some

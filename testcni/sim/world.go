@@ -212,6 +212,11 @@ type attachment struct {
 	// failed after writing its entry, the address's reservation made under
 	// it by a writer without whereabouts' Lease.
 	lostReservationRace bool
+	// unreserved are the addresses (by text) whereabouts' ADD of this
+	// attachment left without their reservation: an earlier range's
+	// address had the pod's own (fake.Whereabouts.Unreserved), whereabouts'
+	// own bug, which the product passes on; the audit must report it.
+	unreserved map[string]bool
 }
 
 func (a *attachment) String() string {
@@ -251,6 +256,10 @@ func (x address) domain() string {
 
 // reserved says whether whereabouts keeps a reservation of the address.
 func (x address) reserved() bool { return !x.att.net.noOverlap }
+
+// mustBeReserved says whether the address's reservation is the product's
+// to keep: it is reserved, and whereabouts' ADD made the reservation.
+func (x address) mustBeReserved() bool { return x.reserved() && !x.att.unreserved[x.ip.String()] }
 
 // reservation is the name of the address's reservation.
 func (x address) reservation() string { return names.Reservation(x.ip, x.att.net.netName) }
