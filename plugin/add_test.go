@@ -355,3 +355,49 @@ func TestAddLeavesThePodsEntryOnItsInterfaceForWhereaboutsToHandOver(t *testing.
 		})
 	}
 }
+
+// A network of two ranges (range and ipRanges) on whereabouts v0.7.0's
+// CRDs, which keep no ifname: the pod's next sandbox's ADD releases the
+// earlier sandbox's entry in the first pool, and dies in the second pool's
+// release, its reservation deleted, the entry not yet. The earlier
+// sandbox's DEL must still release that entry: it is the attachment's only
+// by the address its record names, so the ADD may forget the record of the
+// pool it released, not the record of both (the simulation's seed 97 on
+// v0.7.0 with the NAD kinds: the agent's DEL left it).
+func TestAnEarlierSandboxsDELReleasesThePoolItsNextADDDidNot(t *testing.T) {
+	r := newRig(t)
+	r.api.PruneIfName = true
+	r.wb.Version = fake.V070
+	twoPools := r.config("0.3.1", `,"ipRanges":[{"range":"10.9.0.0/24"}]`)
+	require.NoError(t, r.p.Add(args(t, "old", "lhnet1", podArgs, twoPools)))
+	held := func(pool string) []string {
+		var ids []string
+		for _, a := range r.api.Pool("kube-system", pool).Spec.Allocations {
+			ids = append(ids, a.ContainerID)
+		}
+		return ids
+	}
+	require.Equal(t, []string{"old"}, held("10.9.0.0-24"))
+
+	releases := 0
+	r.p.AtStep = func(p string) {
+		if p == "add-after-reservations" {
+			if releases++; releases == 2 {
+				panic(crashed{p})
+			}
+		}
+	}
+	func() {
+		defer func() {
+			_, ok := recover().(crashed)
+			require.True(t, ok, "the ADD died in its second release")
+		}()
+		_ = r.p.Add(args(t, "new", "lhnet1", podArgs, twoPools))
+	}()
+	r.p.AtStep = nil
+	require.Empty(t, held(poolName), "the first pool released")
+	require.Equal(t, []string{"old"}, held("10.9.0.0-24"), "the second pool's entry left by the crash")
+
+	require.NoError(t, r.p.Del(args(t, "old", "lhnet1", podArgs, twoPools)))
+	assert.Empty(t, held("10.9.0.0-24"), "the earlier sandbox's DEL released its entry in the pool the ADD did not")
+}

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -282,10 +283,16 @@ func (d Dir) Remove(containerID, ifName string) error {
 	return nil
 }
 
-// ForgetPool removes the records of a container that name a pool (in a
+// ForgetPool forgets what the records of a container say of a pool (in a
 // namespace): its entries there were released by someone else (the pod's
-// next sandbox), and no DEL may ever come for it. It returns how many it
-// removed; a record that does not read is left alone.
+// next sandbox), and no DEL may ever come for it. A record that names
+// other pools too (a network of several ranges) keeps them and their
+// addresses: the pod's next sandbox releases pool by pool, and may stop
+// (a crash, an error) before the next one, whose entries are then still
+// the DEL's to release, and an entry without an ifname (whereabouts
+// v0.7.0's CRDs) is the attachment's only by the address its record
+// names. A record of that pool alone is removed. It returns how many
+// records it changed or removed; a record that does not read is left alone.
 func (d Dir) ForgetPool(containerID, namespace, pool string) (int, error) {
 	if ValidateContainerID(containerID) != nil {
 		return 0, nil // no file can be named after it: nothing recorded
@@ -294,27 +301,74 @@ func (d Dir) ForgetPool(containerID, namespace, pool string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	removed := 0
+	forgotten := 0
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			continue
 		}
 		r, err := Decode(data)
-		if err != nil || r.ContainerID != containerID || r.Namespace != namespace {
+		if err != nil || r.ContainerID != containerID || r.Namespace != namespace || !r.names(pool) {
 			continue
 		}
-		for _, pl := range r.Pools {
-			if pl.Name == pool {
-				if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					return removed, fmt.Errorf("remove checkpoint %s: %w", p, err)
-				}
-				removed++
-				break
+		if rest := r.without(pool); len(rest.Pools) > 0 {
+			if err := d.Update(rest); err != nil {
+				return forgotten, fmt.Errorf("forget pool %s in checkpoint %s: %w", pool, p, err)
 			}
+		} else if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return forgotten, fmt.Errorf("remove checkpoint %s: %w", p, err)
+		}
+		forgotten++
+	}
+	return forgotten, nil
+}
+
+// names says whether the record names pool.
+func (r Record) names(pool string) bool {
+	for _, pl := range r.Pools {
+		if pl.Name == pool {
+			return true
 		}
 	}
-	return removed, nil
+	return false
+}
+
+// without is the record without pool, nor the addresses in its range (an
+// address that does not parse stays).
+func (r Record) without(pool string) Record {
+	var gone []*net.IPNet
+	pools := make([]Pool, 0, len(r.Pools))
+	for _, pl := range r.Pools {
+		if pl.Name != pool {
+			pools = append(pools, pl)
+			continue
+		}
+		if _, n, err := net.ParseCIDR(pl.Range); err == nil {
+			gone = append(gone, n)
+		}
+	}
+	var ips []string
+	for _, s := range r.IPs {
+		if !inAny(s, gone) {
+			ips = append(ips, s)
+		}
+	}
+	r.Pools, r.IPs = pools, ips
+	return r
+}
+
+// inAny says whether the address of s ("ip/prefix" or "ip") is in one of ns.
+func inAny(s string, ns []*net.IPNet) bool {
+	ip, _, err := net.ParseCIDR(s)
+	if err != nil {
+		ip = net.ParseIP(s)
+	}
+	for _, n := range ns {
+		if ip != nil && n.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // OfContainer returns the records of a container's attachments; those that

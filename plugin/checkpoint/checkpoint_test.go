@@ -265,6 +265,54 @@ func TestForgetPool(t *testing.T) {
 	assert.Zero(t, n)
 }
 
+// A record of a network of several ranges (range and ipRanges, dual
+// stack) names a pool each: the pod's next sandbox releases the earlier
+// one's entries pool by pool, and a pool released is forgotten alone. The
+// record stays for the pools not released yet, with their addresses, for
+// the earlier sandbox's DEL: an entry without an ifname (whereabouts
+// v0.7.0's CRD prunes it) is the attachment's only by the address its
+// record names. The last pool forgotten, the record goes.
+func TestForgetPoolKeepsTheRecordOfTheOtherPools(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		forget []string
+		// want are the pools and addresses left, nil: no record.
+		wantPools []Pool
+		wantIPs   []string
+	}{
+		{name: "the first pool released", forget: []string{"192.168.50.0-24"},
+			wantPools: []Pool{{Name: "fd00-5---120", Range: "fd00:5::/120"}}, wantIPs: []string{"fd00:5::2/120"}},
+		{name: "the second pool released", forget: []string{"fd00-5---120"},
+			wantPools: []Pool{{Name: "192.168.50.0-24", Range: "192.168.50.0/24"}}, wantIPs: []string{"192.168.50.3/24"}},
+		{name: "another pool", forget: []string{"10.9.0.0-24"},
+			wantPools: []Pool{{Name: "192.168.50.0-24", Range: "192.168.50.0/24"}, {Name: "fd00-5---120", Range: "fd00:5::/120"}},
+			wantIPs:   []string{"192.168.50.3/24", "fd00:5::2/120"}},
+		{name: "both released", forget: []string{"fd00-5---120", "192.168.50.0-24"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Dir(t.TempDir())
+			dual := record("a", "net1")
+			dual.Pools = append(dual.Pools, Pool{Name: "fd00-5---120", Range: "fd00:5::/120"})
+			dual.IPs = append(dual.IPs, "fd00:5::2/120")
+			require.NoError(t, d.Write(dual))
+			for _, pool := range tt.forget {
+				_, err := d.ForgetPool("a", "kube-system", pool)
+				require.NoError(t, err)
+			}
+			got, ok, err := d.Read("a", "net1")
+			require.NoError(t, err)
+			if tt.wantPools == nil {
+				assert.False(t, ok, "every pool released: no record left")
+				return
+			}
+			require.True(t, ok, "a pool not released yet: the record stays")
+			assert.Equal(t, tt.wantPools, got.Pools)
+			assert.Equal(t, tt.wantIPs, got.IPs)
+			assert.Equal(t, dual.PodRef, got.PodRef)
+		})
+	}
+}
+
 // The directory sync opens the directory: one that is not there is an error
 // that names it, not a silent success.
 func TestSyncDir(t *testing.T) {

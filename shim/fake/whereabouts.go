@@ -3,6 +3,7 @@ package fake
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -52,17 +53,43 @@ type Whereabouts struct {
 	// takes: whereabouts walks a list made from a map, in no set order. Nil
 	// takes the lowest offset.
 	Pick func(n int) int
+	// Unreserved, when set, is told each address an ADD allocated and left
+	// without its reservation, reservations on: an earlier range of the
+	// ADD found the pod's own reservation at its address (whereabouts'
+	// skipOverlappingRangeUpdate, v0.8.0 to v0.9.4), whereabouts' own bug.
+	Unreserved func(ip net.IP)
 }
 
 // Request is one ADD or DEL, as whereabouts reads it from its config and
 // the CNI environment.
 type Request struct {
 	ContainerID, IfName, PodRef string
-	Range                       string
-	Exclude                     []string
-	NetworkName                 string
+	// Range and Exclude are the config's range and its exclude ("" when it
+	// has ipRanges alone).
+	Range   string
+	Exclude []string
+	// IPRanges are the config's ipRanges: whereabouts' loader puts Range
+	// first, then these (pkg/config LoadIPAMConfig), one pool each.
+	IPRanges    []Range
+	NetworkName string
 	// NoOverlapping is enable_overlapping_ranges: false.
 	NoOverlapping bool
+}
+
+// Range is one of a config's ipRanges: its CIDR and its own exclude.
+type Range struct {
+	Range   string   `json:"range"`
+	Exclude []string `json:"exclude"`
+}
+
+// ranges are the request's ranges in the order whereabouts allocates from
+// them.
+func (r Request) ranges() []Range {
+	var out []Range
+	if r.Range != "" {
+		out = append(out, Range{Range: r.Range, Exclude: r.Exclude})
+	}
+	return append(out, r.IPRanges...)
 }
 
 func (w *Whereabouts) store(podRef string) *shim.Store {
@@ -76,27 +103,54 @@ func (w *Whereabouts) newer() bool { return w.Version != V070 }
 // ErrRangeFull is the error of an ADD that finds no free address.
 const ErrRangeFull = "Could not allocate IP in range"
 
-// Add allocates an address for the request, or fails as whereabouts does.
+// Add allocates an address for the request, or fails as whereabouts does:
+// the first range's (AddAll has every range's).
 func (w *Whereabouts) Add(ctx context.Context, r Request) (net.IP, error) {
-	var ip net.IP
-	err := w.store(r.PodRef).Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
-		var err error
-		ip, err = w.add(ctx, l, r)
-		return err
-	})
-	return ip, err
+	ips, err := w.AddAll(ctx, r)
+	if len(ips) == 0 {
+		return nil, err
+	}
+	return ips[0], err
 }
 
-// add is whereabouts' ADD, holding the Lease (its elector renews it meanwhile:
-// l.Keep before each request stands for that).
-func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.IP, error) {
-	_, ipnet, err := net.ParseCIDR(r.Range)
+// AddAll allocates an address in each of the request's ranges, in order,
+// in one turn under the Lease, as whereabouts' IPManagement does: a range
+// that fails ends the ADD, and what the ranges before it wrote stays (no
+// roll-back). It returns the addresses allocated so far.
+func (w *Whereabouts) AddAll(ctx context.Context, r Request) ([]net.IP, error) {
+	var ips []net.IP
+	err := w.store(r.PodRef).Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
+		// whereabouts' skipOverlappingRangeUpdate is one variable for the
+		// whole loop over the ranges, never reset: once a range finds the
+		// pod's own reservation at its address, no later range creates
+		// one (v0.8.0 to v0.9.4).
+		skip := false
+		for _, rng := range r.ranges() {
+			ip, err := w.add(ctx, l, r, rng, &skip)
+			if err != nil {
+				return err
+			}
+			ips = append(ips, ip)
+		}
+		if len(ips) == 0 {
+			return errors.New("no range")
+		}
+		return nil
+	})
+	return ips, err
+}
+
+// add is whereabouts' ADD in one range, holding the Lease (its elector
+// renews it meanwhile: l.Keep before each request stands for that);
+// skipReservation is its skipOverlappingRangeUpdate, across the ranges.
+func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request, rng Range, skipReservation *bool) (net.IP, error) {
+	_, ipnet, err := net.ParseCIDR(rng.Range)
 	if err != nil {
-		return nil, fmt.Errorf("invalid range %q: %w", r.Range, err)
+		return nil, fmt.Errorf("invalid range %q: %w", rng.Range, err)
 	}
-	poolName := names.Pool(r.Range, r.NetworkName)
+	poolName := names.Pool(rng.Range, r.NetworkName)
 	var chosen net.IP
-	skipReservation := false
+	var found bool
 	for attempt := 0; attempt < 100; attempt++ {
 		if err := l.Keep(ctx); err != nil {
 			return nil, err
@@ -104,7 +158,7 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 		p, err := w.API.GetPool(ctx, w.Namespace, poolName, shim.Fresh)
 		if apierrors.IsNotFound(err) {
 			_, err = w.API.CreatePool(context.Background(), w.Namespace, &shim.Pool{ObjectMeta: metav1.ObjectMeta{Name: poolName},
-				Spec: whereaboutsv1alpha1.IPPoolSpec{Range: r.Range, Allocations: map[string]whereaboutsv1alpha1.IPAllocation{}}})
+				Spec: whereaboutsv1alpha1.IPPoolSpec{Range: rng.Range, Allocations: map[string]whereaboutsv1alpha1.IPAllocation{}}})
 			if err != nil && !apierrors.IsAlreadyExists(err) {
 				return nil, fmt.Errorf("k8s create error: %w", err)
 			}
@@ -116,7 +170,8 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 		if p.Spec.Allocations == nil {
 			p.Spec.Allocations = map[string]whereaboutsv1alpha1.IPAllocation{}
 		}
-		chosen, skipReservation = nil, false
+		// found: this range's address has the pod's own reservation.
+		chosen, found = nil, false
 		reserved := map[string]bool{}
 		for _, off := range sortedOffsets(p) {
 			a := p.Spec.Allocations[off]
@@ -132,7 +187,7 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 			}
 		}
 		for ip := iphelpers.IncIP(ipnet.IP); chosen == nil && ipnet.Contains(ip) && !isBroadcast(ip, ipnet); ip = iphelpers.IncIP(ip) {
-			if reserved[ip.String()] || excluded(ip, r.Exclude) {
+			if reserved[ip.String()] || excluded(ip, rng.Exclude) {
 				continue
 			}
 			if !r.NoOverlapping {
@@ -146,7 +201,7 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 				if o != nil && (!w.newer() || o.Spec.PodRef != r.PodRef) {
 					continue // held in an overlapping range
 				}
-				skipReservation = o != nil
+				found = o != nil
 			}
 			chosen = ip
 			off, _ := iphelpers.IPGetOffset(ip, ipnet.IP)
@@ -157,15 +212,15 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 			p.Spec.Allocations[strconv.FormatUint(off, 10)] = a
 		}
 		if chosen == nil {
-			return nil, fmt.Errorf("%s %s", ErrRangeFull, r.Range)
+			return nil, fmt.Errorf("%s %s", ErrRangeFull, rng.Range)
 		}
-		if w.newer() && !r.NoOverlapping && !skipReservation {
+		if w.newer() && !r.NoOverlapping && !found {
 			// whereabouts looks at the reservation of a reused address too.
 			o, err := w.API.GetReservation(ctx, w.Namespace, names.Reservation(chosen, r.NetworkName))
 			if err != nil && !apierrors.IsNotFound(err) {
 				return nil, fmt.Errorf("k8s get OverlappingRangeIPReservation error: %w", err)
 			}
-			skipReservation = o != nil && o.Spec.PodRef == r.PodRef
+			found = o != nil && o.Spec.PodRef == r.PodRef
 		}
 		if err := l.Keep(ctx); err != nil {
 			return nil, err
@@ -180,9 +235,15 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 		break
 	}
 	if chosen == nil {
-		return nil, fmt.Errorf("%s %s: the pool kept changing", ErrRangeFull, r.Range)
+		return nil, fmt.Errorf("%s %s: the pool kept changing", ErrRangeFull, rng.Range)
 	}
-	if !r.NoOverlapping && !skipReservation {
+	if !r.NoOverlapping && *skipReservation && !found && w.Unreserved != nil {
+		// An earlier range found the pod's own reservation: this range's
+		// address gets none.
+		w.Unreserved(chosen)
+	}
+	*skipReservation = *skipReservation || found
+	if !r.NoOverlapping && !*skipReservation {
 		if err := l.Keep(ctx); err != nil {
 			return nil, err
 		}
@@ -201,28 +262,36 @@ func (w *Whereabouts) add(ctx context.Context, l *shim.Locked, r Request) (net.I
 	return chosen, nil
 }
 
-// Del deallocates the request's entry; like whereabouts it never fails.
+// Del deallocates the request's entry in each range, in order; like
+// whereabouts it never fails, and it stops at the first range without an
+// entry of the container ("Do not fail if allocation was not found":
+// IPManagement returns there, the later ranges' entries left).
 func (w *Whereabouts) Del(ctx context.Context, r Request) {
 	_ = w.store(r.PodRef).Locked(ctx, func(ctx context.Context, l *shim.Locked) error {
-		w.del(ctx, l, r)
+		for _, rng := range r.ranges() {
+			if !w.del(ctx, l, r, rng) {
+				break
+			}
+		}
 		return nil
 	})
 }
 
-func (w *Whereabouts) del(ctx context.Context, l *shim.Locked, r Request) {
-	_, ipnet, err := net.ParseCIDR(r.Range)
+// del deallocates in one range; false when whereabouts' DEL ends there.
+func (w *Whereabouts) del(ctx context.Context, l *shim.Locked, r Request, rng Range) bool {
+	_, ipnet, err := net.ParseCIDR(rng.Range)
 	if err != nil {
-		return
+		return false
 	}
-	poolName := names.Pool(r.Range, r.NetworkName)
+	poolName := names.Pool(rng.Range, r.NetworkName)
 	var gone net.IP
 	for attempt := 0; attempt < 100; attempt++ {
 		if l.Keep(ctx) != nil {
-			return // swallowed
+			return false // swallowed
 		}
 		p, err := w.API.GetPool(ctx, w.Namespace, poolName, shim.Fresh)
 		if err != nil {
-			return // swallowed
+			return false // swallowed
 		}
 		var matches []string
 		for _, off := range sortedOffsets(p) {
@@ -232,7 +301,7 @@ func (w *Whereabouts) del(ctx context.Context, l *shim.Locked, r Request) {
 			}
 		}
 		if len(matches) == 0 {
-			return
+			return false
 		}
 		i := 0
 		if w.Pick != nil && w.Version != V093 {
@@ -242,20 +311,24 @@ func (w *Whereabouts) del(ctx context.Context, l *shim.Locked, r Request) {
 		gone, _ = shim.OffsetIP(ipnet.IP, off)
 		delete(p.Spec.Allocations, off)
 		if l.Keep(ctx) != nil {
-			return // swallowed
+			return false // swallowed
 		}
 		_, err = w.API.UpdatePool(w.Namespace, p)
 		if apierrors.IsConflict(err) {
 			continue
 		}
 		if err != nil {
-			return // swallowed
+			return false // swallowed
 		}
 		break
 	}
-	if gone != nil && !r.NoOverlapping && l.Keep(ctx) == nil {
+	if gone != nil && !r.NoOverlapping {
+		if l.Keep(ctx) != nil {
+			return false
+		}
 		_ = w.API.DeleteReservation(ctx, w.Namespace, names.Reservation(gone, r.NetworkName), shim.Preconditions{}) // swallowed
 	}
+	return true
 }
 
 func sortedOffsets(p *shim.Pool) []string {
@@ -341,6 +414,7 @@ func (d *Delegate) ExecPlugin(ctx context.Context, path string, stdin []byte, en
 			Type        string   `json:"type"`
 			Range       string   `json:"range"`
 			Exclude     []string `json:"exclude"`
+			IPRanges    []Range  `json:"ipRanges"`
 			NetworkName string   `json:"network_name"`
 			Overlapping *bool    `json:"enable_overlapping_ranges"`
 		} `json:"ipam"`
@@ -349,7 +423,8 @@ func (d *Delegate) ExecPlugin(ctx context.Context, path string, stdin []byte, en
 		return nil, &types.Error{Code: types.ErrDecodingFailure, Msg: err.Error()}
 	}
 	r := Request{ContainerID: env["CNI_CONTAINERID"], IfName: env["CNI_IFNAME"], Range: conf.IPAM.Range,
-		Exclude: conf.IPAM.Exclude, NetworkName: conf.IPAM.NetworkName, NoOverlapping: conf.IPAM.Overlapping != nil && !*conf.IPAM.Overlapping}
+		Exclude: conf.IPAM.Exclude, IPRanges: conf.IPAM.IPRanges, NetworkName: conf.IPAM.NetworkName,
+		NoOverlapping: conf.IPAM.Overlapping != nil && !*conf.IPAM.Overlapping}
 	var ns, name string
 	for _, kv := range strings.Split(env["CNI_ARGS"], ";") {
 		k, v, _ := strings.Cut(kv, "=")
@@ -366,12 +441,15 @@ func (d *Delegate) ExecPlugin(ctx context.Context, path string, stdin []byte, en
 		if name == "" {
 			return nil, &types.Error{Code: types.ErrInternal, Msg: "IPAM client initialization error: no pod name"}
 		}
-		ip, err := d.WB.Add(ctx, r)
+		ips, err := d.WB.AddAll(ctx, r)
 		if err != nil {
 			return nil, &types.Error{Code: types.ErrInternal, Msg: err.Error()}
 		}
-		_, n, _ := net.ParseCIDR(r.Range)
-		res := &current.Result{CNIVersion: current.ImplementedSpecVersion, IPs: []*current.IPConfig{{Address: net.IPNet{IP: ip, Mask: n.Mask}}}}
+		res := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+		for i, rng := range r.ranges() {
+			_, n, _ := net.ParseCIDR(rng.Range)
+			res.IPs = append(res.IPs, &current.IPConfig{Address: net.IPNet{IP: ips[i], Mask: n.Mask}})
+		}
 		out, err := res.GetAsVersion(conf.CNIVersion) // as whereabouts prints it
 		if err != nil {
 			return nil, &types.Error{Code: types.ErrIncompatibleCNIVersion, Msg: err.Error()}

@@ -7,6 +7,7 @@ import (
 	"github.com/harvester/harvester-ipam/audit"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // auditRuns plays seeds 1..n with o and counts the schedules whose
@@ -103,7 +104,9 @@ func TestAuditRegressionSeeds(t *testing.T) {
 		{"leftovers of v0.7.0 beside a pod on the replaced network", 304, fake.V080},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
-			res, err := Run(tt.seed, DefaultOptions(tt.wb))
+			o := DefaultOptions(tt.wb)
+			o.NADKinds = false // found before the NAD kinds joined the model
+			res, err := Run(tt.seed, o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,4 +118,29 @@ func TestAuditRegressionSeeds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The NAD kinds are in the schedules, and the checker knows what
+// enable_overlapping_ranges: false means: an audit that reads every NAD as
+// reserving calls the two pods whereabouts gives one address from two
+// pools, by design, two pods on one address, and is caught.
+func TestTheAuditCheckerCatchesAnAuditBlindToReservationsOff(t *testing.T) {
+	o := DefaultOptions(fake.V093)
+	o.auditJudge = func(s audit.Snapshot, opts audit.Options) audit.Result {
+		nads := make([]reconcile.NAD, len(s.NADs))
+		for i, n := range s.NADs {
+			n.Config = strings.ReplaceAll(n.Config, `"enable_overlapping_ranges":false`, `"enable_overlapping_ranges":true`)
+			nads[i] = n
+		}
+		s.NADs = nads
+		return audit.Judge(s, opts)
+	}
+	caught, stats := auditRuns(t, o, 30, "SharedAddress")
+	if stats["audit: looks at one address in two pools with reservations off"] == 0 {
+		t.Fatalf("30 schedules, no look at an address two pools with reservations off hold: %v", stats)
+	}
+	if caught == 0 {
+		t.Fatal("30 schedules judged by an audit blind to enable_overlapping_ranges: false, no false SharedAddress seen")
+	}
+	t.Logf("%d of 30 schedules caught", caught)
 }

@@ -300,14 +300,14 @@ func (w *world) fingerprint() uint64 {
 		// The interfaces in any order: a sum of each one's.
 		var sum uint64
 		for ifn, n := range p.nets {
-			sum += str(ifn) ^ str(n.name)*31 ^ str(p.status[ifn])*961
+			sum += str(ifn) ^ str(n.name)*31 ^ str(strings.Join(p.status[ifn], ","))*961
 		}
 		mix(sum)
 	}
 	for _, sb := range w.sbs {
 		mix(uint64(sb.state) | b2u(sb.netns)<<3)
 		for _, att := range sb.atts {
-			mix(b2u(att.ip != nil) | b2u(att.delStarted)<<1 | b2u(att.freedByWhereabouts)<<2 | b2u(att.podControllerFreed)<<3)
+			mix(b2u(att.ips != nil) | b2u(att.delStarted)<<1 | b2u(att.freedByWhereabouts)<<2 | b2u(att.podControllerFreed)<<3)
 		}
 	}
 	return h

@@ -33,11 +33,20 @@ func (w *world) live() []*attachment {
 			}
 		case sb.state == sbDead && sb.netns:
 			for _, att := range sb.atts {
-				if att.ip != nil && !att.delStarted && !att.podControllerFreed && !att.freedByWhereabouts {
+				if att.ips != nil && !att.delStarted && !att.podControllerFreed && !att.freedByWhereabouts {
 					out = append(out, att)
 				}
 			}
 		}
+	}
+	return out
+}
+
+// liveAddresses are the addresses of the live attachments.
+func (w *world) liveAddresses() []address {
+	var out []address
+	for _, att := range w.live() {
+		out = append(out, att.addresses()...)
 	}
 	return out
 }
@@ -78,7 +87,7 @@ func (w *world) checkLive() []string {
 		making[sb.pod.ref()] = sb.id
 	}
 	bad = append(bad, w.checkTurns()...)
-	live := w.live()
+	live := w.liveAddresses()
 	if len(live) == 0 {
 		return bad
 	}
@@ -88,22 +97,28 @@ func (w *world) checkLive() []string {
 			byName[p.Name] = p
 		}
 		byIP := map[string]*attachment{}
-		for _, att := range live {
-			key := att.ip.String()
+		for _, x := range live {
+			att := x.att
+			// Two pools whose NADs turn reservations off may hold one
+			// address by design: one address of one domain is one.
+			key := x.domain() + "|" + x.ip.String()
 			if other, dup := byIP[key]; dup {
-				bad = append(bad, fmt.Sprintf("%s is held by two live attachments: %s and %s", att.ip, other, att))
+				bad = append(bad, fmt.Sprintf("%s is held by two live attachments: %s and %s", x.ip, other, att))
 			}
 			byIP[key] = att
-			if !w.holds(byName[att.net.pool()], att) {
-				bad = append(bad, fmt.Sprintf("the entry of live attachment %s was freed", att))
+			if !w.holds(byName[x.pool], att, x.ip) {
+				bad = append(bad, fmt.Sprintf("the entry of live attachment %s at %s was freed", att, x.ip))
 			}
-			o := res[names.Reservation(att.ip, att.net.netName)]
+			if !x.mustBeReserved() {
+				continue
+			}
+			o := res[x.reservation()]
 			if o == nil || o.Spec.PodRef != att.sb.pod.ref() {
 				owner := "none"
 				if o != nil {
 					owner = o.Spec.PodRef
 				}
-				bad = append(bad, fmt.Sprintf("the reservation of live attachment %s was freed (now %s)", att, owner))
+				bad = append(bad, fmt.Sprintf("the reservation of live attachment %s at %s was freed (now %s)", att, x.ip, owner))
 			}
 		}
 	})
@@ -139,9 +154,9 @@ func (t *leaseTurn) String() string {
 	return fmt.Sprintf("%q (%s)", agentStart.ReplaceAllString(t.holder, "${1}AGENT/"), who)
 }
 
-// holds says whether p gives att's address to att's sandbox: whereabouts
-// v0.7.0 writes no ifname, so then the container must match.
-func (w *world) holds(p *shim.Pool, att *attachment) bool {
+// holds says whether p gives att's address ip to att's sandbox:
+// whereabouts v0.7.0 writes no ifname, so then the container must match.
+func (w *world) holds(p *shim.Pool, att *attachment, ip net.IP) bool {
 	if p == nil {
 		return false
 	}
@@ -150,8 +165,8 @@ func (w *world) holds(p *shim.Pool, att *attachment) bool {
 		return false
 	}
 	for off, a := range p.Spec.Allocations {
-		ip, err := shim.OffsetIP(first, off)
-		if err != nil || !ip.Equal(att.ip) {
+		at, err := shim.OffsetIP(first, off)
+		if err != nil || !at.Equal(ip) {
 			continue
 		}
 		return a.ContainerID == att.sb.id && (a.IfName == att.ifname || a.IfName == "")
@@ -167,9 +182,11 @@ func (w *world) checkQuiet() []string {
 	liveEntry := map[string]bool{} // pool/ip/container
 	liveRes := map[string]string{} // reservation -> podref
 	for _, att := range w.running() {
-		liveEntry[att.net.pool()+"/"+att.ip.String()+"/"+att.sb.id] = true
-		if !att.freedByWhereabouts { // its reservation is gone, maybe another's now
-			liveRes[names.Reservation(att.ip, att.net.netName)] = att.sb.pod.ref()
+		for _, x := range att.addresses() {
+			liveEntry[x.pool+"/"+x.ip.String()+"/"+att.sb.id] = true
+			if x.reserved() && !att.freedByWhereabouts { // its reservation is gone, maybe another's now
+				liveRes[x.reservation()] = att.sb.pod.ref()
+			}
 		}
 	}
 	for _, p := range w.api.AllPools(poolNS) {
@@ -214,7 +231,7 @@ func (w *world) describe() string {
 	for _, sb := range w.sbs {
 		var atts []string
 		for _, a := range sb.atts {
-			atts = append(atts, fmt.Sprintf("%s=%s@%s", a.ifname, a.ip, a.net.name))
+			atts = append(atts, fmt.Sprintf("%s=%s@%s", a.ifname, ipList(a.ips), a.net.name))
 		}
 		fmt.Fprintf(&b, "  %s %s on %s: %s %s\n", sb.id, sb.pod.ref(), sb.node, sb.state, strings.Join(atts, " "))
 	}
@@ -232,4 +249,16 @@ func tolerated(bad []string) []string {
 		}
 	}
 	return out
+}
+
+// ipList is addresses as the trace shows them: a,b.
+func ipList(ips []net.IP) string {
+	var out []string
+	for _, ip := range ips {
+		out = append(out, ip.String())
+	}
+	if out == nil {
+		return "<nil>"
+	}
+	return strings.Join(out, ",")
 }

@@ -43,7 +43,7 @@ func (c cluster) podObject(p *pod) *corev1.Pod {
 		var st []map[string]any
 		st = append(st, map[string]any{"name": "cluster-network", "ips": []string{"10.52.0.1"}, "default": true})
 		for _, ifn := range sortedKeys(p.status) {
-			st = append(st, map[string]any{"name": "harvester-system/" + p.nets[ifn].name, "interface": ifn, "ips": []string{p.status[ifn]}})
+			st = append(st, map[string]any{"name": "harvester-system/" + p.nets[ifn].name, "interface": ifn, "ips": p.status[ifn]})
 		}
 		b, _ := json.Marshal(st)
 		o.Annotations = map[string]string{"k8s.v1.cni.cncf.io/network-status": string(b)}

@@ -43,10 +43,10 @@ func (w *world) podDeleted(p *pod) {
 		return
 	}
 	// The informer's copy: the pod's interfaces and network-status then.
-	status := map[string]string{}
+	status := map[string][]string{}
 	nets := map[string]*network{}
-	for ifn, ip := range p.status {
-		status[ifn], nets[ifn] = ip, p.nets[ifn]
+	for ifn, ips := range p.status {
+		status[ifn], nets[ifn] = ips, p.nets[ifn]
 	}
 	w.s.spawn("ip-control-loop "+p.name, func(a *actor) {
 		a.sleep(time.Duration(1+w.s.pick(500)) * time.Millisecond) // the watch's delivery
@@ -68,60 +68,95 @@ func (w *world) podDeleted(p *pod) {
 }
 
 // collectPod is garbageCollectPodIPs of one deleted pod.
-func (w *world) collectPod(a *actor, p *pod, status map[string]string, nets map[string]*network) error {
+func (w *world) collectPod(a *actor, p *pod, status map[string][]string, nets map[string]*network) error {
 	ctx := context.Background()
-	c := cluster{w}
-	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
 	for _, ifn := range sortedKeys(status) {
 		n := nets[ifn]
 		if n == nil || n.deleted {
 			return fmt.Errorf("failed to get network-attachment-definition for iface %s: not found", ifn)
 		}
-		pool, err := w.api.GetPool(ctx, poolNS, n.pool(), shim.Cache)
-		if err != nil {
-			return fmt.Errorf("failed to get the IPPool data: %w", err)
-		}
-		if pool == nil {
-			return fmt.Errorf("failed to get the IPPool data: %s not found", n.pool())
-		}
-		for _, off := range sortedKeys(pool.Spec.Allocations) {
-			e := pool.Spec.Allocations[off]
-			if e.PodRef != p.ref() && !w.o.podControllerFreesAll {
-				continue
-			}
-			np, err := c.Pod(ctx, p.ns, p.name)
+		// Every pool of the NAD's ranges first, from its informer.
+		var pools []*shim.Pool
+		for _, name := range n.pools() {
+			pool, err := w.api.GetPool(ctx, poolNS, name, shim.Cache)
 			if err != nil {
-				return fmt.Errorf("failed to get pod to verify allocation: %w", err)
+				return fmt.Errorf("failed to get the IPPool data: %w", err)
 			}
-			if np != nil {
-				continue // a pod of that name again: not its to release
+			if pool == nil {
+				return fmt.Errorf("failed to get the IPPool data: %s not found", name)
 			}
-			// The pod is gone from the API, but a force-deleted pod's sandbox
-			// may still be being stopped, its interface up: whereabouts
-			// releases its address all the same, whereabouts alone as beside
-			// harvester-ipam. Counted and traced, not the product's to keep.
-			for _, sb := range w.sbs {
-				if sb.pod != p || sb.id != e.ContainerID || sb.state != sbDead || !sb.netns {
-					continue
-				}
-				for _, att := range sb.atts {
-					if att.ifname == e.IfName && att.net.pool() == n.pool() && att.ip != nil && !att.delStarted && !att.podControllerFreed {
-						att.podControllerFreed = true
-						w.tr.add("ip-control-loop: %s is still being stopped: its entry is whereabouts' pod controller's to free now", att)
-						w.stats["pod controller frees a stopping sandbox"]++
-					}
-				}
+			pools = append(pools, pool)
+		}
+		for _, pool := range pools {
+			if err := w.collectIn(a, p, n, pool); err != nil || a.killed {
+				return err
 			}
-			a.whereabouts = w.attachmentOf(e.ContainerID, e.IfName, n)
-			wb.Del(ctx, fake.Request{ContainerID: e.ContainerID, IfName: e.IfName, PodRef: p.ref(),
-				Range: n.rng, Exclude: n.exclude, NetworkName: n.netName})
-			a.whereabouts = nil
-			if a.killed {
-				return nil
-			}
-			w.tr.add("ip-control-loop: deallocated %s/%s of %s (%s) in %s", e.ContainerID, e.IfName, e.PodRef, off, n.pool())
-			w.stats["pod controller releases"]++
 		}
 	}
 	return nil
+}
+
+// collectIn releases, in one pool of n, the entries of the deleted pod p:
+// each by whereabouts' own deallocation of its container and ifname over
+// every range of the NAD (which stops at the first range without the
+// container's entry).
+func (w *world) collectIn(a *actor, p *pod, n *network, pool *shim.Pool) error {
+	ctx := context.Background()
+	c := cluster{w}
+	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
+	for _, off := range sortedKeys(pool.Spec.Allocations) {
+		e := pool.Spec.Allocations[off]
+		if e.PodRef != p.ref() && !w.o.podControllerFreesAll {
+			continue
+		}
+		np, err := c.Pod(ctx, p.ns, p.name)
+		if err != nil {
+			return fmt.Errorf("failed to get pod to verify allocation: %w", err)
+		}
+		if np != nil {
+			continue // a pod of that name again: not its to release
+		}
+		w.freesStopping(p, e, pool.Name)
+		a.whereabouts = w.attachmentOf(e.ContainerID, e.IfName, pool.Name)
+		wb.Del(ctx, n.request(e.ContainerID, e.IfName, p.ref()))
+		a.whereabouts = nil
+		if a.killed {
+			return nil
+		}
+		w.tr.add("ip-control-loop: deallocated %s/%s of %s (%s) in %s", e.ContainerID, e.IfName, e.PodRef, off, pool.Name)
+		w.stats["pod controller releases"]++
+	}
+	return nil
+}
+
+// freesStopping marks the attachment whose entry e in pool the pod
+// controller is about to free while its sandbox is still being stopped.
+// The pod is gone from the API, but a force-deleted pod's sandbox may
+// still be being stopped, its interface up: whereabouts releases its
+// address all the same, whereabouts alone as beside harvester-ipam.
+// Counted and traced, not the product's to keep.
+func (w *world) freesStopping(p *pod, e shim.IPAllocation, pool string) {
+	for _, sb := range w.sbs {
+		if sb.pod != p || sb.id != e.ContainerID || sb.state != sbDead || !sb.netns {
+			continue
+		}
+		for _, att := range sb.atts {
+			if att.ifname == e.IfName && att.net.hasPool(pool) && att.ips != nil && !att.delStarted && !att.podControllerFreed {
+				att.podControllerFreed = true
+				w.tr.add("ip-control-loop: %s is still being stopped: its entry is whereabouts' pod controller's to free now", att)
+				w.stats["pod controller frees a stopping sandbox"]++
+			}
+		}
+	}
+}
+
+// request is whereabouts' request of an attachment of n: its config's
+// ranges, network_name and enable_overlapping_ranges.
+func (n *network) request(containerID, ifName, podRef string) fake.Request {
+	r := fake.Request{ContainerID: containerID, IfName: ifName, PodRef: podRef, Range: n.rng, Exclude: n.exclude,
+		NetworkName: n.netName, NoOverlapping: n.noOverlap}
+	for _, m := range n.more {
+		r.IPRanges = append(r.IPRanges, fake.Range{Range: m.cidr, Exclude: m.exclude})
+	}
+	return r
 }

@@ -136,12 +136,12 @@ func (w *world) event(a *actor) {
 	case r < 88: // GC on a node (CRI-O calls it; containerd does not)
 		n := w.nodes[w.s.pick(len(w.nodes))]
 		if n.exists {
-			net := w.nets[w.s.pick(2)]
+			net := w.gcNets[w.s.pick(len(w.gcNets))]
 			w.s.spawn("gc", func(k *actor) { w.gc(k, n, net) })
 		}
 	case r < 90 && w.o.sabotage: // someone edits a pool by hand: not a step the product takes
 		for _, att := range w.live() {
-			p := w.api.Pool(poolNS, att.net.pool())
+			p := w.api.Pool(poolNS, att.net.pools()[0])
 			for off, e := range p.Spec.Allocations {
 				if e.ContainerID == att.sb.id {
 					delete(p.Spec.Allocations, off)

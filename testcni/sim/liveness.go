@@ -65,10 +65,12 @@ func (w *world) beginAdd(a *actor, att *attachment) *addRun {
 			o.overlapped, run.overlapped = true, true
 		}
 	}
-	if p := w.api.Pool(poolNS, att.net.pool()); p != nil {
-		for _, e := range p.Spec.Allocations {
-			if e.PodRef == att.sb.pod.ref() && e.ContainerID != att.sb.id {
-				run.earlier = true
+	for _, pool := range att.net.pools() {
+		if p := w.api.Pool(poolNS, pool); p != nil {
+			for _, e := range p.Spec.Allocations {
+				if e.PodRef == att.sb.pod.ref() && e.ContainerID != att.sb.id {
+					run.earlier = true
+				}
 			}
 		}
 	}
@@ -90,8 +92,9 @@ func (w *world) endAdd(a *actor, run *addRun) {
 	}
 }
 
-// checkAdd checks the first property for an ADD that returned ip.
-func (w *world) checkAdd(run *addRun, ip net.IP) {
+// checkAdd checks the first property for an ADD that returned ips, an
+// address of each range of the attachment's network.
+func (w *world) checkAdd(run *addRun, ips []net.IP) {
 	att := run.att
 	sb := att.sb
 	switch {
@@ -101,30 +104,53 @@ func (w *world) checkAdd(run *addRun, ip net.IP) {
 	case run.overlapped:
 		w.stats["liveness: ADD beside another sandbox's of that pod name"]++
 		return
-	case run.stale[att.net.pool()]:
+	case run.staleIn(att.net):
 		w.stats["liveness: ADD that saw the pool in a stale cache"]++
+		return
+	}
+	pools := att.net.pools()
+	if len(ips) != len(pools) {
+		bad := fmt.Sprintf("ADD of %s returned %d addresses for %d ranges: %s", att.name(), len(ips), len(pools), ipList(ips))
+		w.tr.add("LIVENESS: %s", bad)
+		w.s.violations = append(w.s.violations, bad)
 		return
 	}
 	w.stats["liveness: ADDs checked"]++
 	if run.earlier {
 		w.stats["liveness: ADDs checked that had earlier sandboxes' entries"]++
 	}
-	if bad := w.podHoldsOnly(sb, att, ip); len(bad) > 0 {
-		w.tr.add("LIVENESS: after ADD %s -> %s: %v", att.name(), ip, bad)
-		w.s.violations = append(w.s.violations, bad...)
+	for i, pool := range pools {
+		if bad := w.podHoldsOnly(sb, att, pool, ips[i]); len(bad) > 0 {
+			w.tr.add("LIVENESS: after ADD %s -> %s: %v", att.name(), ipList(ips), bad)
+			w.s.violations = append(w.s.violations, bad...)
+		}
 	}
 }
 
-// podHoldsOnly says what is wrong with att's pool for att's pod, ADD having
-// returned ip for att: it must hold exactly one entry for each attachment of
-// att's sandbox in that pool whose ADD has returned, and nothing else of the
-// pod.
-func (w *world) podHoldsOnly(sb *sandbox, att *attachment, ip net.IP) []string {
-	pool := att.net.pool()
+// staleIn says whether the ADD saw a pool of n in a stale cache.
+func (run *addRun) staleIn(n *network) bool {
+	for _, pool := range n.pools() {
+		if run.stale[pool] {
+			return true
+		}
+	}
+	return false
+}
+
+// podHoldsOnly says what is wrong with pool for att's pod, ADD having
+// returned ip there for att: it must hold exactly one entry for each
+// attachment of att's sandbox in that pool whose ADD has returned, and
+// nothing else of the pod.
+func (w *world) podHoldsOnly(sb *sandbox, att *attachment, pool string, ip net.IP) []string {
 	want := map[string]string{ip.String(): att.ifname} // address -> ifname
 	for _, o := range sb.atts {
-		if o != att && o.ip != nil && o.net.pool() == pool {
-			want[o.ip.String()] = o.ifname
+		if o == att {
+			continue
+		}
+		for _, x := range o.addresses() {
+			if x.pool == pool {
+				want[x.ip.String()] = o.ifname
+			}
 		}
 	}
 	p := w.api.Pool(poolNS, pool)
@@ -178,11 +204,16 @@ func (a *attachment) name() string {
 // context of its own, the address recorded), and what it writes after the
 // DEL looked is left for the pod's next ADD or the reconciler.
 func (w *world) checkDel(att *attachment) {
-	p := w.api.Pool(poolNS, att.net.pool())
-	if p == nil {
-		return
-	}
 	w.stats["DEL checks"]++
+	for _, pool := range att.net.pools() {
+		if p := w.api.Pool(poolNS, pool); p != nil {
+			w.checkDelIn(att, p)
+		}
+	}
+}
+
+// checkDelIn is checkDel in one pool of the attachment's network.
+func (w *world) checkDelIn(att *attachment, p *shim.Pool) {
 	for _, off := range sortedKeys(p.Spec.Allocations) {
 		e := p.Spec.Allocations[off]
 		wrote, ok := w.agentWrote[p.Name+"/"+off]

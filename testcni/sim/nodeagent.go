@@ -466,12 +466,12 @@ func (c agentClient) do(req wire.Request) client.Result {
 		}
 		ag.atStep("agent-before-answer")
 		if run != nil && ans.Error == nil {
-			ip, err := result(x, req.Command, ans.Stdout, nil)
+			ips, err := result(x, req.Command, ans.Stdout, nil)
 			if err != nil {
 				w.s.violations = append(w.s.violations, fmt.Sprintf("the agent's ADD of %s answered no address: %v", run.att.name(), err))
 			} else {
 				w.stats["liveness: ADDs served by the agent"]++
-				w.checkAdd(run, ip)
+				w.checkAdd(run, ips)
 			}
 		}
 		inv.ans, inv.done = ans, true

@@ -57,6 +57,11 @@ type Options struct {
 	// the Lease itself, and no rollout (the seeds found before play their
 	// stories so).
 	AgentGroups bool
+	// NADKinds adds, in some schedules, the NADs whereabouts users make
+	// beside the storage network (kinds.go): range and ipRanges on one
+	// network, dual stack, two overlapping NADs with reservations off.
+	// Off: the stories of the seeds found before they were modelled.
+	NADKinds bool
 	// Audit runs the audit (package audit) beside the world and holds its
 	// verdicts to the model's ground truth at every look (auditcheck.go):
 	// no finding opened that the world does not bear out, none missed past
@@ -89,7 +94,7 @@ type Options struct {
 // DefaultOptions are the schedules `make sim` and the tests run.
 func DefaultOptions(whereabouts string) Options {
 	return Options{Whereabouts: whereabouts, Steps: 16, Crashes: true, CrashRate: 0.05, Faults: true, Grace: 10 * time.Minute, PodController: true, Leftovers: true,
-		Agents: true, AgentCrashRate: 0.02, AgentGroups: true, Audit: true}
+		Agents: true, AgentCrashRate: 0.02, AgentGroups: true, NADKinds: true, Audit: true}
 }
 
 // Result is one schedule's outcome.
@@ -126,6 +131,10 @@ func Run(seed uint64, o Options) (res Result, err error) {
 	}
 	if err := w.setup(); err != nil {
 		return Result{}, err
+	}
+	if o.NADKinds {
+		// From a random source of their own, as the leftovers' below.
+		w.addKinds(rand.New(rand.NewPCG(seed, 0x4ad5)))
 	}
 	if o.Leftovers {
 		// From a random source of their own: the schedule's draws, and so
@@ -182,6 +191,7 @@ func (w *world) setup() error {
 	second := &network{name: "storagenetwork-b", rng: "10.0.0.0/27", exclude: []string{"10.0.0.1/32"}}
 	plain := &network{name: "plainnetwork", rng: "10.0.0.0/27", exclude: []string{"10.0.0.1/32"}, plain: true}
 	w.nets = []*network{storage, second, plain}
+	w.gcNets = []*network{storage, second}
 	names := []string{"instance-manager-a", "instance-manager-b", "backing-image-manager-c", "plain-d"}
 	// With node agents, a pod on a range that overlaps the storage
 	// network's (whereabouts' overlapping ranges: another pool, the same
@@ -247,7 +257,7 @@ func (w *world) leftovers(rng *rand.Rand) {
 	if len(allocs) == 0 {
 		return
 	}
-	w.api.Put(append(objs, fake.NewPool(storage.pool(), storage.rng, allocs))...)
+	w.api.Put(append(objs, fake.NewPool(storage.pools()[0], storage.rng, allocs))...)
 	w.tr.add("left by whereabouts v0.7.0: %d entries", len(allocs))
 }
 

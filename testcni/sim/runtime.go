@@ -30,8 +30,8 @@ import (
 
 // call runs one CNI verb of an attachment on a node, as Multus execs the
 // IPAM plugin of a delegate: harvester-ipam for a storage network, whereabouts
-// for a plain one. It returns the result's address for ADD.
-func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []byte) (ip net.IP, err error) {
+// for a plain one. It returns the result's addresses for ADD.
+func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []byte) (ips []net.IP, err error) {
 	stdin = bytes.ReplaceAll(stdin, []byte("%CHECKPOINTS%"), []byte(n.cpDir))
 	sb := att.sb
 	cniArgs := fmt.Sprintf("IgnoreUnknown=true;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_INFRA_CONTAINER_ID=%s", sb.pod.ns, sb.pod.name, sb.id)
@@ -41,7 +41,8 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 	a.setEnv()
 	a.inCall = n
 	defer func() { a.env, a.inCall = nil, nil }()
-	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick}
+	wb := &fake.Whereabouts{API: w.api, Version: w.o.Whereabouts, Namespace: poolNS, Options: w.options(""), Pick: w.s.pick,
+		Unreserved: func(ip net.IP) { w.unreserved(att, ip) }}
 	del := &fake.Delegate{WB: wb}
 	args := &skel.CmdArgs{ContainerID: sb.id, IfName: att.ifname, Netns: env["CNI_NETNS"], Args: cniArgs, Path: w.bin, StdinData: stdin}
 	var out bytes.Buffer
@@ -52,7 +53,7 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 			if _, ok := r.(goExit); !ok || a.abandoned {
 				panic(r)
 			}
-			ip, err = nil, fmt.Errorf("netplugin failed: signal: killed")
+			ips, err = nil, fmt.Errorf("netplugin failed: signal: killed")
 		}
 	}()
 	if att.net.plain {
@@ -84,11 +85,11 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 		}
 		out.Write(res)
 		if run != nil && err == nil && !a.killed {
-			ip, err = result(a, verb, out.Bytes(), nil)
+			ips, err = result(a, verb, out.Bytes(), nil)
 			if err == nil {
-				w.checkAdd(run, ip)
+				w.checkAdd(run, ips)
 			}
-			return ip, err
+			return ips, err
 		}
 	} else {
 		p := &plugin.Plugin{
@@ -118,12 +119,12 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 			defer w.endAdd(a, run)
 			err = verbs.Add(args)
 			if err == nil && !a.killed {
-				ip, err = result(a, verb, out.Bytes(), nil)
+				ips, err = result(a, verb, out.Bytes(), nil)
 				if err == nil && outcome != client.Served {
 					// (one the agent served was checked as it returned)
-					w.checkAdd(run, ip)
+					w.checkAdd(run, ips)
 				}
-				return ip, err
+				return ips, err
 			}
 		case "DEL":
 			err = verbs.Del(args)
@@ -134,8 +135,9 @@ func (w *world) call(a *actor, n *node, verb string, att *attachment, stdin []by
 	return result(a, verb, out.Bytes(), err)
 }
 
-// result is what the runtime makes of a verb's outcome.
-func result(a *actor, verb string, out []byte, err error) (net.IP, error) {
+// result is what the runtime makes of a verb's outcome: ADD's addresses,
+// in the order its result gives them (whereabouts': its ranges').
+func result(a *actor, verb string, out []byte, err error) ([]net.IP, error) {
 	if a.killed {
 		return nil, fmt.Errorf("netplugin failed: signal: killed")
 	}
@@ -146,7 +148,11 @@ func result(a *actor, verb string, out []byte, err error) (net.IP, error) {
 	if jerr := json.Unmarshal(out, &res); jerr != nil || len(res.IPs) == 0 {
 		return nil, fmt.Errorf("ADD printed no result: %v: %s", jerr, out)
 	}
-	return res.IPs[0].Address.IP, nil
+	var ips []net.IP
+	for _, ip := range res.IPs {
+		ips = append(ips, ip.Address.IP)
+	}
+	return ips, nil
 }
 
 func environ(env map[string]string) []string {
@@ -196,7 +202,7 @@ func (w *world) startSandbox(a *actor, p *pod) {
 		net := p.nets[ifn]
 		att := &attachment{sb: sb, ifname: ifn, net: net, config: net.config(w)}
 		sb.atts = append(sb.atts, att)
-		ip, err := w.call(a, n, "ADD", att, att.config)
+		ips, err := w.call(a, n, "ADD", att, att.config)
 		if a.killed {
 			a.killed = false // the plugin died, not the runtime
 		}
@@ -208,8 +214,8 @@ func (w *world) startSandbox(a *actor, p *pod) {
 			w.teardown(a, sb)
 			return
 		}
-		att.ip = ip
-		w.tr.add("ADD %s -> %s", att, ip)
+		att.ips = ips
+		w.tr.add("ADD %s -> %s", att, ipList(ips))
 	}
 	if sb.state != sbCreating || p.current != sb || !p.exists {
 		// Killed (a reboot, the pod deleted) while it was being made.
@@ -222,12 +228,14 @@ func (w *world) startSandbox(a *actor, p *pod) {
 	// when it cannot). Now and then it names only some of the interfaces (a
 	// network attached later, a status written by an older Multus): the
 	// reconciler must not judge the others by it.
-	p.status, p.statusOf = map[string]string{}, sb
+	p.status, p.statusOf = map[string][]string{}, sb
 	for i, att := range sb.atts {
 		if i > 0 && !w.quiet && w.s.chance(0.2) {
 			continue
 		}
-		p.status[att.ifname] = att.ip.String()
+		for _, ip := range att.ips {
+			p.status[att.ifname] = append(p.status[att.ifname], ip.String())
+		}
 	}
 	w.stats["sandboxes"]++
 }
@@ -375,4 +383,16 @@ func readExisting(read map[string]bool, err error) bool {
 		}
 	}
 	return false
+}
+
+// unreserved records that whereabouts' ADD of att left ip without its
+// reservation (fake.Whereabouts.Unreserved): whereabouts' own bug, not the
+// product's to keep.
+func (w *world) unreserved(att *attachment, ip net.IP) {
+	if att.unreserved == nil {
+		att.unreserved = map[string]bool{}
+	}
+	att.unreserved[ip.String()] = true
+	w.tr.add("whereabouts' ADD of %s leaves %s without its reservation: an earlier range's address had the pod's own (its skipOverlappingRangeUpdate)", att.name(), ip)
+	w.stats["whereabouts' ADD leaves an address of a later range unreserved"]++
 }

@@ -42,8 +42,8 @@ func (w *world) snapshot(nads []reconcile.NAD) audit.Snapshot {
 }
 
 // auditNADs are the NADs that exist: each network's config as the runtime
-// hands it over, with whereabouts' enable_overlapping_ranges said (true:
-// the model's whereabouts reserves every address, as its default does).
+// hands it over, with whereabouts' enable_overlapping_ranges said (true,
+// its default, unless the NAD turns it off).
 func (w *world) auditNADs() []reconcile.NAD {
 	var out []reconcile.NAD
 	for _, n := range w.nets {
@@ -52,7 +52,7 @@ func (w *world) auditNADs() []reconcile.NAD {
 		}
 		var c map[string]any
 		_ = json.Unmarshal(n.config(w), &c)
-		c["ipam"].(map[string]any)["enable_overlapping_ranges"] = true
+		c["ipam"].(map[string]any)["enable_overlapping_ranges"] = !n.noOverlap
 		b, _ := json.Marshal(c)
 		out = append(out, reconcile.NAD{Namespace: nadNamespace, Name: n.name, Config: string(b)})
 	}
@@ -125,7 +125,7 @@ func (w *world) auditPod(p *pod) *corev1.Pod {
 func statusAnnotation(p *pod) string {
 	st := []map[string]any{{"name": "k8s-pod-network", "interface": "eth0", "ips": []string{"10.52.0.1"}, "default": true}}
 	for _, ifn := range sortedKeys(p.status) {
-		st = append(st, map[string]any{"name": nadNamespace + "/" + statusNet(p, ifn).name, "interface": ifn, "ips": []string{p.status[ifn]}})
+		st = append(st, map[string]any{"name": nadNamespace + "/" + statusNet(p, ifn).name, "interface": ifn, "ips": p.status[ifn]})
 	}
 	b, _ := json.Marshal(st)
 	return string(b)

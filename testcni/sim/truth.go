@@ -21,7 +21,9 @@ import (
 //
 //   - whereabouts' own hazards (freedByWhereabouts: its DEL deleted a live
 //     attachment's reservation across overlapping ranges; its pod
-//     controller freeing a stopping sandbox's entry, podControllerFreed):
+//     controller freeing a stopping sandbox's entry, podControllerFreed;
+//     its ADD over several ranges leaving a later range's address without
+//     its reservation once an earlier one's had the pod's own, unreserved):
 //     real inconsistencies, reported when the API shows them (a pod that
 //     is gone shows nothing);
 //   - Multus' partial network-status (startSandbox names only some
@@ -88,27 +90,28 @@ func newAPIView(s audit.Snapshot) *apiView {
 	return v
 }
 
-// inUse are the attachments whose interface holds its address: the
+// inUse are the addresses whose interface holds them: the attachment's
 // sandbox runs, or is being stopped (its network namespace kept) and the
 // attachment's own DEL was not sent; whatever whereabouts did to their
 // entries (unlike live(), which counts what the product must keep).
-func (w *world) inUse() []*attachment {
-	var out []*attachment
+func (w *world) inUse() []address {
+	var out []address
 	for _, sb := range w.sbs {
 		for _, att := range sb.atts {
-			if att.ip != nil && (sb.state == sbLive || sb.state == sbDead && sb.netns && !att.delStarted) {
-				out = append(out, att)
+			if att.ips != nil && (sb.state == sbLive || sb.state == sbDead && sb.netns && !att.delStarted) {
+				out = append(out, att.addresses()...)
 			}
 		}
 	}
 	return out
 }
 
-// statusNames says whether att's pod is Running and its network-status
-// names att's address, on a NAD that exists.
-func (w *world) statusNames(att *attachment) bool {
+// statusNames says whether x's pod is Running and its network-status
+// names x's address on x's interface, on a NAD that exists.
+func (w *world) statusNames(x address) bool {
+	att := x.att
 	p := att.sb.pod
-	return w.runningPod(p) && p.statusOf == att.sb && p.status[att.ifname] == att.ip.String() && !statusNet(p, att.ifname).deleted
+	return w.runningPod(p) && p.statusOf == att.sb && contains(p.status[att.ifname], x.ip.String()) && !statusNet(p, att.ifname).deleted
 }
 
 // facts are the inconsistencies of the world now, by key.
@@ -127,32 +130,46 @@ func (w *world) facts(s audit.Snapshot) map[string]*fact {
 	return out
 }
 
-// sharedFacts: two Running pods' attachments in use on one address of one
-// reservation network, each claim shown by the API (its entry, naming its
-// pod, or its pod's network-status).
+// sharedFacts: two Running pods' addresses in use on one address of one
+// collision domain (address.domain: the reservation network, or the pool
+// of a NAD that turns reservations off), each claim shown by the API (its
+// entry, naming its pod, or its pod's network-status).
 func (w *world) sharedFacts(v *apiView, add func(*fact)) {
-	groups := map[string][]*attachment{}
-	for _, att := range w.inUse() {
-		if w.runningPod(att.sb.pod) {
-			k := att.net.netName + "|" + att.ip.String()
-			groups[k] = append(groups[k], att)
+	groups := map[string][]address{}
+	byDesign := map[string]map[string]bool{} // ip -> domains
+	for _, x := range w.inUse() {
+		if w.runningPod(x.att.sb.pod) {
+			k := x.domain() + "|" + x.ip.String()
+			groups[k] = append(groups[k], x)
+			if x.att.net.noOverlap {
+				if byDesign[x.ip.String()] == nil {
+					byDesign[x.ip.String()] = map[string]bool{}
+				}
+				byDesign[x.ip.String()][x.domain()] = true
+			}
+		}
+	}
+	for _, ip := range sortedKeys(byDesign) {
+		if len(byDesign[ip]) > 1 {
+			// What the audit must not call two pods on one address.
+			w.stats["audit: looks at one address in two pools with reservations off"]++
 		}
 	}
 	for _, k := range sortedKeys(groups) {
 		var pods, who []string
-		for _, att := range groups[k] {
-			ref := att.sb.pod.ref()
-			e, ok := v.entries[att.net.pool()+"|"+att.ip.String()]
-			if (ok && e.PodRef == ref || w.statusNames(att)) && !contains(pods, ref) {
+		for _, x := range groups[k] {
+			ref := x.att.sb.pod.ref()
+			e, ok := v.entries[x.pool+"|"+x.ip.String()]
+			if (ok && e.PodRef == ref || w.statusNames(x)) && !contains(pods, ref) {
 				pods = append(pods, ref)
-				who = append(who, att.String())
+				who = append(who, x.att.String())
 			}
 		}
 		if len(pods) < 2 {
 			continue
 		}
 		sort.Strings(pods)
-		_, ip, _ := strings.Cut(k, "|")
+		ip := k[strings.LastIndex(k, "|")+1:]
 		add(&fact{kind: audit.SharedAddress, pods: pods, addr: ip, key: "S|" + k + "|" + strings.Join(pods, ","),
 			what: "attachments in use on one address: " + strings.Join(who, ", ")})
 	}
@@ -164,11 +181,11 @@ func (w *world) sharedFacts(v *apiView, add func(*fact)) {
 func (w *world) missingFacts(p *pod, add func(*fact)) {
 	for _, ifn := range sortedKeys(p.nets) {
 		n := p.nets[ifn]
-		if n.deleted || p.status[ifn] != "" && statusNet(p, ifn) == n {
+		if n.deleted || len(p.status[ifn]) > 0 && statusNet(p, ifn) == n {
 			continue
 		}
 		why := "Multus' network-status leaves it out"
-		if p.status[ifn] != "" {
+		if len(p.status[ifn]) > 0 {
 			why = fmt.Sprintf("its sandbox %s attached %s, replaced since", p.current.id, statusNet(p, ifn).name)
 		}
 		add(&fact{kind: audit.MissingAddress, network: nadNamespace + "/" + n.name, pods: []string{p.ref()},
@@ -176,31 +193,30 @@ func (w *world) missingFacts(p *pod, add func(*fact)) {
 	}
 }
 
-// mismatchFacts: a Running pod's live attachment whose address its
-// network-status names has no entry of the pod there; or the entries at
-// those addresses name more than one sandbox.
+// mismatchFacts: a Running pod's live address that its network-status
+// names has no entry of the pod there; or the entries at those addresses
+// name more than one sandbox.
 func (w *world) mismatchFacts(p *pod, v *apiView, add func(*fact)) {
 	containers := map[string]string{}
 	for _, att := range p.current.atts {
-		if !w.statusNames(att) || v.pools[att.net.pool()] == nil {
-			continue
-		}
-		ip := att.ip.String()
-		e, ok := v.entries[att.net.pool()+"|"+ip]
-		if ok && e.PodRef == p.ref() {
-			if e.ContainerID != "" {
-				containers[e.ContainerID] = ip
+		for _, x := range att.addresses() {
+			if !w.statusNames(x) || v.pools[x.pool] == nil {
+				continue
 			}
-			continue
-		}
-		var held []string
-		for _, k := range sortedKeys(v.entries) {
-			if e := v.entries[k]; e.PodRef == p.ref() && strings.HasPrefix(k, att.net.pool()+"|") {
-				held = append(held, e.IP.String())
+			ip := x.ip.String()
+			e, ok := v.entries[x.pool+"|"+ip]
+			if ok && e.PodRef == p.ref() {
+				if e.ContainerID != "" {
+					containers[e.ContainerID] = ip
+				}
+				continue
 			}
+			// What the pools of the network hold for the pod: the audit's
+			// finding (and its key) names them.
+			held := v.podEntries(p.ref(), att.net.pools())
+			add(&fact{kind: audit.PodPoolMismatch, pods: []string{p.ref()}, addr: ip, key: "P|" + p.ref() + "|" + ip + "|" + strings.Join(held, ","),
+				what: fmt.Sprintf("live attachment %s has no entry of its pod at %s (the pools hold %v for it)", att, ip, held)})
 		}
-		add(&fact{kind: audit.PodPoolMismatch, pods: []string{p.ref()}, addr: ip, key: "P|" + p.ref() + "|" + ip + "|" + strings.Join(held, ","),
-			what: fmt.Sprintf("live attachment %s has no entry of its pod at its address (the pool holds %v for it)", att, held)})
 	}
 	if len(containers) > 1 {
 		ids := sortedKeys(containers)
@@ -209,27 +225,42 @@ func (w *world) mismatchFacts(p *pod, v *apiView, add func(*fact)) {
 	}
 }
 
-// reservationFacts: an attachment in use whose entry (naming its pod) has
-// no reservation, or whose reservation names another pod, which no entry
-// at that address names.
+// podEntries are the addresses of pod's entries in pools, sorted.
+func (v *apiView) podEntries(pod string, pools []string) []string {
+	var held []string
+	for _, k := range sortedKeys(v.entries) {
+		pool, _, _ := strings.Cut(k, "|")
+		if e := v.entries[k]; e.PodRef == pod && contains(pools, pool) {
+			held = append(held, e.IP.String())
+		}
+	}
+	sort.Strings(held)
+	return held
+}
+
+// reservationFacts: an address in use whose entry (naming its pod) has no
+// reservation, or whose reservation names another pod, which no entry at
+// that address names; where the NAD reserves (a NAD that turns
+// reservations off has none, by design).
 func (w *world) reservationFacts(v *apiView, add func(*fact)) {
-	for _, att := range w.inUse() {
+	for _, x := range w.inUse() {
+		att := x.att
 		p := att.sb.pod
-		ip := att.ip.String()
-		e, ok := v.entries[att.net.pool()+"|"+ip]
-		if !w.runningPod(p) || !ok || e.PodRef != p.ref() {
+		ip := x.ip.String()
+		e, ok := v.entries[x.pool+"|"+ip]
+		if !x.reserved() || !w.runningPod(p) || !ok || e.PodRef != p.ref() {
 			continue
 		}
 		var o *shim.Reservation
-		for _, nn := range names.ReservationNetworks(att.net.pool(), att.net.rng) {
-			if o = v.res[names.Reservation(att.ip, nn)]; o != nil {
+		for _, nn := range names.ReservationNetworks(x.pool, v.pools[x.pool].Spec.Range) {
+			if o = v.res[names.Reservation(x.ip, nn)]; o != nil {
 				break
 			}
 		}
 		switch {
 		case o == nil && v.reserved[att.net.netName]:
 			add(&fact{kind: audit.EntryReservationMismatch, pods: []string{p.ref()}, addr: ip, key: "E|" + p.ref() + "|" + ip + "|" + e.ContainerID,
-				what: fmt.Sprintf("attachment in use %s has its entry and no reservation", att)})
+				what: fmt.Sprintf("attachment in use %s has its entry at %s and no reservation", att, ip)})
 		case o != nil && o.Spec.PodRef != p.ref() && !v.names(att.net.netName, ip, o.Spec.PodRef):
 			add(&fact{kind: audit.EntryReservationMismatch, pods: []string{p.ref(), o.Spec.PodRef}, addr: ip, key: "E2|" + o.Name + "|" + o.Spec.PodRef + "|" + string(o.UID),
 				what: fmt.Sprintf("attachment in use %s: its reservation %s names %s", att, o.Name, o.Spec.PodRef)})

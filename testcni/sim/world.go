@@ -21,18 +21,61 @@ import (
 // poolNS is the simulated whereabouts namespace.
 const poolNS = "kube-system"
 
-// network is a storage-network NAD: a range whereabouts allocates from.
+// network is a NAD whose IPAM is harvester-ipam (or whereabouts itself):
+// the ranges whereabouts allocates from, an address of each per
+// attachment.
 type network struct {
-	name    string // the CNI network's (and the NAD's) name
+	name string // the CNI network's (and the NAD's) name
+	// rng and exclude are the NAD's range and its exclude ("": it has
+	// ipRanges alone); more are its ipRanges. whereabouts allocates from
+	// rng first, then each of more (ranges), one pool each.
 	rng     string
-	netName string // whereabouts' network_name
 	exclude []string
+	more    []ipRange
+	netName string // whereabouts' network_name
+	// noOverlap is enable_overlapping_ranges: false: whereabouts consults
+	// and writes no reservation, and hands out from its own pool an
+	// address another pool holds, by design.
+	noOverlap bool
 	// plain networks name whereabouts itself: racing writers beside harvester-ipam.
 	plain   bool
 	deleted bool
 }
 
-func (n *network) pool() string { return names.Pool(n.rng, n.netName) }
+// ipRange is one range of a network: its CIDR and its exclude.
+type ipRange struct {
+	cidr    string
+	exclude []string
+}
+
+// ranges are the network's ranges in the order whereabouts allocates from
+// them (its loader puts range before ipRanges).
+func (n *network) ranges() []ipRange {
+	var out []ipRange
+	if n.rng != "" {
+		out = append(out, ipRange{n.rng, n.exclude})
+	}
+	return append(out, n.more...)
+}
+
+// pools are the IPPools of the network's ranges, in that order.
+func (n *network) pools() []string {
+	var out []string
+	for _, r := range n.ranges() {
+		out = append(out, names.Pool(r.cidr, n.netName))
+	}
+	return out
+}
+
+// hasPool says whether one of the network's ranges is kept in pool.
+func (n *network) hasPool(pool string) bool {
+	for _, p := range n.pools() {
+		if p == pool {
+			return true
+		}
+	}
+	return false
+}
 
 // config is the network config a runtime hands the IPAM plugin, as Multus
 // caches it at ADD.
@@ -41,13 +84,30 @@ func (n *network) config(w *world) []byte {
 	if n.plain {
 		typ = "whereabouts"
 	}
-	ipam := map[string]any{"type": typ, "range": n.rng, "configuration_path": w.flat,
+	ipam := map[string]any{"type": typ, "configuration_path": w.flat,
 		"harvester_ipam": map[string]any{"checkpoint_dir": "%CHECKPOINTS%"}}
+	if n.rng != "" {
+		ipam["range"] = n.rng
+	}
 	if len(n.exclude) > 0 {
 		ipam["exclude"] = n.exclude
 	}
+	if len(n.more) > 0 {
+		var rs []map[string]any
+		for _, r := range n.more {
+			m := map[string]any{"range": r.cidr}
+			if len(r.exclude) > 0 {
+				m["exclude"] = r.exclude
+			}
+			rs = append(rs, m)
+		}
+		ipam["ipRanges"] = rs
+	}
 	if n.netName != "" {
 		ipam["network_name"] = n.netName
+	}
+	if n.noOverlap {
+		ipam["enable_overlapping_ranges"] = false
 	}
 	b, _ := json.Marshal(map[string]any{"cniVersion": "0.3.1", "name": n.name, "type": "bridge", "bridge": "mgmt-br", "ipam": ipam})
 	return b
@@ -84,7 +144,7 @@ type pod struct {
 	// status are the addresses of Multus' network-status, by interface;
 	// statusOf is the sandbox whose ADD wrote it (its networks are the
 	// status' NADs).
-	status   map[string]string
+	status   map[string][]string
 	statusOf *sandbox
 	// created is when the pod object was made; deletedGracefully: it was
 	// deleted (not force-deleted), and the API shows it being deleted, a
@@ -134,7 +194,9 @@ type attachment struct {
 	ifname string
 	net    *network
 	config []byte // the config Multus cached at ADD
-	ip     net.IP // what ADD returned; nil until then
+	// ips are what ADD returned, an address of each of the network's
+	// ranges in their order; nil until then.
+	ips []net.IP
 	// delStarted: its own DEL was sent; the address is its DEL's to free.
 	delStarted bool
 	// podControllerFreed: whereabouts' pod controller released its entry
@@ -150,11 +212,57 @@ type attachment struct {
 	// failed after writing its entry, the address's reservation made under
 	// it by a writer without whereabouts' Lease.
 	lostReservationRace bool
+	// unreserved are the addresses (by text) whereabouts' ADD of this
+	// attachment left without their reservation: an earlier range's
+	// address had the pod's own (fake.Whereabouts.Unreserved), whereabouts'
+	// own bug, which the product passes on; the audit must report it.
+	unreserved map[string]bool
 }
 
 func (a *attachment) String() string {
-	return fmt.Sprintf("%s/%s %s (%s %s)", a.sb.pod.ref(), a.ifname, a.sb.id, a.net.name, a.ip)
+	return fmt.Sprintf("%s/%s %s (%s %s)", a.sb.pod.ref(), a.ifname, a.sb.id, a.net.name, ipList(a.ips))
 }
+
+// address is one address of an attachment: what its ADD got in one range
+// of its network.
+type address struct {
+	att  *attachment
+	ip   net.IP
+	pool string
+}
+
+// addresses are the attachment's addresses, one per range (none before
+// its ADD returned).
+func (a *attachment) addresses() []address {
+	var out []address
+	pools := a.net.pools()
+	for i, ip := range a.ips {
+		out = append(out, address{att: a, ip: ip, pool: pools[i]})
+	}
+	return out
+}
+
+// domain is where two attachments on one address are two on one address:
+// whereabouts reserves every address of a network_name across its
+// overlapping pools, unless the NAD turns reservations off
+// (enable_overlapping_ranges: false): then its pool alone is consulted,
+// and another pool may hold the same address by design.
+func (x address) domain() string {
+	if x.att.net.noOverlap {
+		return "pool/" + x.pool
+	}
+	return "network/" + x.att.net.netName
+}
+
+// reserved says whether whereabouts keeps a reservation of the address.
+func (x address) reserved() bool { return !x.att.net.noOverlap }
+
+// mustBeReserved says whether the address's reservation is the product's
+// to keep: it is reserved, and whereabouts' ADD made the reservation.
+func (x address) mustBeReserved() bool { return x.reserved() && !x.att.unreserved[x.ip.String()] }
+
+// reservation is the name of the address's reservation.
+func (x address) reservation() string { return names.Reservation(x.ip, x.att.net.netName) }
 
 // world is everything the simulation models: the API server, whereabouts,
 // the nodes and their runtime, the pods.
@@ -166,13 +274,15 @@ type world struct {
 	dir  string
 	flat string
 
-	nets  []*network
-	nodes []*node
-	pods  map[string]*pod // current incarnation by ref
-	all   []*pod          // every incarnation
-	sbs   []*sandbox
-	uids  int
-	ids   int
+	nets []*network
+	// gcNets are the networks CNI GC runs on now and then (events.go).
+	gcNets []*network
+	nodes  []*node
+	pods   map[string]*pod // current incarnation by ref
+	all    []*pod          // every incarnation
+	sbs    []*sandbox
+	uids   int
+	ids    int
 
 	faultsUntil time.Time
 	// quiet stops faults and crashes: the world settles.
@@ -409,8 +519,9 @@ func (w *world) request(c *fake.Call) error {
 // made under its Lease, a writer without the Lease raced it (a node agent),
 // and the live attachment's reservation is freed by the product's doing.
 func (w *world) whereaboutsDeletes(of *attachment, name string) {
-	for _, att := range w.live() {
-		if att == of || names.Reservation(att.ip, att.net.netName) != name {
+	for _, x := range w.liveAddresses() {
+		att := x.att
+		if att == of || !x.reserved() || x.reservation() != name {
 			continue
 		}
 		for _, r := range w.api.AllReservations(poolNS) {
@@ -428,14 +539,15 @@ func (w *world) whereaboutsDeletes(of *attachment, name string) {
 	}
 }
 
-// attachmentOf is the attachment of a container and interface on n.
-func (w *world) attachmentOf(containerID, ifname string, n *network) *attachment {
+// attachmentOf is the attachment of a container and interface with an
+// address in pool.
+func (w *world) attachmentOf(containerID, ifname, pool string) *attachment {
 	for _, sb := range w.sbs {
 		if sb.id != containerID {
 			continue
 		}
 		for _, att := range sb.atts {
-			if att.ifname == ifname && att.net.pool() == n.pool() {
+			if att.ifname == ifname && att.net.hasPool(pool) {
 				return att
 			}
 		}

@@ -113,6 +113,27 @@ plant U3 'the findings gauge set from the findings opened at this look' audit/wa
   's#a\.Metrics\.set\(c\.Open, #a.Metrics.set(c.Opened, #' \
   ./audit/watch '^TestTheFindingsGaugeCountsEveryOpenFinding$'
 
+# The NADs whereabouts users make (testcni/sim's NAD kinds, issue 44): F1
+# got past every test until the simulation played a network of two pools;
+# U4 undoes the audit's collision domains, which the simulation now holds
+# to the world where two NADs turn reservations off.
+kinds='^TestNADKindRegressionSeeds$/^'
+plant F1 "an ADD's release of one pool forgets the earlier sandbox's whole record" plugin/checkpoint/checkpoint.go \
+  's#if rest := r\.without\(pool\); len\(rest\.Pools\) > 0 \{#if rest := r.without(pool); false \&\& len(rest.Pools) > 0 {#' \
+  ./testcni/sim "${kinds}an_ADD_released_one_of_two_pools"
+plant F1u '(the same bug)' plugin/checkpoint/checkpoint.go \
+  's#if rest := r\.without\(pool\); len\(rest\.Pools\) > 0 \{#if rest := r.without(pool); false \&\& len(rest.Pools) > 0 {#' \
+  ./plugin/checkpoint '^TestForgetPoolKeepsTheRecordOfTheOtherPools$'
+plant F1p '(the same bug)' plugin/checkpoint/checkpoint.go \
+  's#if rest := r\.without\(pool\); len\(rest\.Pools\) > 0 \{#if rest := r.without(pool); false \&\& len(rest.Pools) > 0 {#' \
+  ./plugin '^TestAnEarlierSandboxsDELReleasesThePoolItsNextADDDidNot$'
+plant U4 'two claims collide across pools whose NADs turn reservations off' audit/rules.go \
+  's#\tif pool == "" \|\| x\.poolReserves\(pool\) \{#\tif true {#' \
+  ./testcni/sim "${kinds}one_address_from_two_pools"
+plant U4u '(the same bug)' audit/rules.go \
+  's#\tif pool == "" \|\| x\.poolReserves\(pool\) \{#\tif true {#' \
+  ./audit '^TestNoSharedAddressAcrossNonOverlappingPools$'
+
 # The node agent (agent/alloc, the plugin's lost ADD): each bug planted is
 # caught by a unit test and, where it found it on its own, by the
 # simulation's regression seed (testcni/sim, TestRegressionSeeds). A6 and A7

@@ -43,6 +43,7 @@ func main() {
 	agents := flag.Bool("agents", true, "run harvester-ipam's node agent on the first node, and on the second in half the schedules (false: replay seeds found before it was modelled)")
 	withAudit := flag.Bool("audit", true, "run the audit beside the world and hold its verdicts to the model's ground truth (false: the schedules alone, a little faster)")
 	agentGroups := flag.Bool("agent-groups", true, "run the agents' requests under one shim.Group each, as their main does, and roll the agents out (false: replay seeds found before they were modelled)")
+	nadKinds := flag.Bool("nad-kinds", true, "add, in some schedules, the NADs whereabouts users make: range and ipRanges, dual stack, overlapping NADs with reservations off (false: replay seeds found before they were modelled)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -63,6 +64,7 @@ func main() {
 		o.Agents = *agents
 		o.AgentGroups = *agentGroups
 		o.Audit = *withAudit
+		o.NADKinds = *nadKinds
 		if *steps > 0 {
 			o.Steps = *steps
 		}
@@ -109,7 +111,7 @@ func main() {
 			defer wg.Done()
 			cmd := exec.Command(self, "-worker", fmt.Sprint(i), "-workers", fmt.Sprint(*workers), "-start", fmt.Sprint(*start), "-seeds", fmt.Sprint(*seeds),
 				"-duration", duration.String(), "-whereabouts", *versions, "-steps", fmt.Sprint(*steps),
-				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents), "-agent-groups="+fmt.Sprint(*agentGroups), "-audit="+fmt.Sprint(*withAudit))
+				"-pod-controller="+fmt.Sprint(*podController), "-wb-reconciler="+fmt.Sprint(*wbReconciler), "-leftovers="+fmt.Sprint(*leftovers), "-agents="+fmt.Sprint(*agents), "-agent-groups="+fmt.Sprint(*agentGroups), "-audit="+fmt.Sprint(*withAudit), "-nad-kinds="+fmt.Sprint(*nadKinds))
 			cmd.Stderr = os.Stderr
 			out, _ := cmd.Output()
 			var o outcome
@@ -148,7 +150,7 @@ func main() {
 	// (opened, true or false) and the inconsistencies it had to report.
 	var keys []string
 	for k := range stats {
-		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "lease") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") || strings.HasPrefix(k, "audit") {
+		if strings.HasPrefix(k, "agent") || strings.HasPrefix(k, "lease") || strings.HasPrefix(k, "liveness") || strings.HasPrefix(k, "DEL checks") || strings.HasPrefix(k, "informer") || k == "crashes" || k == "failed ADDs" || k == "sandboxes" || strings.HasPrefix(k, "whereabouts'") || strings.HasPrefix(k, "audit") || strings.HasPrefix(k, "schedules with") {
 			keys = append(keys, k)
 		}
 	}
