@@ -241,6 +241,15 @@ func (r *Rig) StartNode(ctx context.Context, t *Tenant, opt NodeOptions) (_ *Nod
 			return nil, err
 		}
 	}
+	if opt.Kubelet {
+		// A node's /etc/hostname names it, as on a real node: whereabouts
+		// v0.9.3 and before find their node by it when no NODENAME is set
+		// (v0.9.4's installer writes whereabouts.d/nodename instead), and
+		// its node slices failed on every side without it.
+		if err := os.WriteFile(filepath.Join(nd.Etc, "hostname"), []byte(name+"\n"), 0o644); err != nil {
+			return nil, err
+		}
+	}
 	links := map[string]string{"bridge": r.Tools["bridge"], "host-local": r.Tools["host-local"], "loopback": r.Tools["loopback"], "macvlan": r.Tools["macvlan"], "multus": r.Tools["multus"], "harvester-ipam": r.PluginBinary()}
 	if opt.Kubelet {
 		delete(links, "harvester-ipam") // the chart's pod puts it there, or the installer below
