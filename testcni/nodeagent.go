@@ -116,7 +116,9 @@ func (r *Rig) agentBinary(ctx context.Context, crashpoints bool) (string, error)
 }
 
 // Start starts the agent (again, after Stop or Kill) and waits until it
-// serves.
+// serves: its socket answers a probe and its metrics answer (the agent
+// binds its metrics port beside the socket, not before it, so on a busy
+// machine a test that read the counts at once found the port refusing).
 func (a *Agent) Start(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -133,9 +135,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		if p.exited() {
 			return fmt.Errorf("agent exited at start:\n%s", p.tail())
 		}
-		if last = a.Probe(ctx); last.Outcome == client.Served {
-			return nil
+		if last = a.Probe(ctx); last.Outcome != client.Served {
+			continue
 		}
+		if _, err := a.Requests(ctx); err != nil {
+			last.Reason = "its metrics: " + err.Error()
+			continue
+		}
+		return nil
 	}
 	return fmt.Errorf("agent does not serve after 30 s (%s):\n%s", last.Reason, p.tail())
 }
