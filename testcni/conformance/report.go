@@ -65,7 +65,11 @@ func (r Report) Table() string {
 				case !ok:
 					b.WriteString(" not run |")
 				case got.Outcome == Passed:
-					fmt.Fprintf(&b, " passed (%ds) |", int(got.Took.Seconds()))
+					if got.Again != "" {
+						fmt.Fprintf(&b, " passed (%ds; ran again: %s) |", int(got.Took.Seconds()), strings.ReplaceAll(got.Again, "|", "\\|"))
+					} else {
+						fmt.Fprintf(&b, " passed (%ds) |", int(got.Took.Seconds()))
+					}
 				default:
 					fmt.Fprintf(&b, " **failed**: %s |", strings.ReplaceAll(got.Why, "|", "\\|"))
 				}

@@ -124,6 +124,29 @@ type Result struct {
 	Why  string
 	Took time.Duration
 	Log  string // the run's whole output, a file
+	// Again says why the spec ran a second time on every side ("": once).
+	Again string
+}
+
+// suiteConflict is the API server's answer to an update of an object that
+// changed since it was read.
+const suiteConflict = "Operation cannot be fulfilled on statefulsets.apps"
+
+// LostItsOwnRace says whether a failed run is the suite's own write losing a
+// race, not an assertion failing: whereabouts' test client scales a
+// StatefulSet by reading it and updating it with no retry on a conflict
+// (ScaleStatefulSet), and the StatefulSet controller's status write between
+// the two makes the API server refuse the update (409). The spec's claim
+// was not put to the test on that side; it runs again, on every side, once.
+func LostItsOwnRace(r Result) bool {
+	if r.Outcome != Failed {
+		return false
+	}
+	if strings.Contains(r.Why, suiteConflict) {
+		return true
+	}
+	out, err := os.ReadFile(r.Log)
+	return err == nil && strings.Contains(failureReasonFull(out), suiteConflict)
 }
 
 // Run runs one spec alone against the cluster whose kubeconfig env names,
@@ -166,10 +189,15 @@ func judge(out []byte, err, ctxErr error) (Outcome, string) {
 	return Failed, failureReason(out)
 }
 
+// failureReasonFull is failureReason unclipped.
+func failureReasonFull(out []byte) string { return failureReasonN(out, 1<<20) }
+
 // failureReason is ginkgo's failure message, on one line: the paragraph
 // after the failed spec's texts and locations under "• Failure", else the
 // last lines of the output.
-func failureReason(out []byte) string {
+func failureReason(out []byte) string { return failureReasonN(out, 240) }
+
+func failureReasonN(out []byte, n int) string {
 	lines := strings.Split(string(out), "\n")
 	for i, l := range lines {
 		t := strings.TrimSpace(l)
@@ -184,16 +212,16 @@ func failureReason(out []byte) string {
 			case !blank:
 				blank = m == ""
 			case m == "" && len(msg) > 0:
-				return clip(strings.Join(msg, " "), 240)
+				return clip(strings.Join(msg, " "), n)
 			case m != "":
 				msg = append(msg, m)
 			}
 		}
 		if len(msg) > 0 {
-			return clip(strings.Join(msg, " "), 240)
+			return clip(strings.Join(msg, " "), n)
 		}
 	}
-	return clip(strings.ReplaceAll(tail(out, 3), "\n", " "), 240)
+	return clip(strings.ReplaceAll(tail(out, 3), "\n", " "), n)
 }
 
 func clip(s string, n int) string {

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +131,47 @@ func TestUnexplainedBaselineFailures(t *testing.T) {
 	got := rep.Unexplained()
 	if len(got) != 1 || !strings.Contains(got[0], `"Whereabouts other" failed on the baseline, and no reason is listed`) {
 		t.Errorf("got %q, want the unlisted failure alone", got)
+	}
+}
+
+// A run whose failure is the suite's own StatefulSet update refused as a
+// conflict lost its own race (the spec runs again); any other failure, and
+// a pass, did not.
+func TestLostItsOwnRace(t *testing.T) {
+	dir := t.TempDir()
+	conflict := dir + "/conflict.log"
+	// As ginkgo v1 printed it on the rig (whereabouts v0.9.4, scale up then down 10 replicas).
+	if err := os.WriteFile(conflict, []byte(`• Failure [42.031 seconds]
+Whereabouts functionality
+  e2e_test.go:46
+
+          Expected success, but got an error:
+              <*errors.StatusError | 0x1da2d5af0aa0>: 
+              Operation cannot be fulfilled on statefulsets.apps "web": the object has been modified; please apply your changes to the latest version and try again
+
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	other := dir + "/other.log"
+	if err := os.WriteFile(other, []byte("• Failure [3.0 seconds]\nx\n\n  Timed out after 3.001s.\n  Expected <bool>: false to be true\n\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		r    Result
+		want bool
+	}{
+		{"the suite's update refused, clipped from Why", Result{Outcome: Failed, Why: "Expected success, but got an error: <*errors.StatusError | 0x1da2d5af0aa0>: ...", Log: conflict}, true},
+		{"the suite's update refused, in Why", Result{Outcome: Failed, Why: `Operation cannot be fulfilled on statefulsets.apps "web"`}, true},
+		{"an assertion failed", Result{Outcome: Failed, Why: "Timed out after 3.001s.", Log: other}, false},
+		{"no log", Result{Outcome: Failed, Why: "did not finish", Log: dir + "/none.log"}, false},
+		{"passed", Result{Outcome: Passed, Log: conflict}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := LostItsOwnRace(tt.r); got != tt.want {
+				t.Errorf("LostItsOwnRace = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

@@ -177,19 +177,18 @@ func runVersion(t *testing.T, v string, logs string) []conformance.Run {
 			if !focused(sp.Text) {
 				continue
 			}
-			results := make([]*conformance.Result, len(conformance.Sides))
-			for i, c := range clusters {
-				if c == nil {
-					continue
+			results := lockStep(t, clusters, s, sp, logs)
+			if why := lostRace(results); why != "" {
+				// The spec's claim was not put to the test there: every
+				// side runs it again, once, and the table says so.
+				t.Logf("%s: %s; running it again on every side", sp.Text, why)
+				results = lockStep(t, clusters, s, sp, logs)
+				for _, r := range results {
+					if r != nil {
+						r.Again = why
+					}
 				}
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := runSpec(t, c, s, sp, logs)
-					results[i] = &r
-				}()
 			}
-			wg.Wait()
 			for i, r := range results {
 				if r != nil {
 					out = append(out, conformance.Run{Suite: s, Side: conformance.Sides[i], Result: *r})
@@ -204,6 +203,40 @@ func runVersion(t *testing.T, v string, logs string) []conformance.Run {
 		}
 	}
 	return out
+}
+
+// lockStep runs one spec on every side's cluster at once and waits for all.
+func lockStep(t *testing.T, clusters []*conformance.Cluster, s conformance.Suite, sp conformance.Spec, logs string) []*conformance.Result {
+	results := make([]*conformance.Result, len(conformance.Sides))
+	var wg sync.WaitGroup
+	for i, c := range clusters {
+		if c == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := runSpec(t, c, s, sp, logs)
+			results[i] = &r
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+// lostRace says which sides' runs failed by the suite's own write losing a
+// race (conformance.LostItsOwnRace), "" when none did.
+func lostRace(results []*conformance.Result) string {
+	var sides []string
+	for i, r := range results {
+		if r != nil && conformance.LostItsOwnRace(*r) {
+			sides = append(sides, string(conformance.Sides[i]))
+		}
+	}
+	if len(sides) == 0 {
+		return ""
+	}
+	return "the suite's own StatefulSet update conflicted on " + strings.Join(sides, ", ")
 }
 
 // runSpec runs one spec on one side's cluster, then cleans up after it.
