@@ -146,15 +146,7 @@ func containerNames(ds *appsv1.DaemonSet) []string {
 // requests what Multus thick's daemon, the same kind of server on the same
 // path, requests: 100m.
 func TestTheAgentRequestsTheCPUOfADaemonOnEverySandboxsPath(t *testing.T) {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := ModuleRoot(wd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := container(renderDaemonSetNamed(t, root, "harvester-ipam-agent"), "agent")
+	agent := container(renderDaemonSetNamed(t, moduleRoot(t), "harvester-ipam-agent"), "agent")
 	if agent == nil {
 		t.Fatal("the chart's harvester-ipam-agent DaemonSet has no container agent")
 	}
