@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -35,7 +36,10 @@ func (p *Plugin) through(command string) func(*skel.CmdArgs) error {
 		if p.Agent == nil {
 			return p.Run(context.Background(), command, args)
 		}
-		if nodeSlices(args.StdinData) {
+		// A config that never names the key (almost every one) is not
+		// parsed for it on every verb's way to the agent; one that names it
+		// otherwise (escaped) is declined by the agent, with the same result.
+		if bytes.Contains(args.StdinData, []byte(`"node_slice_size"`)) && nodeSlices(args.StdinData) {
 			// The agent declines every verb of it (agent.admitLoaded):
 			// not asked, which on a busy node costs a wait for its CPU.
 			here := *p
