@@ -167,11 +167,15 @@ func (r *rig) pool() map[string]alloc {
 	return p.Spec.Allocations
 }
 
+// checkpoints are the attachments' records (an ADD in flight marks itself
+// beside its record, in a file of its own).
 func (r *rig) checkpoints() []string {
 	var out []string
 	entries, _ := os.ReadDir(r.cpDir)
 	for _, e := range entries {
-		out = append(out, e.Name())
+		if strings.HasSuffix(e.Name(), ".json") {
+			out = append(out, e.Name())
+		}
 	}
 	return out
 }

@@ -60,6 +60,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	ph.Mark("client")
 
 	a := &adding{p: p, args: args, cfg: cfg, pod: pod, log: log, store: store, exec: exec}
+	defer a.done()
 	if err := a.checkpoint(ctx); err != nil {
 		return err
 	}
@@ -80,6 +81,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 		// ADD's, a DEL's or the reconciler's to release.
 		log.Errorf("%v", err)
 	}
+	a.done()
 	a.recordAddresses(res)
 	ph.Mark("record")
 	out, err := res.GetAsVersion(cfg.CNIVersion)
@@ -106,6 +108,17 @@ type adding struct {
 	// handOver says the reclaim left an earlier sandbox's entry on this
 	// interface for the allocation to take over.
 	handOver bool
+	// inFlight ends the mark that tells an earlier sandbox's DEL to leave
+	// its entry on this interface to this ADD (checkpoint.Dir.Adding).
+	inFlight func()
+}
+
+// done ends the ADD's mark: from handedOver on, an entry of an earlier
+// sandbox on its interface is no longer this ADD's to take.
+func (a *adding) done() {
+	if a.inFlight != nil {
+		a.inFlight()
+	}
 }
 
 // checkpoint records the attachment before anything is allocated, so that
@@ -125,6 +138,13 @@ func (a *adding) checkpoint(ctx context.Context) error {
 	for _, pl := range a.cfg.Pools {
 		a.rec.Pools = append(a.rec.Pools, checkpoint.Pool{Name: pl.Name, Range: pl.Range})
 	}
+	// Marked before the record is written: a DEL that reads the record of
+	// an ADD in flight finds it marked (deleting.leaveToTaker).
+	done, err := a.cp.Adding(a.args.ContainerID, a.args.IfName)
+	if err != nil {
+		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), checkpointHint)
+	}
+	a.inFlight = done
 	// An allocator that records writes the record itself, durably, with
 	// the first address it chose and before it writes that address
 	// anywhere: nothing is allocated for this attachment before then, and

@@ -401,3 +401,76 @@ func TestAnEarlierSandboxsDELReleasesThePoolItsNextADDDidNot(t *testing.T) {
 	require.NoError(t, r.p.Del(args(t, "old", "lhnet1", podArgs, twoPools)))
 	assert.Empty(t, held("10.9.0.0-24"), "the earlier sandbox's DEL released its entry in the pool the ADD did not")
 }
+
+// whereabouts' own suite deletes a StatefulSet's pod with a grace period of
+// 0 and polls its pool for the pod's entry ("can recover from an exhausted
+// IP pool"): the StatefulSet makes the pod again at once, and the kubelet
+// runs its new sandbox's ADD while it tears the old sandbox down. A DEL of
+// the old sandbox while that ADD is in flight (its record written, the
+// allocation not yet) leaves the pod's entry on the interface to the ADD,
+// which hands it over in the write that allocates (or, a whereabouts that
+// hands nothing over, releases it then): the pool never shows the pod
+// without its address, and the entry is never left behind. An entry the ADD
+// could not tell is on its interface (no ifname) is released as before.
+func TestAnEarlierSandboxsDELLeavesItsEntryToThePodsADDInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		want    map[string]alloc
+		gapless bool
+	}{
+		{fake.V093, map[string]alloc{"2": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, true},
+		{fake.V080, map[string]alloc{"2": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, true},
+		{fake.V070, map[string]alloc{"2": {ContainerID: "new", PodRef: "longhorn-system/im-a"}}, false},
+	} {
+		t.Run(tc.version, func(t *testing.T) {
+			r := newRig(t, ipamPool(map[string]alloc{}))
+			r.wb.Version = tc.version
+			if tc.version == fake.V070 {
+				r.api.PruneIfName = true
+			}
+			require.NoError(t, r.p.Add(args(t, "old", "lhnet1", podArgs, r.config("0.3.1", ""))))
+			require.Len(t, r.pool(), 1)
+
+			var gaps []string
+			watch := func(c *fake.Call) error {
+				if p := r.api.Pool("kube-system", poolName); p != nil {
+					found := false
+					for _, a := range p.Spec.Allocations {
+						found = found || a.PodRef == "longhorn-system/im-a"
+					}
+					if !found {
+						gaps = append(gaps, c.Verb+" "+c.Resource+" "+c.Name)
+					}
+				}
+				return nil
+			}
+			r.api.Hook = watch
+			delDone := false
+			r.p.AtStep = func(p string) {
+				if p != "add-after-reclaim" || delDone {
+					return
+				}
+				delDone = true
+				// The old sandbox's DEL, from another process, while the ADD
+				// is between its reclaim and whereabouts.
+				require.NoError(t, r.p.Del(args(t, "old", "lhnet1", podArgs, r.config("0.3.1", ""))))
+				args(t, "new", "lhnet1", podArgs, nil) // the ADD's environment again
+				watch(&fake.Call{Verb: "after", Resource: "the old sandbox's DEL"})
+			}
+			require.NoError(t, r.p.Add(args(t, "new", "lhnet1", podArgs, r.config("0.3.1", ""))))
+			require.True(t, delDone)
+			r.p.AtStep = nil
+
+			assert.Equal(t, tc.want, r.pool(), "the pod's one entry, the new sandbox's")
+			assert.Equal(t, []string{"192.168.50.2=longhorn-system/im-a"}, r.orips())
+			if tc.gapless {
+				assert.Empty(t, gaps, "requests that found the pod without its entry")
+			}
+			_, held, err := checkpoint.Dir(r.cpDir).Read("old", "lhnet1")
+			require.NoError(t, err)
+			assert.False(t, held, "the old sandbox's DEL forgot its record")
+			recs, _ := checkpoint.Dir(r.cpDir).InFlight()
+			assert.Empty(t, recs, "no ADD in flight once it answered")
+		})
+	}
+}

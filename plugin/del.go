@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -130,6 +131,48 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 	return nil
 }
 
+// leaveToTaker is what the DEL leaves in pool pr: the entries on its
+// interface that an ADD in flight on this node, of another sandbox of the
+// same pod on the same interface and pool, takes over in the write that
+// allocates, or releases once it has allocated (adding.handedOver). The
+// kubelet runs a pod's next sandbox's ADD while it tears the earlier one
+// down (a pod deleted with a grace period of 0 and made again at once, as a
+// StatefulSet does): releasing here would leave the pod without its address
+// until that ADD allocates, which whereabouts alone, whose DEL and ADD take
+// turns on its Lease, seldom shows, and whereabouts' own suite polls for.
+// An ADD that dies (its mark then unheld) or fails leaves the entry to the
+// pod's next ADD, or to the reconciler once the pod is gone, as any ADD that
+// stops half-way. An entry without an ifname (whereabouts before v0.8),
+// which no ADD can tell is on its interface, is released as ever.
+func (d *deleting) leaveToTaker(pr poolRef) func(off string, a shim.IPAllocation) bool {
+	return func(off string, a shim.IPAllocation) bool {
+		if a.IfName != d.args.IfName || a.PodRef == "" {
+			return false
+		}
+		for _, r := range d.takers() {
+			if r.ContainerID != d.args.ContainerID && r.IfName == d.args.IfName && r.PodRef == a.PodRef &&
+				r.Namespace == pr.namespace && r.Names(pr.name) {
+				d.log.Verbosef("left entry %s of pool %s/%s to the ADD of %s/%s in flight, the pod's next sandbox, which takes it over", off, pr.namespace, pr.name, r.ContainerID, r.IfName)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// takers are the records of the ADDs in flight on this node, read once.
+func (d *deleting) takers() []checkpoint.Record {
+	if !d.takersRead {
+		d.takersRead = true
+		var errs []error
+		d.inFlight, errs = d.cp.InFlight()
+		for _, err := range errs {
+			d.log.Errorf("ignoring unreadable checkpoint of an ADD in flight: %v", err)
+		}
+	}
+	return d.inFlight
+}
+
 // deleting is one DEL past its config: what its steps share.
 type deleting struct {
 	p        *Plugin
@@ -142,6 +185,9 @@ type deleting struct {
 	recorded []net.IP
 	sib      siblings
 	ph       *steps.Timer
+	// inFlight are the ADDs in flight on this node (takers), once takersRead.
+	inFlight   []checkpoint.Record
+	takersRead bool
 }
 
 // pools are the pools the config (nil: none usable) and the checkpoint
@@ -207,7 +253,7 @@ func (d *deleting) plan(ctx context.Context, pools []poolRef) ([]nsPlan, error) 
 // and says so when the pool holds an entry of the container without an
 // ifname that no record says is this attachment's.
 func (d *deleting) planIn(pool *shim.Pool, pr poolRef) (nsPlan, error) {
-	plan, ambiguous, err := planAttachment(pool, pr, d.args, d.recorded, d.sib.of(pr.namespace, pr.name))
+	plan, ambiguous, err := planAttachment(pool, pr, d.args, d.recorded, d.sib.of(pr.namespace, pr.name), d.leaveToTaker(pr))
 	if err != nil {
 		return nsPlan{}, storeError(fmt.Sprintf("read pool %s/%s", pr.namespace, pr.name), err)
 	}
@@ -262,12 +308,17 @@ type nsPlan struct {
 // planAttachment plans the release of what the attachment holds in pool (nil:
 // nothing), and says whether the pool holds an entry of the container without
 // an ifname that no record says is this attachment's.
-func planAttachment(pool *shim.Pool, pr poolRef, args *skel.CmdArgs, recorded, siblings []net.IP) (nsPlan, bool, error) {
+// An entry leave says true of is not planned (nil: none).
+func planAttachment(pool *shim.Pool, pr poolRef, args *skel.CmdArgs, recorded, siblings []net.IP, leave func(off string, a shim.IPAllocation) bool) (nsPlan, bool, error) {
 	if pool == nil {
 		return withNamespace(shim.Plan{Pool: pr.name, Network: pr.network}, pr.namespace), false, nil
 	}
 	found := shim.FindAttachment(pool, args.ContainerID, args.IfName, recorded, siblings)
-	plan, err := shim.PlanOf(pool, pr.network, shim.Exactly(entriesAt(pool, found.Offsets)))
+	offsets := found.Offsets
+	if leave != nil {
+		offsets = slices.DeleteFunc(slices.Clone(offsets), func(off string) bool { return leave(off, pool.Spec.Allocations[off]) })
+	}
+	plan, err := shim.PlanOf(pool, pr.network, shim.Exactly(entriesAt(pool, offsets)))
 	return withNamespace(plan, pr.namespace), found.Ambiguous, err
 }
 

@@ -280,6 +280,11 @@ func (d Dir) Remove(containerID, ifName string) error {
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove checkpoint %s: %w", p, err)
 	}
+	// The mark an ADD that died left (Adding); one held is an ADD's still
+	// running, and stays.
+	if mark := strings.TrimSuffix(p, ".json") + addingSuffix; !held(mark) {
+		_ = os.Remove(mark)
+	}
 	return nil
 }
 
@@ -308,7 +313,7 @@ func (d Dir) ForgetPool(containerID, namespace, pool string) (int, error) {
 			continue
 		}
 		r, err := Decode(data)
-		if err != nil || r.ContainerID != containerID || r.Namespace != namespace || !r.names(pool) {
+		if err != nil || r.ContainerID != containerID || r.Namespace != namespace || !r.Names(pool) {
 			continue
 		}
 		if rest := r.without(pool); len(rest.Pools) > 0 {
@@ -323,8 +328,8 @@ func (d Dir) ForgetPool(containerID, namespace, pool string) (int, error) {
 	return forgotten, nil
 }
 
-// names says whether the record names pool.
-func (r Record) names(pool string) bool {
+// Names says whether the record names pool.
+func (r Record) Names(pool string) bool {
 	for _, pl := range r.Pools {
 		if pl.Name == pool {
 			return true

@@ -75,8 +75,32 @@ func (w *world) beginAdd(a *actor, att *attachment) *addRun {
 		}
 	}
 	w.adds = append(w.adds, run)
+	w.addsBegun++
+	if w.takerBegun == nil {
+		w.takerBegun = map[string]int{}
+	}
+	w.takerBegun[takerKey(att)] = w.addsBegun
 	a.add = run
 	return run
+}
+
+// takerKey names the ADDs that may take over an earlier sandbox's entry on
+// an interface: those of the pod's sandboxes on the node, on that interface
+// and network (deleting.leaveToTaker in the plugin).
+func takerKey(att *attachment) string {
+	return att.sb.pod.ref() + "|" + att.sb.node + "|" + att.ifname + "|" + att.net.name
+}
+
+// takerUnderWay says whether an ADD of another sandbox of att's pod, on the
+// same node, interface and network, is under way: the ADD a DEL of att
+// leaves its entry to, to take over.
+func (w *world) takerUnderWay(att *attachment) bool {
+	for _, run := range w.adds {
+		if run.att.sb != att.sb && takerKey(run.att) == takerKey(att) {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *world) endAdd(a *actor, run *addRun) {

@@ -289,14 +289,22 @@ func (w *world) teardown(a *actor, sb *sandbox) {
 			// agent's, whose client went away, goes on with what it had
 			// begun (see checkDel).
 			beside := w.addUnderWay(att)
+			// An ADD of the pod's next sandbox on the node and interface,
+			// under way at any time during the DEL, is left the entry to
+			// take over (deleting.leaveToTaker): the pool-wide properties
+			// hold it to that.
+			takerBefore, since := w.takerUnderWay(att), w.addsBegun
 			_, err := w.call(a, n, "DEL", att, stdin)
 			if a.killed {
 				a.killed = false
 			}
 			if err == nil {
 				w.tr.add("DEL %s ok", att)
+				taker := takerBefore || w.takerUnderWay(att) || w.takerBegun[takerKey(att)] > since
 				if beside {
 					w.stats["DEL checks: beside its own ADD still under way"]++
+				} else if taker {
+					w.stats["DEL checks: beside the ADD of the pod's next sandbox"]++
 				} else {
 					w.checkDel(att)
 				}

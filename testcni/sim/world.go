@@ -293,6 +293,10 @@ type world struct {
 	holder string
 	// adds are harvester-ipam's ADDs under way (checkAdd).
 	adds []*addRun
+	// addsBegun counts the ADDs begun; takerBegun is the count when the
+	// last ADD of each takerKey began.
+	addsBegun  int
+	takerBegun map[string]int
 	// bin is the CNI bin dir the runtime names (CNI_PATH).
 	bin string
 
