@@ -134,6 +134,16 @@ plant U4u '(the same bug)' audit/rules.go \
   's#\tif pool == "" \|\| x\.poolReserves\(pool\) \{#\tif true {#' \
   ./audit '^TestNoSharedAddressAcrossNonOverlappingPools$'
 
+# whereabouts' own suite (issue 43): a pod deleted with a grace period of 0
+# and made again at once polled without its entry, on the exec path, when
+# the earlier sandbox's DEL came before the next sandbox's ADD allocated.
+plant W1 "an earlier sandbox's DEL releases the entry the pod's ADD in flight takes over" plugin/del.go \
+  's#\t\tif a\.IfName != d\.args\.IfName \|\| a\.PodRef == "" \{#\t\tif true {#' \
+  ./plugin '^TestAnEarlierSandboxsDELLeavesItsEntryToThePodsADDInFlight$'
+plant W1m "(the same bug: the ADD does not mark itself in flight)" plugin/add.go \
+  's#\ta\.inFlight = done#\tdone()#' \
+  ./plugin '^TestAnEarlierSandboxsDELLeavesItsEntryToThePodsADDInFlight$'
+
 # The node agent (agent/alloc, the plugin's lost ADD): each bug planted is
 # caught by a unit test and, where it found it on its own, by the
 # simulation's regression seed (testcni/sim, TestRegressionSeeds). A6 and A7
