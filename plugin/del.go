@@ -90,7 +90,7 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 	defer log.retried(store)
 	ph.Mark("client")
 
-	d := &deleting{p: p, args: args, log: log, store: store, cp: cp, rec: rec, haveRec: haveRec, recorded: parseIPs(rec.IPs), ph: ph}
+	d := &deleting{p: p, args: args, log: log, store: store, cp: cp, rec: rec, haveRec: haveRec, recorded: rec.Addresses(), ph: ph}
 	// What the sandbox's other attachments recorded: an entry without an
 	// ifname at an address one of them recorded too is not told to be ours.
 	var errs []error

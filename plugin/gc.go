@@ -96,7 +96,7 @@ func ofNetwork(rec checkpoint.Record, cfg *conf.Config, namespace string) bool {
 
 // collect releases one recorded attachment from each of its pools.
 func (p *Plugin) collect(ctx context.Context, store *shim.Store, cp checkpoint.Dir, rec checkpoint.Record, log *logger) error {
-	recorded := parseIPs(rec.IPs)
+	recorded := rec.Addresses()
 	sib, _, errs := readSiblings(cp, rec.ContainerID, rec.IfName)
 	for _, err := range errs {
 		log.Errorf("ignoring unreadable checkpoint: %v", err)

@@ -162,7 +162,7 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 	}
 	var recorded []net.IP
 	for _, rec := range own {
-		recorded = append(recorded, parseIPs(rec.IPs)...)
+		recorded = append(recorded, rec.Addresses()...)
 	}
 	for _, pool := range cfg.Pools {
 		ns := store.Namespace()
@@ -187,7 +187,7 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 		var earlier []net.IP
 		for _, rec := range all {
 			if rec.PodRef == pod.Ref() && rec.ContainerID != args.ContainerID && rec.Namespace == store.Namespace() {
-				earlier = append(earlier, parseIPs(rec.IPs)...)
+				earlier = append(earlier, rec.Addresses()...)
 			}
 		}
 		deleted, err := store.ReleaseStrayReservations(ctx, pod.Ref(), cfg.IPAM.NetworkName, earlier)
@@ -199,15 +199,4 @@ func (p *Plugin) releaseLost(ctx context.Context, args *skel.CmdArgs) error {
 		}
 	}
 	return nil
-}
-
-// parseIPs are the addresses of a checkpoint's CIDRs.
-func parseIPs(cidrs []string) []net.IP {
-	var out []net.IP
-	for _, s := range cidrs {
-		if ip, _, err := net.ParseCIDR(s); err == nil {
-			out = append(out, ip)
-		}
-	}
-	return out
 }

@@ -37,7 +37,7 @@ func readSiblings(cp checkpoint.Dir, containerID, ifName string) (siblings, []ch
 			if len(rec.IPs) == 0 {
 				s.unsure[k] = true
 			}
-			s.ips[k] = append(s.ips[k], parseIPs(rec.IPs)...)
+			s.ips[k] = append(s.ips[k], rec.Addresses()...)
 		}
 	}
 	return s, own, errs

@@ -98,6 +98,11 @@ type Request struct {
 	IPAM        *wbtypes.IPAMConfig
 	ContainerID string
 	IfName      string
+	// Recorded are the addresses the attachment's record already names:
+	// an entry of the container without an ifname at one of them (an old
+	// CRD pruned it) is the attachment's own, allocated by an earlier ask
+	// of the same ADD, and is given again.
+	Recorded []net.IP
 	// Chosen, when set, is told each address before it is written (the
 	// checkpoint records it, so that a DEL finds an entry without an ifname
 	// that an old CRD pruned); an error fails the ADD before the write.
@@ -134,6 +139,7 @@ func (a *Batcher) Allocate(ctx context.Context, r Request) ([]net.IPNet, error) 
 			containerID: r.ContainerID,
 			podRef:      podRef,
 			ifName:      r.IfName,
+			recorded:    r.Recorded,
 			chosen:      r.Chosen,
 			unchosen:    r.Unchosen,
 			done:        make(chan struct{}),

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	wblogging "github.com/k8snetworkplumbingwg/whereabouts/pkg/logging"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 	"github.com/stretchr/testify/assert"
@@ -846,4 +847,39 @@ func TestAMemberThatLeavesAfterAConflictLeavesNoChoiceInItsRecord(t *testing.T) 
 			assert.Equal(t, tc.other, api.Pool(ns, pool).Spec.Allocations, "the pool as the other writer left it")
 		})
 	}
+}
+
+// The plugin asks the allocator again for the same ADD when a range finds
+// an earlier sandbox of the pod that its reclaim's copy did not show
+// (shim.ErrEarlierSandbox): on whereabouts v0.7.0's CRD the entry the first
+// ask wrote in an earlier range has lost its ifname, and the second ask
+// must know it by the address its record names, not allocate a second
+// address beside it nor forget the first from the record (the simulation,
+// seeds 13527 and 6018 on v0.7.0 with a dual-stack NAD).
+func TestAnADDAskedAgainKeepsTheAddressItWroteWhenTheCRDPrunedItsIfName(t *testing.T) {
+	api := fake.New()
+	api.PruneIfName = true
+	api.Put(fake.NewPool("10.0.0.0-24", "10.0.0.0/24", map[string]shim.IPAllocation{}))
+	cp := checkpoint.Dir(t.TempDir())
+	rec := checkpoint.Record{ContainerID: "c1", IfName: "net1", PodRef: "longhorn-system/im-a", Network: "dualnetwork",
+		Namespace: ns, Pools: []checkpoint.Pool{{Name: "10.0.0.0-24", Range: "10.0.0.0/24"}}}
+	d := alloc.Delegate{Batcher: alloc.New(alloc.Options{}), Load: func([]byte, string) (*wbtypes.IPAMConfig, string, error) {
+		return ipam("10.0.0.0/24"), "0.3.1", nil
+	}}
+	cfg := &conf.Config{CNIVersion: "0.3.1", Options: conf.Options{CheckpointDir: string(cp)}}
+	args := &skel.CmdArgs{ContainerID: "c1", IfName: "net1"}
+	for ask := 1; ask <= 2; ask++ {
+		res, err := d.AddRecording(context.Background(), store(api), cfg, args, rec)
+		require.NoError(t, err, "ask %d", ask)
+		r, err := current.NewResultFromResult(res)
+		require.NoError(t, err)
+		require.Len(t, r.IPs, 1)
+		assert.Equal(t, "10.0.0.1/24", r.IPs[0].Address.String(), "ask %d", ask)
+	}
+	assert.Equal(t, map[string]shim.IPAllocation{"1": {ContainerID: "c1", PodRef: "longhorn-system/im-a"}},
+		api.Pool(ns, "10.0.0.0-24").Spec.Allocations, "one entry for the attachment")
+	got, ok, err := cp.Read("c1", "net1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, []string{"10.0.0.1/24"}, got.IPs, "the record names the address the pool holds")
 }

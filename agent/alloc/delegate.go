@@ -36,7 +36,11 @@ func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
 	record := func(ip net.IPNet) error { return recordChosen(cp, args.ContainerID, args.IfName, ip) }
 	forget := func(ip net.IPNet) error { return forgetChosen(cp, args.ContainerID, args.IfName, ip) }
-	return d.add(ctx, store, cfg, args, record, forget)
+	var recorded []net.IP
+	if have, ok, err := cp.Read(args.ContainerID, args.IfName); err == nil && ok {
+		recorded = have.Addresses()
+	}
+	return d.add(ctx, store, cfg, args, recorded, record, forget)
 }
 
 // AddRecording is Add writing the attachment's checkpoint rec itself
@@ -45,6 +49,19 @@ func (d Delegate) Add(ctx context.Context, store *shim.Store, cfg *conf.Config, 
 func (d Delegate) AddRecording(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, rec checkpoint.Record) (cnitypes.Result, error) {
 	cp := checkpoint.Dir(cfg.Options.CheckpointDir)
 	written := false
+	// Asked again for the same ADD (an earlier range found an earlier
+	// sandbox the reclaim's copy did not show), the record already names
+	// what the first ask wrote: kept, and told to the allocator, which
+	// knows by it an entry whose ifname whereabouts v0.7.0's CRD pruned.
+	if have, ok, err := cp.Read(args.ContainerID, args.IfName); err == nil && ok {
+		for _, addr := range have.IPs {
+			if !slices.Contains(rec.IPs, addr) {
+				rec.IPs = append(rec.IPs, addr)
+			}
+		}
+		written = true
+	}
+	recorded := rec.Addresses()
 	record := func(ip net.IPNet) error {
 		addr := ip.String() // as the result gives it, and the plugin records it
 		if !slices.Contains(rec.IPs, addr) {
@@ -72,15 +89,15 @@ func (d Delegate) AddRecording(ctx context.Context, store *shim.Store, cfg *conf
 		}
 		return nil
 	}
-	return d.add(ctx, store, cfg, args, record, forget)
+	return d.add(ctx, store, cfg, args, recorded, record, forget)
 }
 
-func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, record, forget func(net.IPNet) error) (cnitypes.Result, error) {
+func (d Delegate) add(ctx context.Context, store *shim.Store, cfg *conf.Config, args *skel.CmdArgs, recorded []net.IP, record, forget func(net.IPNet) error) (cnitypes.Result, error) {
 	wb, confVersion, err := d.Load(cfg.Delegated, args.Args)
 	if err != nil {
 		return nil, asCNI(err)
 	}
-	ips, err := d.Batcher.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Chosen: record, Unchosen: forget})
+	ips, err := d.Batcher.Allocate(ctx, Request{Store: store, IPAM: wb, ContainerID: args.ContainerID, IfName: args.IfName, Recorded: recorded, Chosen: record, Unchosen: forget})
 	if errors.Is(err, shim.ErrEarlierSandbox) {
 		return nil, err // the plugin releases it and asks again
 	}

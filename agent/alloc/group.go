@@ -38,6 +38,7 @@ type member struct {
 	containerID string
 	podRef      string
 	ifName      string
+	recorded    []net.IP
 	chosen      func(net.IPNet) error
 	unchosen    func(net.IPNet) error
 	// pending is the address recorded for the member (chosen) and not
@@ -258,6 +259,10 @@ func (a *Batcher) choose(base *shim.Pool, batch []*member) (chosen []choice, fai
 				base.Namespace, base.Name, m.podRef, shim.ErrEarlierSandbox, strings.Join(earlier, ", "))})
 			continue
 		}
+		if c, ok := ownPruned(base, first, m); ok {
+			chosen = append(chosen, c)
+			continue
+		}
 		c, err := a.chooseOne(base, first, list, m)
 		if err != nil {
 			failed = append(failed, failure{m, err})
@@ -292,6 +297,31 @@ func (a *Batcher) choose(base *shim.Pool, batch []*member) (chosen []choice, fai
 		chosen = append(chosen, c)
 	}
 	return chosen, failed, later
+}
+
+// ownPruned finds the attachment's own entry that whereabouts' allocator
+// cannot see as its own: one of the container without an ifname (an old
+// CRD pruned it) at an address the attachment's record names, written by an
+// earlier ask of the same ADD. It is held: given again, nothing written.
+func ownPruned(base *shim.Pool, first net.IP, m *member) (choice, bool) {
+	if len(m.recorded) == 0 {
+		return choice{}, false
+	}
+	_, rng, err := net.ParseCIDR(m.rng.Range)
+	if err != nil {
+		return choice{}, false
+	}
+	for _, off := range shim.FindAttachment(base, m.containerID, m.ifName, m.recorded, nil).Offsets {
+		if base.Spec.Allocations[off].IfName != "" {
+			continue // whereabouts' allocator sees it
+		}
+		ip, err := shim.OffsetIP(first, off)
+		if err != nil || !rng.Contains(ip) {
+			continue
+		}
+		return choice{m: m, ip: net.IPNet{IP: ip, Mask: rng.Mask}, offset: off, kind: held}, true
+	}
+	return choice{}, false
 }
 
 // replacePending takes the member's pending address out of its record when

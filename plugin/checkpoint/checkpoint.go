@@ -328,6 +328,18 @@ func (d Dir) ForgetPool(containerID, namespace, pool string) (int, error) {
 	return forgotten, nil
 }
 
+// Addresses are the addresses of the record's IPs ("ip/prefix"); one that
+// does not parse is left out.
+func (r Record) Addresses() []net.IP {
+	var out []net.IP
+	for _, s := range r.IPs {
+		if ip, _, err := net.ParseCIDR(s); err == nil {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
 // Names says whether the record names pool.
 func (r Record) Names(pool string) bool {
 	for _, pl := range r.Pools {

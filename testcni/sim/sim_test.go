@@ -434,6 +434,13 @@ func TestNADKindRegressionSeeds(t *testing.T) {
 		// it (EntryReservationMismatch).
 		{"the model: whereabouts reserves no later range once an earlier had the pod's own", 2910, fake.V093},
 		{"the model: whereabouts reserves no later range once an earlier had the pod's own, v0.8.0", 2910, fake.V080},
+		// A dual-stack ADD through the agent on v0.7.0's CRDs: the IPv6
+		// range found an earlier sandbox its copy had not shown, and the
+		// plugin asked the agent again; the second ask did not know the
+		// IPv4 entry the first wrote (its ifname pruned), allocated a
+		// second address and rewrote the record without the first.
+		{"an ADD asked again allocated beside the entry the first ask wrote", 13527, fake.V070},
+		{"an ADD asked again allocated beside the entry the first ask wrote, again", 6018, fake.V070},
 	} {
 		t.Run(tt.what, func(t *testing.T) {
 			res, err := Run(tt.seed, DefaultOptions(tt.wb))

@@ -144,6 +144,19 @@ plant W1m "(the same bug: the ADD does not mark itself in flight)" plugin/add.go
   's#\ta\.inFlight = done#\tdone()#' \
   ./plugin '^TestAnEarlierSandboxsDELLeavesItsEntryToThePodsADDInFlight$'
 
+# The agent asked again for one ADD on v0.7.0's CRDs (issue 44's ten-minute
+# simulation, seeds 13527 and 6018): its first ask's entry, ifname pruned.
+plant A9 "an ADD asked again forgets what its first ask recorded" agent/alloc/delegate.go \
+  's#if have, ok, err := cp\.Read\(args\.ContainerID, args\.IfName\); err == nil && ok \{\n\t\tfor#if have, ok, err := cp.Read(args.ContainerID, args.IfName); false \&\& err == nil \&\& ok {\n\t\tfor#' \
+  ./testcni/sim "${kinds}an_ADD_asked_again_allocated_beside_the_entry_the_first_ask_wrote\$"
+plant A9r '(the same bug)' agent/alloc/delegate.go \
+  's#if have, ok, err := cp\.Read\(args\.ContainerID, args\.IfName\); err == nil && ok \{\n\t\tfor#if have, ok, err := cp.Read(args.ContainerID, args.IfName); false \&\& err == nil \&\& ok {\n\t\tfor#' \
+  ./agent/alloc '^TestAnADDAskedAgainKeepsTheAddressItWroteWhenTheCRDPrunedItsIfName$'
+plant A9g "an ADD asked again does not know the entry its first ask wrote" agent/alloc/group.go \
+  's#\tif len\(m\.recorded\) == 0 \{#\tif true {#' \
+  ./agent/alloc '^TestAnADDAskedAgainKeepsTheAddressItWroteWhenTheCRDPrunedItsIfName$'
+
+
 # The node agent (agent/alloc, the plugin's lost ADD): each bug planted is
 # caught by a unit test and, where it found it on its own, by the
 # simulation's regression seed (testcni/sim, TestRegressionSeeds). A6 and A7
