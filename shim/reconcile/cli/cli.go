@@ -247,9 +247,9 @@ func loop(ctx context.Context, r *reconcile.Reconciler, rc *rest.Config, shared 
 	// reconciler still releases, and the log says why.
 	audits := watch.NewCollector()
 	m.reg.MustRegister(audits)
-	if err := watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr, DaemonSet: o.DaemonSet}, o.Interval, audits, shared); err != nil {
-		fmt.Fprintln(o.Stderr, "harvester-ipam-reconciler: the audit does not run:", err)
-	}
+	go keepAuditing(ctx, o.Stderr, func(ctx context.Context) error {
+		return watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr, DaemonSet: o.DaemonSet}, o.Interval, audits, shared)
+	}, sleep, 10*time.Second, 5*time.Minute)
 	if o.MetricsAddr != "" {
 		srv := &http.Server{Addr: o.MetricsAddr, Handler: m.handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
@@ -276,4 +276,41 @@ func loop(ctx context.Context, r *reconcile.Reconciler, rc *rest.Config, shared 
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
+}
+
+// keepAuditing starts the audit (start), and tries again after a pause
+// (from first, doubling up to most) while it is refused (its informers not
+// listed: an API server restarting, RBAC not yet bound), until it runs or
+// ctx ends; the log says why each time, and meanwhile the audit's gauge is
+// absent, which HarvesterIPAMAuditNotJudging reads. Each try runs under a
+// context of its own, ended when the try fails, so that a failed try's
+// informers stop; the audit that runs keeps its own until ctx ends.
+func keepAuditing(ctx context.Context, log io.Writer, start func(context.Context) error, pause func(context.Context, time.Duration) error, first, most time.Duration) {
+	wait := first
+	for {
+		try, cancel := context.WithCancel(ctx)
+		err := start(try)
+		if err == nil {
+			context.AfterFunc(ctx, cancel)
+			return
+		}
+		cancel()
+		fmt.Fprintf(log, "harvester-ipam-reconciler: the audit does not run: %v; trying again in %s\n", err, wait)
+		if pause(ctx, wait) != nil {
+			return
+		}
+		wait = min(2*wait, most)
+	}
+}
+
+// sleep pauses for d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
