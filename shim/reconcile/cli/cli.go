@@ -249,7 +249,7 @@ func loop(ctx context.Context, r *reconcile.Reconciler, rc *rest.Config, shared 
 	m.reg.MustRegister(audits)
 	go keepAuditing(ctx, o.Stderr, func(ctx context.Context) error {
 		return watch.Watch(ctx, rc, o.Namespace, watch.Config{Grace: o.AuditGrace, Log: o.Stderr, DaemonSet: o.DaemonSet}, o.Interval, audits, shared)
-	}, sleep, 10*time.Second, 5*time.Minute)
+	}, shim.RealClock{}.Sleep, 10*time.Second, 5*time.Minute)
 	if o.MetricsAddr != "" {
 		srv := &http.Server{Addr: o.MetricsAddr, Handler: m.handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
@@ -300,17 +300,5 @@ func keepAuditing(ctx context.Context, log io.Writer, start func(context.Context
 			return
 		}
 		wait = min(2*wait, most)
-	}
-}
-
-// sleep pauses for d, or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
