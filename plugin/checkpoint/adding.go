@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,12 +65,9 @@ func (d Dir) Adding(containerID, ifName string) (done func(), err error) {
 // has not written it) is not returned; records that do not read are
 // returned as errors beside them.
 func (d Dir) InFlight() ([]Record, []error) {
-	entries, err := os.ReadDir(string(d))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	entries, err := d.files()
 	if err != nil {
-		return nil, []error{fmt.Errorf("list checkpoints in %s: %w", d, err)}
+		return nil, []error{err}
 	}
 	var recs []Record
 	var errs []error

@@ -420,15 +420,24 @@ func (d Dir) OfContainer(containerID string) ([]Record, []error) {
 	return recs, errs
 }
 
-// List returns every record in the directory. Files that do not parse are
-// returned as errors beside the records, so that one bad file hides nothing.
-func (d Dir) List() ([]Record, []error) {
+// files are the directory's entries; a directory not yet made has none.
+func (d Dir) files() ([]os.DirEntry, error) {
 	entries, err := os.ReadDir(string(d))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, []error{fmt.Errorf("list checkpoints in %s: %w", d, err)}
+		return nil, fmt.Errorf("list checkpoints in %s: %w", d, err)
+	}
+	return entries, nil
+}
+
+// List returns every record in the directory. Files that do not parse are
+// returned as errors beside the records, so that one bad file hides nothing.
+func (d Dir) List() ([]Record, []error) {
+	entries, err := d.files()
+	if err != nil {
+		return nil, []error{err}
 	}
 	var recs []Record
 	var errs []error
