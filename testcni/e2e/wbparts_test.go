@@ -35,54 +35,102 @@ import (
 //
 // whereabouts' reconciler judges every pool of the cluster, so this test
 // runs on a cluster of its own (the rig's CRDs), where no other test's
-// leftovers are, beside the other tests; its versions and paths run side
-// by side, each on a node of its own. Its cron runs at most once a minute:
-// each version waits for one run after the pods went away.
+// leftovers are; its versions and paths share it, each on a node of its
+// own. Every version's pods start before any version's parts do: a
+// reconciler run that lists a pool between an ADD and the network-status
+// that names its address frees it (whereabouts' window, on a real node
+// too, where the pod stays Pending through it and the reconciler looks
+// again for a while), and another version's reconciler would look at this
+// one's setup. A pod started once the parts run is Pending until its
+// network-status is written, as the kubelet and Multus order it. Its cron
+// runs at most once a minute: each version waits for one run after the
+// pods went away.
 func TestWhereaboutsPartsBeside(t *testing.T) {
 	t.Parallel()
 	c, err := rig.StartCRDCluster(ctx(t), "parts", testcni.Delegates[0])
 	require.NoError(t, err)
-	for _, path := range paths(t) {
-		// On every version through the agent too: what is under test is
-		// whereabouts' own controllers reading and releasing what the agent
-		// wrote, and v0.9.4's reconciler is a part of its own.
-		for _, v := range testcni.Delegates {
-			t.Run(subtest(v, path), func(t *testing.T) {
+	// On every version through the agent too: what is under test is
+	// whereabouts' own controllers reading and releasing what the agent
+	// wrote, and v0.9.4's reconciler is a part of its own.
+	partsBeside(t, c, testcni.Delegates, paths(t))
+}
+
+// partsBeside runs the scene of TestWhereaboutsPartsBeside on cluster c for
+// each version and path, side by side, as subtests of t: every side's pods
+// start before any side's parts do.
+func partsBeside(t *testing.T, c *testcni.Rig, versions, paths []string) {
+	type side struct {
+		name  string
+		scene *partsScene
+	}
+	var sides []*side
+	for _, path := range paths {
+		for _, v := range versions {
+			sides = append(sides, &side{name: subtest(v, path), scene: &partsScene{e: newEnvIn(t, c, v, path)}})
+		}
+	}
+	// Returns once every side's pods run or its start failed.
+	t.Run("pods start", func(t *testing.T) {
+		for _, s := range sides {
+			t.Run(s.name, func(t *testing.T) {
 				t.Parallel()
-				testWhereaboutsPartsBeside(t, newEnvIn(t, c, v, path))
+				s.scene.start(t)
 			})
 		}
+	})
+	for _, s := range sides {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			if !s.scene.started {
+				t.Fatalf("its pods did not start: see pods start/%s", s.name)
+			}
+			s.scene.beside(t)
+		})
 	}
 }
 
-func testWhereaboutsPartsBeside(t *testing.T, e *env) {
-	c := ctx(t)
-	node := e.Node("n1")
-	require.NoError(t, e.R.CreateNode(c, node))
-	n := e.network(t, testcni.Network{})
-	nad := createHarvesterNAD(t, e, n)
+// partsScene is one version's and path's pods of TestWhereaboutsPartsBeside.
+type partsScene struct {
+	e                                       *env
+	node, nad                               string
+	n, named                                *testcni.Network
+	keep, again, gone, done, same, namedPod testcni.Pod
+	sb                                      map[testcni.Pod]*testcni.Sandbox
+	started                                 bool
+}
 
-	pod := func(name string) testcni.Pod { return e.Pod(name) }
-	keep, again, gone, done, same := pod("keep"), pod("again"), pod("gone"), pod("done"), pod("same")
-	sb := map[testcni.Pod]*testcni.Sandbox{}
-	for _, p := range []testcni.Pod{keep, again, gone, done, same} {
-		sb[p] = runningPod(t, e, n, p, node, nad)
+// start runs the pods, before any of whereabouts' parts do.
+func (s *partsScene) start(t *testing.T) {
+	e := s.e
+	s.node = e.Node("n1")
+	require.NoError(t, e.R.CreateNode(ctx(t), s.node))
+	s.n = e.network(t, testcni.Network{})
+	s.nad = createHarvesterNAD(t, e, s.n)
+
+	s.keep, s.again, s.gone, s.done, s.same = e.Pod("keep"), e.Pod("again"), e.Pod("gone"), e.Pod("done"), e.Pod("same")
+	s.sb = map[testcni.Pod]*testcni.Sandbox{}
+	for _, p := range []testcni.Pod{s.keep, s.again, s.gone, s.done, s.same} {
+		s.sb[p] = runningPod(t, e, s.n, p, s.node, s.nad)
 	}
 	// A network with a network_name: its reservations are named
 	// "storage-<address>".
-	named := e.network(t, testcni.Network{NetworkName: "storage"})
-	namedPod := pod("named")
-	sb[namedPod] = runningPod(t, e, named, namedPod, node, createHarvesterNAD(t, e, named))
+	s.named = e.network(t, testcni.Network{NetworkName: "storage"})
+	s.namedPod = e.Pod("named")
+	s.sb[s.namedPod] = runningPod(t, e, s.named, s.namedPod, s.node, createHarvesterNAD(t, e, s.named))
 
 	// A sandbox recreated without DEL: harvester-ipam's ADD releases the old
-	// one. Before whereabouts' parts start: between an ADD and Multus'
-	// network-status update, whereabouts' own reconciler judges the new entry
-	// by the old status and frees its reservation, with or without
-	// harvester-ipam (seen here once in a loaded run, on v0.7.0); that window
-	// is whereabouts', not what this test looks at.
-	require.NoError(t, sb[again].Kill())
-	sb[again] = add(t, n, again)
-	setNetworkStatus(t, e.R, again, nad, sb[again].IP())
+	// one. The pod stays Running, as the kubelet leaves it.
+	require.NoError(t, s.sb[s.again].Kill())
+	s.sb[s.again] = add(t, s.n, s.again)
+	setNetworkStatus(t, e.R, s.again, s.nad, s.sb[s.again].IP())
+	s.started = true
+}
+
+// beside starts whereabouts' parts and runs the rest of the scene.
+func (s *partsScene) beside(t *testing.T) {
+	c := ctx(t)
+	e, n, node, nad, sb := s.e, s.n, s.node, s.nad, s.sb
+	keep, again, gone, done, same, namedPod := s.keep, s.again, s.gone, s.done, s.same, s.namedPod
 
 	parts, err := e.R.StartWhereaboutsParts(c, testcni.PartsOptions{Version: e.WB, Node: node, Tenant: e.Tenant, Cron: "* * * * *"})
 	require.NoError(t, err)
@@ -104,9 +152,7 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	// whose old sandbox never saw DEL: its new sandbox is live.
 	require.NoError(t, sb[same].Kill())
 	require.NoError(t, e.R.DeletePod(c, same))
-	require.NoError(t, createPodOnNAD(c, e.R, same, node, nad, ""))
-	sb[same] = add(t, n, same)
-	setNetworkStatus(t, e.R, same, nad, sb[same].IP())
+	sb[same] = runningPod(t, e, n, same, node, nad)
 
 	// The pod controller has seen the deletions once it has logged each.
 	for _, p := range []testcni.Pod{done, gone, same} {
@@ -137,7 +183,7 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	// deletes the live pod's reservation (alone too); its entry stays.
 	namedRes := names.Reservation(net.ParseIP(sb[namedPod].IP()), "storage")
 	err = wait.PollUntilContextTimeout(c, time.Second, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		orips, err := named.ORIPs(ctx)
+		orips, err := s.named.ORIPs(ctx)
 		for _, o := range orips {
 			if o.Name == namedRes {
 				return false, err
@@ -146,7 +192,7 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 		return err == nil, err
 	})
 	require.NoError(t, err, "whereabouts' reconciler kept %s", namedRes)
-	allocs, err := named.Allocations(c)
+	allocs, err := s.named.Allocations(c)
 	require.NoError(t, err)
 	require.Len(t, testcni.Of(allocs, namedPod.Ref()), 1, "the named network's entry of %s", namedPod.Ref())
 	// And harvester-ipam's reconciler: whatever is left of a gone pod goes.
@@ -155,7 +201,7 @@ func testWhereaboutsPartsBeside(t *testing.T, e *env) {
 	e.reconcile(t)
 
 	// A new pod gets an address no live sandbox holds.
-	late := pod("late")
+	late := e.Pod("late")
 	sb[late] = runningPod(t, e, n, late, node, nad)
 
 	live := []*testcni.Sandbox{sb[keep], sb[again], sb[same], sb[late]}
@@ -200,14 +246,29 @@ func createHarvesterNAD(t *testing.T, e *env, n *testcni.Network) string {
 	return e.PodNamespace + "/" + n.Name
 }
 
-// runningPod creates a Running pod on node attached to nad, adds its sandbox
-// and writes its network-status as Multus does after ADD.
+// runningPod starts a pod on node attached to nad in the kubelet's and
+// Multus' order: the object Pending, its sandbox's ADD, its network-status
+// naming the address ADD gave, then Running.
 func runningPod(t *testing.T, e *env, n *testcni.Network, pod testcni.Pod, node, nad string) *testcni.Sandbox {
 	t.Helper()
-	require.NoError(t, createPodOnNAD(ctx(t), e.R, pod, node, nad, corev1.PodRunning))
+	require.NoError(t, createPodOnNAD(ctx(t), e.R, pod, node, nad, corev1.PodPending))
 	s := add(t, n, pod)
 	setNetworkStatus(t, e.R, pod, nad, s.IP())
+	require.NoError(t, setPhase(ctx(t), e.R, pod, corev1.PodRunning))
 	return s
+}
+
+// setPhase writes the pod's phase, as the kubelet does.
+func setPhase(ctx context.Context, r *testcni.Rig, pod testcni.Pod, phase corev1.PodPhase) error {
+	p, err := r.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get pod %s: %w", pod.Ref(), err)
+	}
+	p.Status.Phase = phase
+	if _, err := r.Kube.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("set phase of pod %s to %s: %w", pod.Ref(), phase, err)
+	}
+	return nil
 }
 
 // createPodOnNAD creates a pod object asking for nad on lhnet1, in a phase.
@@ -296,13 +357,16 @@ func TestWhereaboutsOnItsOwnCRDs(t *testing.T) {
 			}
 			c, err := rig.StartCRDCluster(ctx(t), "crds-"+strings.ReplaceAll(strings.TrimPrefix(v, "v"), ".", ""), v)
 			require.NoError(t, err)
-			for _, path := range []string{execPath, agentPath} {
-				t.Run(subtest(v, path), func(t *testing.T) {
-					t.Parallel()
-					t.Run("parts beside", func(t *testing.T) { testWhereaboutsPartsBeside(t, newEnvIn(t, c, v, path)) })
-					t.Run("its binary", func(t *testing.T) { testTheBinaryReadsAndReleases(t, newEnvIn(t, c, v, path)) })
-				})
-			}
+			both := []string{execPath, agentPath}
+			t.Run("parts beside", func(t *testing.T) { partsBeside(t, c, []string{v}, both) })
+			t.Run("its binary", func(t *testing.T) {
+				for _, path := range both {
+					t.Run(subtest(v, path), func(t *testing.T) {
+						t.Parallel()
+						testTheBinaryReadsAndReleases(t, newEnvIn(t, c, v, path))
+					})
+				}
+			})
 		})
 	}
 }
