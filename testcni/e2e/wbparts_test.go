@@ -251,7 +251,7 @@ func createHarvesterNAD(t *testing.T, e *env, n *testcni.Network) string {
 // naming the address ADD gave, then Running.
 func runningPod(t *testing.T, e *env, n *testcni.Network, pod testcni.Pod, node, nad string) *testcni.Sandbox {
 	t.Helper()
-	require.NoError(t, createPodOnNAD(ctx(t), e.R, pod, node, nad, corev1.PodPending))
+	require.NoError(t, createPodOnNAD(ctx(t), e.R, pod, node, nad))
 	s := add(t, n, pod)
 	setNetworkStatus(t, e.R, pod, nad, s.IP())
 	require.NoError(t, setPhase(ctx(t), e.R, pod, corev1.PodRunning))
@@ -271,11 +271,9 @@ func setPhase(ctx context.Context, r *testcni.Rig, pod testcni.Pod, phase corev1
 	return nil
 }
 
-// createPodOnNAD creates a pod object asking for nad on lhnet1, in a phase.
-func createPodOnNAD(ctx context.Context, r *testcni.Rig, pod testcni.Pod, node, nad string, phase corev1.PodPhase) error {
-	if phase == "" {
-		phase = corev1.PodRunning
-	}
+// createPodOnNAD creates a pod object asking for nad on lhnet1; the API
+// server makes it Pending.
+func createPodOnNAD(ctx context.Context, r *testcni.Rig, pod testcni.Pod, node, nad string) error {
 	ns, name, _ := strings.Cut(nad, "/")
 	req, _ := json.Marshal([]map[string]string{{"namespace": ns, "name": name, "interface": "lhnet1"}})
 	p := &corev1.Pod{
@@ -283,13 +281,8 @@ func createPodOnNAD(ctx context.Context, r *testcni.Rig, pod testcni.Pod, node, 
 			Annotations: map[string]string{"k8s.v1.cni.cncf.io/networks": string(req)}},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/longhorn-instance-manager"}}},
 	}
-	created, err := r.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, p, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := r.Kube.CoreV1().Pods(pod.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create pod %s: %w", pod.Ref(), err)
-	}
-	created.Status.Phase = phase
-	if _, err := r.Kube.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("set phase of pod %s: %w", pod.Ref(), err)
 	}
 	return nil
 }
