@@ -1122,6 +1122,67 @@ func TestTheAllocatorRecordsTheAttachmentOnceBeforeItWrites(t *testing.T) {
 	assert.Equal(t, []string{"192.168.50.2/24"}, rec.IPs, "the result's address, as the plugin records it")
 }
 
+// whereabouts' own suite ("can recover from an exhausted IP pool", CI at
+// 4c5451a: it failed on the agent's side alone) deletes a StatefulSet's pod
+// with a grace period of 0 and polls its pool for the pod's entry: the
+// kubelet runs the new sandbox's ADD while it tears the old one down. The
+// agent's allocator records the attachment only when it chooses the
+// address, so between the ADD's mark and that record a DEL of the old
+// sandbox must still know the mark's ADD as the one to leave the entry to:
+// the pool never shows the pod without its address.
+func TestAnEarlierSandboxsDELLeavesItsEntryToTheAgentsADDBeforeItRecords(t *testing.T) {
+	r := newRig(t)
+	r.srv.o.Allocator = allocpkg.Delegate{Batcher: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
+	res := r.do(wire.Add, env("old", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+	require.Equal(t, map[string]alloc{"2": {ContainerID: "old", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, r.pool())
+
+	var mu sync.Mutex
+	var gaps []string
+	watch := func(c *fake.Call) error {
+		p := r.api.Pool("kube-system", poolName)
+		found := false
+		for _, a := range p.Spec.Allocations {
+			found = found || a.PodRef == "longhorn-system/im-a"
+		}
+		if !found {
+			mu.Lock()
+			gaps = append(gaps, c.Verb+" "+c.Resource+" "+c.Name)
+			mu.Unlock()
+		}
+		return nil
+	}
+	r.api.Hook = watch
+	var del client.Result
+	delDone, recordedAtDel := false, true
+	r.srv.o.AtStep = func(step string) {
+		if step != "add-after-reclaim" || delDone {
+			return
+		}
+		delDone = true
+		_, recordedAtDel, _ = checkpoint.Dir(r.cpDir).Read("new", "lhnet1")
+		del = r.do(wire.Del, env("old", "lhnet1"), r.config("0.3.1", ""))
+		_ = watch(&fake.Call{Verb: "after", Resource: "the old sandbox's DEL"})
+	}
+	res = r.do(wire.Add, env("new", "lhnet1"), r.config("0.3.1", ""))
+	require.Equal(t, client.Served, res.Outcome, res.Reason)
+	require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+	require.True(t, delDone, "the old sandbox's DEL ran inside the ADD")
+	require.Equal(t, client.Served, del.Outcome, del.Reason)
+	require.Nil(t, del.Answer.Error, "%v", del.Answer.Error)
+	assert.False(t, recordedAtDel, "the DEL ran before the allocator recorded the attachment")
+
+	assert.Equal(t, map[string]alloc{"2": {ContainerID: "new", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, r.pool(), "the pod's one entry, the new sandbox's")
+	mu.Lock()
+	assert.Empty(t, gaps, "requests that found the pod without its entry")
+	mu.Unlock()
+	o, err := r.api.GetReservation(context.Background(), "kube-system", "192.168.50.2")
+	require.NoError(t, err, "the pod's reservation")
+	assert.Equal(t, "longhorn-system/im-a", o.Spec.PodRef)
+	assert.Equal(t, []string{"new:lhnet1.json"}, r.checkpoints(), "the old sandbox's DEL forgot its record")
+}
+
 // The agent's copy of the pool may lack an entry written a moment ago: an
 // earlier sandbox of the pod allocated (by the exec path, or by an agent
 // before a reboot) after the copy was listed. ADD's reclaim must not decide

@@ -138,9 +138,10 @@ func (a *adding) checkpoint(ctx context.Context) error {
 	for _, pl := range a.cfg.Pools {
 		a.rec.Pools = append(a.rec.Pools, checkpoint.Pool{Name: pl.Name, Range: pl.Range})
 	}
-	// Marked before the record is written: a DEL that reads the record of
-	// an ADD in flight finds it marked (deleting.leaveToTaker).
-	done, err := a.cp.Adding(a.args.ContainerID, a.args.IfName)
+	// Marked, with what the record will say, before anything is written: a
+	// DEL of an earlier sandbox of the pod knows this ADD from then on
+	// (deleting.leaveToTaker), the record written or not yet.
+	done, err := a.cp.Adding(a.rec)
 	if err != nil {
 		return cnitypes.NewError(cnitypes.ErrIOFailure, err.Error(), checkpointHint)
 	}
