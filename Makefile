@@ -122,7 +122,7 @@ bench: deps tools
 # Each fuzz target for FUZZTIME with one worker; an input that fails is
 # written to the package's testdata/fuzz/, where it stays as a regression.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths ./agent/wire:FuzzReadRequest
+FUZZ_TARGETS := ./conf:FuzzLoad ./conf:FuzzParseArgs ./plugin/checkpoint:FuzzDecode ./plugin/checkpoint:FuzzPaths ./wire:FuzzReadRequest
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \
@@ -155,7 +155,7 @@ sim:
 # runs the second alone (no gremlins needed); MUTATE_OWN_PKGS get the second
 # alone. About an hour on 2 cores, and as long again for the stand-in's
 # package, each of whose mutants runs the model (docs/testing.md).
-MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/batch shim/names shim/reconcile install install/standin
+MUTATE_PKGS        ?= conf plugin plugin/checkpoint plugin/delegate shim shim/batch conf/names reconcile install install/standin
 MUTATE_OWN_PKGS    ?=
 # Most of the stand-in's Take and GiveBack is run by the bin-dir model, a
 # package of its own: its tests count for the stand-in's mutants, in

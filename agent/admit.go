@@ -11,10 +11,10 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
+	"github.com/harvester/harvester-ipam/wire"
 )
 
 // ipamKeys are the ipam fields whereabouts reads (pkg/types IPAMConfig,

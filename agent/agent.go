@@ -1,5 +1,5 @@
 // Package agent is harvester-ipam's node agent: a daemon on each node that
-// serves the plugin's verbs over a unix socket (agent/wire), in-process, with
+// serves the plugin's verbs over a unix socket (wire), in-process, with
 // a warm client of the API server, so that a verb costs no process start of
 // whereabouts, no client set-up and no kubeconfig read.
 //
@@ -7,7 +7,7 @@
 // environment its request carried. ADD allocates with Options.Allocator,
 // or, without one, by running the real whereabouts binary as the plugin
 // does. The agent is never a single point of failure: whatever it declines
-// or cannot take in time, the plugin does itself (agent/client), and it
+// or cannot take in time, the plugin does itself (wire/client), and it
 // writes nothing before the client's go-ahead.
 package agent
 
@@ -28,11 +28,11 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/harvester/harvester-ipam/agent/client"
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin"
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/wire"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 // FollowWait bounds the allocator's wait for the agent's copy of the pools

@@ -30,12 +30,12 @@ import (
 
 	allocpkg "github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/agent/cache"
-	"github.com/harvester/harvester-ipam/agent/client"
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/wire"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 type alloc = whereaboutsv1alpha1.IPAllocation

@@ -10,8 +10,8 @@ import (
 
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/plugin/steps"
+	"github.com/harvester/harvester-ipam/wire"
 )
 
 // serveConn serves one connection: one request.

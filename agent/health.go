@@ -8,8 +8,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // health is why the agent cannot serve now; "" when it can.

@@ -23,7 +23,7 @@ import (
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/conf/names"
 )
 
 const (

@@ -9,7 +9,7 @@ import (
 
 	netutils "k8s.io/utils/net"
 
-	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/conf/names"
 )
 
 // Range is one range of an ipam object as whereabouts allocates from it:

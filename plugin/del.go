@@ -11,11 +11,11 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/plugin/steps"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // poolRef is a pool in a namespace, under whereabouts' network_name.

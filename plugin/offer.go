@@ -13,11 +13,11 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
-	"github.com/harvester/harvester-ipam/agent/client"
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/wire"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 // answerGrace is how much longer than a verb's timeout the plugin waits for

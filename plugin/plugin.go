@@ -18,14 +18,14 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 
-	"github.com/harvester/harvester-ipam/agent/client"
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/plugin/delegate"
 	"github.com/harvester/harvester-ipam/plugin/steps"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/wire"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 // Plugin carries what the verbs share. The zero value is ready for use.

@@ -9,8 +9,8 @@ import (
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim/batch"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // Group is shared by the stores of one process that serves many verbs at

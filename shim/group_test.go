@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // syncClock is a test clock for goroutines: Sleep moves it on at once.

@@ -10,7 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/conf/names"
 )
 
 // Whereabouts serialises every ADD and DEL on a coordination.k8s.io Lease

@@ -17,9 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 var leases = schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}

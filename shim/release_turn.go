@@ -8,7 +8,7 @@ import (
 
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 
-	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/conf/names"
 )
 
 // releaseJob is one ReleaseReservations (or Release): its candidates, the

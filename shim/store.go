@@ -24,7 +24,7 @@ import (
 	whereaboutsv1alpha1 "github.com/k8snetworkplumbingwg/whereabouts/pkg/api/whereabouts.cni.cncf.io/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
-	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/conf/names"
 )
 
 // Options tune a Store; the zero value of each field is its default.

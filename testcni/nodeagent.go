@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/harvester/harvester-ipam/agent/client"
-	"github.com/harvester/harvester-ipam/agent/wire"
+	"github.com/harvester/harvester-ipam/wire"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 // Agent is harvester-ipam-agent as the rig runs it for a tenant's pools, as

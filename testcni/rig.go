@@ -22,8 +22,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/install/standin"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // PoolNamespace is where the rig's whereabouts keeps its pools.

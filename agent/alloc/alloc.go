@@ -37,9 +37,9 @@ import (
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/batch"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // Options tune a Batcher; the zero value of each is its default.

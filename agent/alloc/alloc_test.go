@@ -22,10 +22,10 @@ import (
 	"github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/agent/cache"
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/plugin/checkpoint"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 const ns = "kube-system"

@@ -14,9 +14,9 @@ import (
 	"github.com/k8snetworkplumbingwg/whereabouts/pkg/iphelpers"
 	wbtypes "github.com/k8snetworkplumbingwg/whereabouts/pkg/types"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/batch"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // queueKey is one pool of one namespace: the unit of group commit.

@@ -6,8 +6,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // reserveTimeout bounds the reservation of one written address. It runs on a

@@ -22,11 +22,11 @@ import (
 	"github.com/harvester/harvester-ipam/agent"
 	"github.com/harvester/harvester-ipam/agent/alloc"
 	"github.com/harvester/harvester-ipam/agent/cache"
-	"github.com/harvester/harvester-ipam/agent/client"
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/plugin/crashpoint"
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/wire"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 // Options are the agent's command line, each a flag

@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/wire"
 )
 
 // defaults are the command's flags' defaults (cmd/harvester-ipam-agent).

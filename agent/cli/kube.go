@@ -18,8 +18,8 @@ import (
 
 	"github.com/harvester/harvester-ipam/agent"
 	"github.com/harvester/harvester-ipam/agent/cache"
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/shim"
+	"github.com/harvester/harvester-ipam/wire"
 )
 
 func restConfig(kubeconfig, version string) (*rest.Config, error) {

@@ -23,8 +23,8 @@ import (
 	"time"
 
 	"github.com/harvester/harvester-ipam/agent/cli"
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
+	"github.com/harvester/harvester-ipam/wire"
 )
 
 // Version is set at build time (-ldflags "-X main.Version=...").

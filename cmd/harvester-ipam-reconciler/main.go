@@ -11,7 +11,7 @@
 // Exit status: 0 done (inspect --need: every pool fits); 1 the pass or the
 // inspection could not finish; 2 bad flags; 3 (inspect --need) some pool
 // cannot fit N more addresses now; 4 (inspect --audit) an audit finding is open. This file is its flags; what it does is
-// in shim/reconcile/cli.
+// in reconcile/cli.
 package main
 
 import (
@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/harvester/harvester-ipam/shim/reconcile/cli"
+	"github.com/harvester/harvester-ipam/reconcile/cli"
 )
 
 // Version is set at build time (-ldflags "-X main.Version=...").

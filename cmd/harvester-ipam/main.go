@@ -12,10 +12,10 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/install/standin"
 	"github.com/harvester/harvester-ipam/plugin"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 // Version is set at build time (-ldflags "-X main.Version=...").

@@ -8,7 +8,7 @@ import (
 )
 
 // Builders of the objects tests put in the fake with Put, in kube-system,
-// where Harvester's whereabouts keeps them: the tests of shim, shim/reconcile
+// where Harvester's whereabouts keeps them: the tests of shim, reconcile
 // and plugin share them.
 
 // NewPool is the IPPool name over the range rng, holding allocs.

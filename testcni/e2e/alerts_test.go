@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
 )
 
 // auditAlerts is the alert of the chart's PrometheusRule that each finding

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/harvester/harvester-ipam/audit"
-	"github.com/harvester/harvester-ipam/audit/watch"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
+	"github.com/harvester/harvester-ipam/reconcile/audit/watch"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 

@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/harvester/harvester-ipam/audit"
-	"github.com/harvester/harvester-ipam/audit/watch"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
+	"github.com/harvester/harvester-ipam/reconcile/audit/watch"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 

@@ -18,9 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
 	"github.com/harvester/harvester-ipam/testcni"
+	"github.com/harvester/harvester-ipam/wire"
 )
 
 // The node agent's output against whereabouts', byte for byte, over

@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 

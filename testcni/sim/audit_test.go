@@ -4,10 +4,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/reconcile"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
-	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // auditRuns plays seeds 1..n with o and counts the schedules whose

@@ -8,9 +8,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/reconcile"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // The audit's checker (Options.Audit): the audit (package audit) looks at
@@ -30,7 +30,7 @@ import (
 // Headroom is a figure, not an inconsistency of the addresses: an opened
 // one is counted, not judged.
 //
-// A look happens as the Deployment's watch mode looks (audit/watch
+// A look happens as the Deployment's watch mode looks (reconcile/watch
 // Auditor.Run): a second (lookSettle) after a change of what the audit or
 // the ground truth reads (the world's fingerprint, taken after every step),
 // so that a burst of changes is one look; and when a pending finding or a
@@ -65,7 +65,7 @@ type auditor struct {
 }
 
 // lookSettle is how long after a change the look is: the watch mode's
-// settle (audit/watch setup).
+// settle (reconcile/watch setup).
 const lookSettle = time.Second
 
 func newAuditor(w *world) *auditor {

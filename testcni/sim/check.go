@@ -7,8 +7,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // agentStart is the part of an agent's Lease identity that names its start

@@ -10,7 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/harvester/harvester-ipam/shim/reconcile"
+	"github.com/harvester/harvester-ipam/reconcile"
 )
 
 // ---- the reconciler's view of the cluster (reconcile.Cluster)

@@ -9,11 +9,11 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/conf/names"
+	"github.com/harvester/harvester-ipam/reconcile"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
-	"github.com/harvester/harvester-ipam/shim/names"
-	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // Options shape the schedules.

@@ -15,10 +15,10 @@ import (
 	cnitypes "github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/harvester/harvester-ipam/agent/client"
 	"github.com/harvester/harvester-ipam/plugin"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
+	"github.com/harvester/harvester-ipam/wire/client"
 )
 
 // The runtime plays the kubelet, containerd and the Multus thin plugin: it

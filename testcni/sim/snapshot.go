@@ -8,12 +8,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/reconcile"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
-// The simulated world as the audit reads a cluster (audit/index.go): the
+// The simulated world as the audit reads a cluster (reconcile/index.go): the
 // NADs, the pools and reservations as the API server holds them now, the
 // pods as the API shows them, the nodes. Read outside any actor: it makes
 // no request and draws nothing from the schedule's random source, so a

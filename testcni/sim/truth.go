@@ -5,10 +5,10 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/harvester/harvester-ipam/audit"
+	"github.com/harvester/harvester-ipam/conf/names"
+	"github.com/harvester/harvester-ipam/reconcile"
+	"github.com/harvester/harvester-ipam/reconcile/audit"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
-	"github.com/harvester/harvester-ipam/shim/reconcile"
 )
 
 // The ground truth the audit's verdicts are held to: the inconsistencies

@@ -13,9 +13,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
 	"github.com/harvester/harvester-ipam/shim/fake"
-	"github.com/harvester/harvester-ipam/shim/names"
 )
 
 // poolNS is the simulated whereabouts namespace.

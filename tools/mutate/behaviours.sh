@@ -48,15 +48,15 @@ plant 1a 'ADD writes its checkpoint after the delegate, not before' plugin/add.g
 plant 1b '(the same bug)' plugin/add.go \
   's#(\tif err := cp\.Write\(rec\); err != nil \{\n.*?\n\t\}\n)(.*?p\.at\("add-after-delegate"\)\n)#$2$1#s' \
   ./plugin '^TestAddRecordsTheAttachmentBeforeItDelegates$'
-plant 2 'the reconciler releases without its fresh look' shim/reconcile/reconciler.go \
+plant 2 'the reconciler releases without its fresh look' reconcile/reconciler.go \
   's#stillStale\(due, fresh, sb\)#func() shim.Picker { _, _ = fresh, sb; return shim.Exactly(due) }()#' \
-  ./shim/reconcile '^TestPassKeepsWhatCameBackToLife$'
-plant 3a 'a sighting is reused after its entry changed hands (the pass)' shim/reconcile/reconciler.go \
+  ./reconcile '^TestPassKeepsWhatCameBackToLife$'
+plant 3a 'a sighting is reused after its entry changed hands (the pass)' reconcile/reconciler.go \
   's#if !ok \|\| s\.holder != holderOf\(v\.ContainerID\) \{#if !ok {#' \
-  ./shim/reconcile '^TestSightingRestartsWhenTheEntryChangesHands$'
-plant 3b 'a sighting is kept after its entry changed hands (the write)' shim/reconcile/reconciler.go \
+  ./reconcile '^TestSightingRestartsWhenTheEntryChangesHands$'
+plant 3b 'a sighting is kept after its entry changed hands (the write)' reconcile/reconciler.go \
   's#ok && holderOf\(a\.ContainerID\) == s\.holder \{#ok && a.ContainerID == a.ContainerID {#' \
-  ./shim/reconcile '^TestSightingIsForgottenWhenTheEntryChangesHandsUnderTheWrite$'
+  ./reconcile '^TestSightingIsForgottenWhenTheEntryChangesHandsUnderTheWrite$'
 plant 4 'GC removes a checkpoint even when releasing its allocation failed' plugin/gc.go \
   's#(failures = append\(failures, fmt\.Sprintf\("%s/%s: %v", rec\.ContainerID, rec\.IfName, err\)\))\n\t\t\tcontinue\n#$1\n#' \
   ./plugin '^TestGC$'
@@ -68,7 +68,7 @@ plant 5b 'DEL releases in the kubeconfig namespace, not the checkpoint one' plug
   ./plugin '^TestDelReleasesInTheCheckpointsNamespace$'
 plant 6 'the sighting patch without its resourceVersion test' shim/store.go \
   's#(_, err = s\.api\.PatchPool\(cctx, s\.namespace, pool, )setAnnotation\(p\.ResourceVersion, p\.Annotations, key, want\)\)#$1Patch{ops: setAnnotation(p.ResourceVersion, p.Annotations, key, want).ops[1:]})#' \
-  ./shim/reconcile '^TestSightingsAreAGuardedWrite$'
+  ./reconcile '^TestSightingsAreAGuardedWrite$'
 plant 7a 'ADD releases earlier sandboxes only when it sees two or more' plugin/add.go \
   's#len\(earlier\(cached\)\) == 0#len(earlier(cached)) <= 1#' \
   ./plugin '^TestAddLeavesThePodOneEntryWhateverItsEarlierSandboxes$'
@@ -103,15 +103,15 @@ plant 10 'the watcher blind to a write into the file at the name (GNU cp -f)' in
 
 # The audit (issue 44's "behaviour nothing holds yet"): each one-line bug
 # got past every test and the simulation; each has a test of its own now.
-plant U1 'a network-status listing the interface with no address counts as attached' audit/rules.go \
+plant U1 'a network-status listing the interface with no address counts as attached' reconcile/audit/rules.go \
   's#\(r\.iface == "" \|\| a\.iface == r\.iface\) \&\& len\(a\.ips\) > 0 \{#(r.iface == "" || a.iface == r.iface) {#' \
-  ./audit '^TestJudge$'
-plant U2 "instance managers not Running yet left out of the headroom's need" audit/headroom.go \
+  ./reconcile/audit '^TestJudge$'
+plant U2 "instance managers not Running yet left out of the headroom's need" reconcile/audit/headroom.go \
   's#p\.Namespace != o\.LonghornNamespace \|\| !live\(p\)#p.Namespace != o.LonghornNamespace || !running(p)#' \
-  ./audit '^TestHeadroomCountsInstanceManagersNotRunningYet$'
-plant U3 'the findings gauge set from the findings opened at this look' audit/watch/auditor.go \
+  ./reconcile/audit '^TestHeadroomCountsInstanceManagersNotRunningYet$'
+plant U3 'the findings gauge set from the findings opened at this look' reconcile/audit/watch/auditor.go \
   's#a\.Metrics\.set\(c\.Open, #a.Metrics.set(c.Opened, #' \
-  ./audit/watch '^TestTheFindingsGaugeCountsEveryOpenFinding$'
+  ./reconcile/audit/watch '^TestTheFindingsGaugeCountsEveryOpenFinding$'
 
 # The NADs whereabouts users make (testcni/sim's NAD kinds, issue 44): F1
 # got past every test until the simulation played a network of two pools;
@@ -127,12 +127,12 @@ plant F1u '(the same bug)' plugin/checkpoint/checkpoint.go \
 plant F1p '(the same bug)' plugin/checkpoint/checkpoint.go \
   's#if rest := r\.without\(pool\); len\(rest\.Pools\) > 0 \{#if rest := r.without(pool); false \&\& len(rest.Pools) > 0 {#' \
   ./plugin '^TestAnEarlierSandboxsDELReleasesThePoolItsNextADDDidNot$'
-plant U4 'two claims collide across pools whose NADs turn reservations off' audit/rules.go \
+plant U4 'two claims collide across pools whose NADs turn reservations off' reconcile/audit/rules.go \
   's#\tif pool == "" \|\| x\.poolReserves\(pool\) \{#\tif true {#' \
   ./testcni/sim "${kinds}one_address_from_two_pools"
-plant U4u '(the same bug)' audit/rules.go \
+plant U4u '(the same bug)' reconcile/audit/rules.go \
   's#\tif pool == "" \|\| x\.poolReserves\(pool\) \{#\tif true {#' \
-  ./audit '^TestNoSharedAddressAcrossNonOverlappingPools$'
+  ./reconcile/audit '^TestNoSharedAddressAcrossNonOverlappingPools$'
 
 # whereabouts' own suite (issue 43): a pod deleted with a grace period of 0
 # and made again at once polled without its entry, on the exec path, when

@@ -41,11 +41,11 @@ shim/clock.go  CONDITIONALS_BOUNDARY  `+"`if b.Cap > 0 &&   d > float64(b.Cap) {
 // A line can hold two mutants of one mutator, one equivalent and one a test
 // kills: MUTATOR:COLUMN excuses only the one at that column.
 func TestEquivalentsMatchAColumnWhenOneIsGiven(t *testing.T) {
-	es, err := parseEquivalents(strings.NewReader("shim/reconcile/nads.go  CONDITIONALS_BOUNDARY:37  `if s.Cmp(lo) >= 0 && s.Cmp(hi) <= 0 {`  at s == lo, lo = s changes nothing\n"), "eq.txt")
+	es, err := parseEquivalents(strings.NewReader("reconcile/nads.go  CONDITIONALS_BOUNDARY:37  `if s.Cmp(lo) >= 0 && s.Cmp(hi) <= 0 {`  at s == lo, lo = s changes nothing\n"), "eq.txt")
 	require.NoError(t, err)
 	require.Len(t, es.list, 1)
 	at := func(col int) mutant {
-		return mutant{file: "shim/reconcile/nads.go", line: 179, column: col, mutator: "CONDITIONALS_BOUNDARY", text: "if s.Cmp(lo) >= 0 && s.Cmp(hi) <= 0 {"}
+		return mutant{file: "reconcile/nads.go", line: 179, column: col, mutator: "CONDITIONALS_BOUNDARY", text: "if s.Cmp(lo) >= 0 && s.Cmp(hi) <= 0 {"}
 	}
 	assert.Same(t, es.list[0], es.match(at(37)))
 	assert.Nil(t, es.match(at(55)), "the other mutant of the line is not excused")

@@ -13,10 +13,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/harvester/harvester-ipam/agent/wire"
 	"github.com/harvester/harvester-ipam/conf"
-	"github.com/harvester/harvester-ipam/shim/names"
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/testcni"
+	"github.com/harvester/harvester-ipam/wire"
 )
 
 // The node agent's section (BENCH_ONLY=agent): whereabouts alone, the exec

@@ -21,8 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/harvester/harvester-ipam/conf/names"
 	"github.com/harvester/harvester-ipam/shim"
-	"github.com/harvester/harvester-ipam/shim/names"
 	"github.com/harvester/harvester-ipam/testcni"
 )
 
@@ -122,7 +122,7 @@ func (b *bencher) auditWatch(ctx context.Context) error {
 // 1,000 pods each on 10 networks (10,000 entries and reservations), a pure
 // function of what it read.
 func (b *bencher) judgeBench(ctx context.Context) error {
-	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", "^$", "-bench", "^BenchmarkJudge$", "-benchmem", "./audit")
+	cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", "^$", "-bench", "^BenchmarkJudge$", "-benchmem", "./reconcile/audit")
 	cmd.Dir = b.rig.Root
 	out, err := cmd.CombinedOutput()
 	if err != nil {
