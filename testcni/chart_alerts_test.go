@@ -118,13 +118,36 @@ func TestEveryAlertCarriesTheChartsLabel(t *testing.T) {
 				continue
 			}
 			d, _ := alerts[name]["annotations"].(map[string]any)["description"].(string)
-			for _, want := range []string{"instance-manager-*", "maintenance mode", "share-manager-*", "backing-image-manager-*", "backing-image-ds-*", "docs/reference.md"} {
+			for _, want := range []string{"instance-manager-*", "maintenance mode", "share-manager-<volume>", "backing-image-manager-*", "backing-image-ds-*", "virt-launcher-*", "docs/reference.md"} {
 				if !strings.Contains(d, want) {
 					t.Errorf("alert %s's runbook does not say %q: %s", name, want, d)
 				}
 			}
 			if regexp.MustCompile(`delete that pod|delete the newest|delete the pod the finding names`).MatchString(d) {
 				t.Errorf("alert %s's runbook says to delete the pod whatever it is: %s", name, d)
+			}
+			// Each kind's sentence says what the audit's Events say of it
+			// (audit.remedy): never a delete of an instance manager or a
+			// share manager, a backing-image manager's only once none of
+			// its files is in progress, a VM live-migrated.
+			for kind, rule := range map[string]struct{ want, never string }{
+				"instance-manager-":      {"maintenance mode", "delete the pod"},
+				"share-manager-":         {"until the volume is detached", "delete the pod"},
+				"backing-image-manager-": {"only once none of its files is in progress", ""},
+				"virt-launcher-":         {"live-migrate", "delete the pod"},
+			} {
+				i := strings.Index(d, kind)
+				if i < 0 {
+					t.Errorf("alert %s's runbook names no %s", name, kind)
+					continue
+				}
+				sentence, _, _ := strings.Cut(d[i:], ". ")
+				if !strings.Contains(sentence, rule.want) {
+					t.Errorf("alert %s's runbook for %s does not say %q: %s", name, kind, rule.want, sentence)
+				}
+				if rule.never != "" && strings.Contains(sentence, rule.never) {
+					t.Errorf("alert %s's runbook for %s says %q: %s", name, kind, rule.never, sentence)
+				}
 			}
 		}
 	}

@@ -299,7 +299,7 @@ func (s *readmeShell) command(ctx context.Context, where, script string) *exec.C
 // runs as Harvester deploys it: the image built and imported with RKE2's ctr
 // and socket, helm install, verify, inspect, every troubleshooting block (a
 // node's pods, a pod's CNI error, the reconciler, a pass, the Events and the
-// audit, whereabouts restarted, a share manager's new sandbox, the stand-in
+// audit, whereabouts restarted, a backing-image manager's new sandbox, the stand-in
 // off and on, old pools deleted), the log level raised and read (the
 // reference's blocks), monitoring on, the preflight, an upgrade, helm
 // uninstall, the give-back on a node that was down at an uninstall, the image
@@ -339,7 +339,8 @@ func TestKubeletREADME(t *testing.T) {
 	k := &kubeletNode{c: c, nd: nd, nad: "storagenetwork-readme"}
 	longhorn := k.pods(t, "instance-manager", 2)
 	shareManager := k.pods(t, "share-manager-pvc", 1)[0]
-	_, err = nd.WaitPodsReady(ctx, append(append([]testcni.Pod(nil), longhorn...), shareManager), time.Time{}, 3*time.Minute)
+	imageManager := k.pods(t, "backing-image-manager-0d3c5a2e", 1)[0]
+	_, err = nd.WaitPodsReady(ctx, append(append([]testcni.Pod(nil), longhorn...), shareManager, imageManager), time.Time{}, 3*time.Minute)
 	require.NoError(t, err)
 	wbBytes, err := os.ReadFile(rig.Tools["whereabouts-"+testcni.V093])
 	require.NoError(t, err)
@@ -414,13 +415,18 @@ func TestKubeletREADME(t *testing.T) {
 	require.NoError(t, c.WaitRolledOut(ctx, "kube-system", testcni.HarvesterWhereabouts, 3*time.Minute))
 	standing("whereabouts' pod restarted")
 
-	// A share manager's new sandbox: deleted, as the README says of it.
-	sh.yours["POD"] = shareManager.Name
+	// A backing-image manager's new sandbox, as the README says of it: its
+	// files' states read (Longhorn's CRD, the least of it: served, keeping
+	// whatever an object has, and the manager's object with one file
+	// ready), then the pod deleted.
+	bimOut, err := sh.command(ctx, "rig", fmt.Sprintf(longhornBIM, imageManager.Name, imageManager.Namespace)).CombinedOutput()
+	require.NoError(t, err, "Longhorn's BackingImageManager: %s", bimOut)
+	sh.yours["POD"] = imageManager.Name
 	sh.run(blocks["longhorn-restart"])
 	require.Eventually(t, func() bool {
-		_, err := c.Kube.CoreV1().Pods(shareManager.Namespace).Get(ctx, shareManager.Name, metav1.GetOptions{})
+		_, err := c.Kube.CoreV1().Pods(imageManager.Namespace).Get(ctx, imageManager.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
-	}, 2*time.Minute, time.Second, "the share manager's pod is deleted")
+	}, 2*time.Minute, time.Second, "the backing-image manager's pod is deleted")
 
 	// The stand-in off: whereabouts' own bytes back, nothing aside; on again.
 	sh.run(blocks["standin-off"])
@@ -585,3 +591,32 @@ func longCtx(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return c
 }
+
+// longhornBIM applies Longhorn's BackingImageManager CRD, the least of it, and
+// a manager (name, namespace) whose one file is ready, as longhorn-manager's
+// types write its status (backingImageFileMap: name, state).
+const longhornBIM = `kubectl apply -f - <<'EOF'
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: backingimagemanagers.longhorn.io}
+spec:
+  group: longhorn.io
+  scope: Namespaced
+  names: {kind: BackingImageManager, listKind: BackingImageManagerList, plural: backingimagemanagers, singular: backingimagemanager}
+  versions:
+  - name: v1beta2
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+EOF
+kubectl wait --for condition=established --timeout=60s crd/backingimagemanagers.longhorn.io
+kubectl apply -f - <<'EOF'
+apiVersion: longhorn.io/v1beta2
+kind: BackingImageManager
+metadata: {name: %s, namespace: %s}
+status:
+  currentState: running
+  backingImageFileMap:
+    default-image-x7k2p: {name: default-image-x7k2p, state: ready, size: 1073741824}
+EOF
+`

@@ -144,3 +144,25 @@ func TestTheAuditCheckerCatchesAnAuditBlindToReservationsOff(t *testing.T) {
 	}
 	t.Logf("%d of 30 schedules caught", caught)
 }
+
+// The API server restarts in the audit's looks (issue 44): its informers
+// follow again one by one, each on its own backoff. The audit judges only
+// once every one follows, and then opens nothing the world does not bear
+// out; an audit that judged the mix (fresh pods against the pools an
+// informer still held, or the reverse) is caught.
+func TestTheAuditCheckerCatchesAnAuditThatJudgesBehind(t *testing.T) {
+	o := DefaultOptions(fake.V093)
+	_, stats := auditRuns(t, o, 30, "")
+	if stats["audit: API server restarts"] == 0 || stats["audit: looks while an informer is behind, not judged"] == 0 {
+		t.Fatalf("30 schedules, no look during an API server restart: %v", stats)
+	}
+	o.auditJudgesBehind = true
+	caught, stats := auditRuns(t, o, 200, "the world does not bear out")
+	if stats["audit: looks while an informer is behind, judged"] == 0 {
+		t.Fatalf("200 schedules, no look judged behind: %v", stats)
+	}
+	if caught == 0 {
+		t.Fatalf("200 schedules judged by an audit that judges while an informer is behind, no false finding seen: %v", stats)
+	}
+	t.Logf("%d of 200 schedules caught", caught)
+}

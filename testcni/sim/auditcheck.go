@@ -62,6 +62,105 @@ type auditor struct {
 	// changes from look to look (issue 44): a finding is a function of the
 	// world, not of that order. nil: in the order the world keeps.
 	order *rand.Rand
+	// restarts, when set, restarts the API server now and then, from a
+	// source of its own (issue 44): each informer the audit reads (the
+	// NADs, pools, reservations, pods, nodes) then holds what it had until
+	// it follows again, each on its own backoff, up to a minute, as
+	// client-go's reflectors reconnect. The audit judges only while every
+	// one follows (watch.Following: Auditor.Look judges nothing meanwhile;
+	// what was open stays open, what was pending waits), and so does this
+	// look, unless judgeBehind (a test's audit without that rule), which
+	// judges the mix.
+	restarts    *rand.Rand
+	out         *outage
+	judgeBehind bool
+}
+
+// outage is an API server restart the audit reads through: what each
+// informer held when it stopped following, and when each follows again.
+type outage struct {
+	stale audit.Snapshot
+	until map[string]time.Time
+	end   time.Time // the last of until
+}
+
+// informerLists are the lists a look reads, each an informer of its own.
+var informerLists = []string{"nads", "pools", "reservations", "pods", "nodes"}
+
+// restartEvery is the chance of an API server restart at a look (one in
+// restartEvery), when none is under way.
+const restartEvery = 8
+
+// through is the fresh snapshot as the audit's informers show it now, and
+// whether one of them is behind: during an outage, a list whose informer
+// has not followed again yet is the one it held.
+func (au *auditor) through(now time.Time, fresh audit.Snapshot) (audit.Snapshot, bool) {
+	if au.restarts == nil {
+		return fresh, false
+	}
+	if au.out == nil {
+		if au.restarts.IntN(restartEvery) != 0 {
+			return fresh, false
+		}
+		o := &outage{stale: staleCopy(fresh), until: map[string]time.Time{}}
+		for _, l := range informerLists {
+			o.until[l] = now.Add(time.Duration(1+au.restarts.IntN(60_000)) * time.Millisecond)
+			if o.until[l].After(o.end) {
+				o.end = o.until[l]
+			}
+		}
+		au.out = o
+		au.w.stats["audit: API server restarts"]++
+		au.w.tr.add("audit: the API server restarts; its informers follow again by %s", o.end.Format("15:04:05.000"))
+	}
+	o, mixed, behind := au.out, fresh, false
+	for _, l := range informerLists {
+		if !now.Before(o.until[l]) {
+			continue
+		}
+		behind = true
+		switch l {
+		case "nads":
+			mixed.NADs = o.stale.NADs
+		case "pools":
+			mixed.Pools = o.stale.Pools
+		case "reservations":
+			mixed.Reservations = o.stale.Reservations
+		case "pods":
+			mixed.Pods = o.stale.Pods
+		case "nodes":
+			mixed.Nodes = o.stale.Nodes
+		}
+	}
+	if !behind {
+		au.out = nil
+		// What the audit now sees, it sees for the first time since the
+		// outage as far as the checker holds it to a grace: a fact's
+		// grace starts again at this look (the Tracker may open one it
+		// saw before sooner, which is no false alarm).
+		au.facts = map[string]*fact{}
+	}
+	return mixed, behind
+}
+
+// staleCopy is s held by the informers: copies the world's later writes
+// do not reach.
+func staleCopy(s audit.Snapshot) audit.Snapshot {
+	c := s
+	c.NADs = append([]reconcile.NAD(nil), s.NADs...)
+	c.Pools = make([]shim.Pool, len(s.Pools))
+	for i := range s.Pools {
+		c.Pools[i] = *s.Pools[i].DeepCopy()
+	}
+	c.Reservations = make([]shim.Reservation, len(s.Reservations))
+	for i := range s.Reservations {
+		c.Reservations[i] = *s.Reservations[i].DeepCopy()
+	}
+	c.Pods = make([]*corev1.Pod, len(s.Pods))
+	for i, p := range s.Pods {
+		c.Pods[i] = p.DeepCopy()
+	}
+	return c
 }
 
 // lookSettle is how long after a change the look is: the watch mode's
@@ -102,7 +201,18 @@ func (au *auditor) look() []string {
 	au.pending = time.Time{}
 	w.stats["audit: looks"]++
 	snap := w.snapshot(au.nadsNow())
-	ch := au.tracker.Observe(now, au.judge(au.shuffled(snap), audit.Options{}).Findings)
+	seen, behind := au.through(now, snap)
+	if behind && !au.judgeBehind {
+		// Judge nothing, as Auditor.Look: look again when every informer
+		// follows (the source pokes the audit then).
+		w.stats["audit: looks while an informer is behind, not judged"]++
+		au.due = au.out.end
+		return nil
+	}
+	if behind {
+		w.stats["audit: looks while an informer is behind, judged"]++
+	}
+	ch := au.tracker.Observe(now, au.judge(au.shuffled(seen), audit.Options{}).Findings)
 	facts := w.facts(snap)
 	for k, f := range facts {
 		f.looks = 1

@@ -71,6 +71,9 @@ type Options struct {
 	Dir string
 	// auditJudge replaces audit.Judge: the audit's checker's test.
 	auditJudge func(audit.Snapshot, audit.Options) audit.Result
+	// auditJudgesBehind has the audit judge while an informer is behind
+	// after an API server restart: the audit's checker's test.
+	auditJudgesBehind bool
 	// auditTolerates leaves checkLive's breaks of live attachments (a
 	// freed entry or reservation, an address held twice) to the audit: no
 	// violation that stops the schedule, a fact it must report. The
@@ -152,6 +155,9 @@ func Run(seed uint64, o Options) (res Result, err error) {
 		// The order each of its lists comes in, from a source of its own
 		// (the schedule's story is the same with the audit and without).
 		au.order = rand.New(rand.NewPCG(seed, 0xa0d1))
+		// The API server's restarts, from another (the same story again).
+		au.restarts = rand.New(rand.NewPCG(seed, 0x5e57))
+		au.judgeBehind = o.auditJudgesBehind
 		s.look, s.lookAt = au.look, au.nextLook
 	}
 	if s.chance(0.5) {
