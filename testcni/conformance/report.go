@@ -161,3 +161,69 @@ func (r Report) Unexplained() []string {
 	}
 	return out
 }
+
+// Windowed are the specs whose claim the suite bounds by a window of its
+// own, short beside what a loaded 2-core rig takes, each with it. The key
+// is "version suite spec". One that fails on any side runs again on every
+// side, in lock step, up to Attempts runs in all, until every side has
+// passed it once (Combine): as a flake attempt, given to every side alike.
+// A harvester-ipam side that never passes it, where the baseline does,
+// still fails the run; so does a baseline that never passes it.
+var Windowed = map[string]string{
+	"v0.9.4 e2e Whereabouts functionality Test setup stateful set tests network with very few IPs deleting a pod from the statefulset can recover from an exhausted IP pool": exhaustedWindow,
+	"v0.9.3 e2e Whereabouts functionality Test setup stateful set tests network with very few IPs deleting a pod from the statefulset can recover from an exhausted IP pool": exhaustedWindow,
+	"v0.9.4 e2e_node_slice Whereabouts node slice functionality Test setup Replicaset tests node slice allocates each IP pool entry with a unique pod IP":                    nodeSliceWindow,
+	"v0.9.3 e2e_node_slice Whereabouts node slice functionality Test setup Replicaset tests node slice allocates each IP pool entry with a unique pod IP":                    nodeSliceWindow,
+}
+
+const (
+	exhaustedWindow = "the spec deletes a StatefulSet's pod with a grace period of 0 and gives its next sandbox 3 s to hold the pod's entry again " +
+		"(e2e_test.go: Eventually 3 s): whereabouts alone failed it at load (clean run of 5b0731e)"
+	nodeSliceWindow = "the spec deletes the NAD and gives the garbage collector 1 s to delete its NodeSlicePool (expected not found nodeslice); " +
+		"node slices are whereabouts' own on every side (the plugin hands them on, the agent is never asked)"
+)
+
+// Attempts bounds the runs of a Windowed spec.
+const Attempts = 3
+
+// Combine is each side's result over the runs of one spec (runs[k][side],
+// nil: not run there): its first pass, told how many runs it took, or else
+// its last failure, told how many it failed.
+func Combine(runs [][]*Result, why string) []*Result {
+	if len(runs) == 0 {
+		return nil
+	}
+	out := make([]*Result, len(runs[0]))
+	for side := range out {
+		var last *Result
+		for k, run := range runs {
+			r := run[side]
+			if r == nil {
+				continue
+			}
+			c := *r
+			last = &c
+			if r.Outcome == Passed {
+				if k > 0 {
+					c.Again = fmt.Sprintf("passed in run %d of %d (%s)", k+1, len(runs), why)
+				}
+				break
+			}
+		}
+		if last != nil && last.Outcome != Passed && len(runs) > 1 {
+			last.Why = fmt.Sprintf("failed in all %d runs: %s", len(runs), last.Why)
+		}
+		out[side] = last
+	}
+	return out
+}
+
+// AllPassed says whether every side that ran passed.
+func AllPassed(rs []*Result) bool {
+	for _, r := range rs {
+		if r != nil && r.Outcome != Passed {
+			return false
+		}
+	}
+	return true
+}

@@ -175,3 +175,31 @@ Whereabouts functionality
 		})
 	}
 }
+
+// A windowed spec's runs: a side passes with its first pass, told the run;
+// a side that passes in none fails, told how many it failed.
+func TestCombine(t *testing.T) {
+	pass := &Result{Outcome: Passed}
+	fail := &Result{Outcome: Failed, Why: "Timed out after 3.000s"}
+	got := Combine([][]*Result{{fail, pass, fail}, {pass, pass, fail}}, "a window")
+	if got[0].Outcome != Passed || got[0].Again != "passed in run 2 of 2 (a window)" {
+		t.Errorf("the baseline: %+v, want passed in run 2", got[0])
+	}
+	if got[1].Outcome != Passed || got[1].Again != "" {
+		t.Errorf("the exec path: %+v, want passed at once", got[1])
+	}
+	if got[2].Outcome != Failed || got[2].Why != "failed in all 2 runs: Timed out after 3.000s" {
+		t.Errorf("the agent: %+v, want failed in both", got[2])
+	}
+	if AllPassed(got) || !AllPassed(got[:2]) {
+		t.Error("AllPassed")
+	}
+	one := Combine([][]*Result{{fail, nil, pass}}, "w")
+	if one[0].Why != "Timed out after 3.000s" || one[1] != nil {
+		t.Errorf("one run: %+v %+v", one[0], one[1])
+	}
+	rep := NewReport([]Run{{Suite{Name: "e2e", Version: "v0.9.4"}, Baseline, *got[0]}})
+	if !strings.Contains(rep.Table(), "ran again: passed in run 2 of 2") {
+		t.Errorf("table:\n%s", rep.Table())
+	}
+}

@@ -189,6 +189,17 @@ func runVersion(t *testing.T, v string, logs string) []conformance.Run {
 					}
 				}
 			}
+			if why := conformance.Windowed[v+" "+s.Name+" "+sp.Text]; why != "" && !conformance.AllPassed(results) {
+				// Its claim is bounded by a window of the suite's own:
+				// every side runs it again, alike, until each has passed
+				// it once or Attempts runs are done.
+				runs := [][]*conformance.Result{results}
+				for len(runs) < conformance.Attempts && !conformance.AllPassed(conformance.Combine(runs, why)) {
+					t.Logf("%s: failed on a side, a window of its own (%s); running it again on every side", sp.Text, why)
+					runs = append(runs, lockStep(t, clusters, s, sp, logs))
+				}
+				results = conformance.Combine(runs, why)
+			}
 			for i, r := range results {
 				if r != nil {
 					out = append(out, conformance.Run{Suite: s, Side: conformance.Sides[i], Result: *r})
