@@ -263,12 +263,16 @@ func (s *readmeShell) run(b readmeBlock) {
 		cancel()
 		t.Logf("%s:%d ($ %s), %s:\n%s", b.file, c.line, c.cmd, time.Since(start).Round(100*time.Millisecond), buf.String())
 		s.out[b.name] = append(s.out[b.name], buf.String())
-		if !assert.NoError(t, err, "%s:%d: %s", b.file, c.line, c.cmd) {
+		if !assert.NoError(t, err, "%s:%d: %s printed: %s", b.file, c.line, c.cmd, oneLine(lastLines(buf.String(), 8))) {
 			continue
 		}
-		assert.NoError(t, samplesMatch(c.sample, buf.String()), "%s:%d: %s prints what the README shows", b.file, c.line, c.cmd)
+		assert.NoError(t, samplesMatch(c.sample, buf.String()), "%s:%d: %s prints what the README shows; it printed: %s", b.file, c.line, c.cmd, oneLine(lastLines(buf.String(), 8)))
 	}
 }
+
+// oneLine puts a command's last lines on one line of a failure's message:
+// CI shows a failure's message and the three lines after it.
+func oneLine(out string) string { return strings.ReplaceAll(out, "\n", " | ") }
 
 func (s *readmeShell) command(ctx context.Context, where, script string) *exec.Cmd {
 	var vars []string
