@@ -250,7 +250,11 @@ func (s *readmeShell) run(b readmeBlock) {
 			}
 			out, err := s.command(ctx, b.where, c.cmd+"\nprintf %s \"$"+m[1]+"\"").Output()
 			cancel()
-			require.NoError(t, err, "%s:%d: %s", b.file, c.line, c.cmd)
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			require.NoError(t, err, "%s:%d: %s printed: %s", b.file, c.line, c.cmd, oneLine(lastLines(string(stderr), 8)))
 			s.vars[m[1]] = string(out)
 			t.Logf("%s:%d: %s=%s", b.file, c.line, m[1], out)
 			continue
