@@ -157,6 +157,17 @@ func TestTheArchiveIsOfTheArchitectureAsked(t *testing.T) {
 			if cfg.OS != "linux" || cfg.Architecture != arch {
 				t.Errorf("config's platform %s/%s, want linux/%s", cfg.OS, cfg.Architecture, arch)
 			}
+			// install/Dockerfile is the alternative build for a machine with a
+			// container engine: a container of either runs as the same user
+			// with the same command. (The chart sets each container's user,
+			// but the give-back's `kubectl debug node` pod runs as the image's.)
+			user, entrypoint := dockerfileFinalStage(t, filepath.Join("install", "Dockerfile"))
+			if rootUser(user) != rootUser(cfg.Config.User) {
+				t.Errorf("install/Dockerfile runs as user %q, the archive as %q", user, cfg.Config.User)
+			}
+			if got := strings.Join(cfg.Config.Entrypoint, " "); entrypoint != got {
+				t.Errorf("install/Dockerfile's ENTRYPOINT %q, the archive's %q", entrypoint, got)
+			}
 			var dm []image.DockerManifest
 			if err := json.Unmarshal(files["manifest.json"], &dm); err != nil || len(dm) != 1 || dm[0].Config != "blobs/sha256/"+strings.TrimPrefix(man.Config.Digest, "sha256:") {
 				t.Errorf("manifest.json %s (%v): not the config of the index's manifest", files["manifest.json"], err)
@@ -197,4 +208,42 @@ func TestTheArchiveIsOfTheArchitectureAsked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dockerfileFinalStage is the USER and ENTRYPOINT (an exec form's words, by
+// spaces) of a Dockerfile's last stage.
+func dockerfileFinalStage(t *testing.T, path string) (user, entrypoint string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		switch strings.ToUpper(f[0]) {
+		case "FROM":
+			user, entrypoint = "", ""
+		case "USER":
+			user = f[1]
+		case "ENTRYPOINT":
+			var words []string
+			if err := json.Unmarshal([]byte(strings.TrimSpace(line[len(f[0]):])), &words); err != nil {
+				t.Fatalf("%s: ENTRYPOINT not in exec form: %s", path, line)
+			}
+			entrypoint = strings.Join(words, " ")
+		}
+	}
+	return user, entrypoint
+}
+
+// rootUser is user with root's spellings made one.
+func rootUser(user string) string {
+	switch user {
+	case "", "0", "root", "0:0", "root:root":
+		return "root"
+	}
+	return user
 }
