@@ -1183,6 +1183,70 @@ func TestAnEarlierSandboxsDELLeavesItsEntryToTheAgentsADDBeforeItRecords(t *test
 	assert.Equal(t, []string{"new:lhnet1.json"}, r.checkpoints(), "the old sandbox's DEL forgot its record")
 }
 
+// The ADD the earlier sandbox's DEL left the entry to may fail after all (the
+// API server refusing its write): no sandbox holds the entry then. The ADD,
+// failing, releases it, as its reclaim would have without a hand-over; when
+// the API server refuses that too, the pod's next ADD (the runtime tries
+// the sandbox again) releases it before it allocates.
+func TestAnEntryLeftToAnADDThatFailsIsReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		refuse  int // pool writes refused from the old sandbox's DEL on
+		nextADD bool
+	}{
+		{"the ADD's write refused: the failing ADD releases it", 1, false},
+		{"every write refused: the pod's next ADD releases it", 1 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.srv.o.Allocator = allocpkg.Delegate{Batcher: allocpkg.New(allocpkg.Options{}), Load: conf.Loader{Quiet: true}.Whereabouts}
+			res := r.do(wire.Add, env("old", "lhnet1"), r.config("0.3.1", ""))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+
+			var refuse atomic.Int64
+			r.api.Hook = func(c *fake.Call) error {
+				if c.Resource == fake.Pools && c.Verb != "get" && c.Verb != "list" && refuse.Add(-1) >= 0 {
+					return fmt.Errorf("etcdserver: request timed out")
+				}
+				return nil
+			}
+			var del client.Result
+			delDone := false
+			r.srv.o.AtStep = func(step string) {
+				if step != "add-after-reclaim" || delDone {
+					return
+				}
+				delDone = true
+				del = r.do(wire.Del, env("old", "lhnet1"), r.config("0.3.1", ""))
+				refuse.Store(int64(tc.refuse))
+			}
+			res = r.do(wire.Add, env("new", "lhnet1"), r.config("0.3.1", ""))
+			require.True(t, delDone, "the old sandbox's DEL ran inside the ADD")
+			require.Equal(t, client.Served, del.Outcome, del.Reason)
+			require.Nil(t, del.Answer.Error, "%v", del.Answer.Error)
+			require.True(t, res.Outcome != client.Served || res.Answer.Error != nil, "the ADD fails: its pool write refused (%v)", res.Outcome)
+
+			refuse.Store(0)
+			res = r.do(wire.Del, env("new", "lhnet1"), r.config("0.3.1", ""))
+			require.Equal(t, client.Served, res.Outcome, res.Reason)
+			require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+			if tc.nextADD {
+				res = r.do(wire.Add, env("newer", "lhnet1"), r.config("0.3.1", ""))
+				require.Equal(t, client.Served, res.Outcome, res.Reason)
+				require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)
+				assert.Equal(t, map[string]alloc{"2": {ContainerID: "newer", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, r.pool(), "the pod's one entry, its live sandbox's")
+				assert.Equal(t, []string{"newer:lhnet1.json"}, r.checkpoints())
+				return
+			}
+			assert.Empty(t, r.pool(), "no entry of the pod: both its sandboxes are gone")
+			_, err := r.api.GetReservation(context.Background(), "kube-system", "192.168.50.2")
+			assert.Error(t, err, "no reservation of the pod")
+			assert.Empty(t, r.checkpoints(), "no record of either sandbox")
+		})
+	}
+}
+
 // The agent's copy of the pool may lack an entry written a moment ago: an
 // earlier sandbox of the pod allocated (by the exec path, or by an agent
 // before a reboot) after the copy was listed. ADD's reclaim must not decide

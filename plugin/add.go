@@ -72,6 +72,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) error {
 	ph.Mark("reclaim")
 	res, err := a.allocate(ctx)
 	if err != nil {
+		a.failed(ctx)
 		return err
 	}
 	p.at("add-after-delegate")
@@ -191,6 +192,19 @@ func (a *adding) handedOver(ctx context.Context) error {
 		return nil
 	}
 	return a.releaseEach(ctx, a.p.reclaim, shim.EarlierOnInterface(a.pod.Ref(), a.args.ContainerID, a.args.IfName))
+}
+
+// failed, once the allocation failed, releases an entry of an earlier
+// sandbox on this ADD's interface that the reclaim left for the allocation
+// to take over: its sandbox's DEL may have left it to this ADD meanwhile, and
+// no sandbox would hold it. The reclaim would have released it, with no
+// hand-over to wait for. What the API server refuses here is the pod's next
+// ADD's to release (the runtime tries the sandbox again), or the
+// reconciler's once the pod is gone.
+func (a *adding) failed(ctx context.Context) {
+	if err := a.handedOver(ctx); err != nil {
+		a.log.Errorf("after the failed allocation: %v", err)
+	}
 }
 
 func (a *adding) releaseEach(ctx context.Context, how reclaimer, pick shim.Picker) error {
