@@ -1193,9 +1193,14 @@ func TestAnEntryLeftToAnADDThatFailsIsReleased(t *testing.T) {
 		name    string
 		refuse  int // pool writes refused from the old sandbox's DEL on
 		nextADD bool
+		// later: meanwhile a later sandbox of the pod holds an entry on the
+		// interface (the failing ADD's client gone, the runtime on to the
+		// pod's next sandbox): the failing ADD was not left it.
+		later bool
 	}{
-		{"the ADD's write refused: the failing ADD releases it", 1, false},
-		{"every write refused: the pod's next ADD releases it", 1 << 20, true},
+		{"the ADD's write refused: the failing ADD releases it", 1, false, false},
+		{"every write refused: the pod's next ADD releases it", 1 << 20, true, false},
+		{"a later sandbox's entry written meanwhile: it stays", 1, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -1219,6 +1224,13 @@ func TestAnEntryLeftToAnADDThatFailsIsReleased(t *testing.T) {
 				}
 				delDone = true
 				del = r.do(wire.Del, env("old", "lhnet1"), r.config("0.3.1", ""))
+				if tc.later {
+					p := r.api.Pool("kube-system", poolName)
+					p.Spec.Allocations["7"] = alloc{ContainerID: "later", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}
+					_, err := r.api.UpdatePool("kube-system", p)
+					require.NoError(t, err)
+					r.api.Put(fake.NewReservation("192.168.50.7", "longhorn-system/im-a"))
+				}
 				refuse.Store(int64(tc.refuse))
 			}
 			res = r.do(wire.Add, env("new", "lhnet1"), r.config("0.3.1", ""))
@@ -1228,6 +1240,13 @@ func TestAnEntryLeftToAnADDThatFailsIsReleased(t *testing.T) {
 			require.True(t, res.Outcome != client.Served || res.Answer.Error != nil, "the ADD fails: its pool write refused (%v)", res.Outcome)
 
 			refuse.Store(0)
+			if tc.later {
+				assert.Equal(t, map[string]alloc{"7": {ContainerID: "later", PodRef: "longhorn-system/im-a", IfName: "lhnet1"}}, r.pool(),
+					"the later sandbox's entry stays; the one the failing ADD was left goes")
+				_, err := r.api.GetReservation(context.Background(), "kube-system", "192.168.50.7")
+				assert.NoError(t, err, "the later sandbox's reservation stays")
+				return
+			}
 			res = r.do(wire.Del, env("new", "lhnet1"), r.config("0.3.1", ""))
 			require.Equal(t, client.Served, res.Outcome, res.Reason)
 			require.Nil(t, res.Answer.Error, "%v", res.Answer.Error)

@@ -106,9 +106,9 @@ type adding struct {
 	// recorder is an allocator that records the first address it chooses
 	// itself (nil: the record is written here, before anything else).
 	recorder RecordingAllocator
-	// handOver says the reclaim left an earlier sandbox's entry on this
-	// interface for the allocation to take over.
-	handOver bool
+	// handOver names the earlier sandboxes whose entries on this interface
+	// the reclaim left for the allocation to take over (nil: none).
+	handOver map[string]bool
 	// inFlight ends the mark that tells an earlier sandbox's DEL to leave
 	// its entry on this interface to this ADD (checkpoint.Dir.Adding).
 	inFlight func()
@@ -173,8 +173,11 @@ func (a *adding) reclaim(ctx context.Context, how reclaimer) error {
 	earlier := shim.EarlierSandboxes(a.pod.Ref(), a.args.ContainerID, a.args.IfName)
 	onIfce := shim.EarlierOnInterface(a.pod.Ref(), a.args.ContainerID, a.args.IfName)
 	pick := func(p *shim.Pool) []string {
-		if len(onIfce(p)) > 0 {
-			a.handOver = true
+		for _, off := range onIfce(p) {
+			if a.handOver == nil {
+				a.handOver = map[string]bool{}
+			}
+			a.handOver[p.Spec.Allocations[off].ContainerID] = true
 		}
 		return earlier(p)
 	}
@@ -188,10 +191,24 @@ func (a *adding) reclaim(ctx context.Context, how reclaimer) error {
 // nothing of its own left (or, before the hand-over, its entry: released,
 // the allocation's write then fails on it and chooses again).
 func (a *adding) handedOver(ctx context.Context) error {
-	if !a.handOver {
+	if a.handOver == nil {
 		return nil
 	}
-	return a.releaseEach(ctx, a.p.reclaim, shim.EarlierOnInterface(a.pod.Ref(), a.args.ContainerID, a.args.IfName))
+	// Only the sandboxes the reclaim saw: an entry on this interface of a
+	// container written since is not one this ADD was left, and may be a
+	// later sandbox's, live (this ADD abandoned by its client, the runtime
+	// gone on to the pod's next sandbox).
+	onIfce := shim.EarlierOnInterface(a.pod.Ref(), a.args.ContainerID, a.args.IfName)
+	left := func(p *shim.Pool) []string {
+		var out []string
+		for _, off := range onIfce(p) {
+			if a.handOver[p.Spec.Allocations[off].ContainerID] {
+				out = append(out, off)
+			}
+		}
+		return out
+	}
+	return a.releaseEach(ctx, a.p.reclaim, left)
 }
 
 // failed, once the allocation failed, releases an entry of an earlier
